@@ -1,0 +1,49 @@
+"""The `bench` object handed to the user's `setup(bench)` and `step(state, bench)`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class Bench:
+    """What the user's code may ask of the workbench: device, global step, extra series, run dir."""
+
+    def __init__(self, device: torch.device, run_dir: Path) -> None:
+        self.device = device
+        self.run_dir = run_dir
+        self.step = 0
+        self._logged: dict[str, float] = {}
+
+    def log(self, **scalars: Any) -> None:
+        """Add extra chart series for the current step: `bench.log(lr=LR, grad_norm=g)`."""
+        for name, value in scalars.items():
+            self._logged[name] = to_scalar(value, name)
+
+    def _take_logged(self) -> dict[str, float]:
+        logged, self._logged = self._logged, {}
+        return logged
+
+    def __repr__(self) -> str:
+        return f"Bench(device={self.device}, step={self.step}, run_dir={str(self.run_dir)!r})"
+
+
+def to_scalar(value: Any, name: str) -> float:
+    """A Python number or a one-element tensor as a float; anything else is the user's mistake."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"{name!r} is a tensor of shape {tuple(value.shape)}; log a scalar (e.g. .mean())")
+        return float(value.detach().item())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name!r} is a {type(value).__name__}; log numbers or one-element tensors") from None
+    return float(value)
+
+
+def is_finite(value: float) -> bool:
+    return math.isfinite(value)

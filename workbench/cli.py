@@ -1,0 +1,146 @@
+"""The `vram-bench` command line.
+
+Checks everything it can before any UI opens (the path, the contract, the
+device), so a mistake is one clear line and exit code 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+import workbench
+from workbench.errors import UserError
+
+EXAMPLES = """\
+examples:
+  vram-bench                                  open the default sample project (a tiny GPT on Shakespeare)
+  vram-bench run path/to/train.py             your project; its folder is watched for saves
+  vram-bench run train.py --device cuda:1     pick a GPU (default: auto)
+  vram-bench run train.py --headless          JSON-lines events on stdout, commands on stdin
+  vram-bench run train.py --headless --max-steps 100 < /dev/null
+
+In the app: space pause/resume, r reload, c cleanup, s snapshot, p profile, ? help, q quit.
+A project defines setup(bench) and step(state, bench); see README.md, "The user contract".
+"""
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--headless", action="store_true", help="no TUI: JSON-lines events on stdout, commands on stdin")
+    parser.add_argument("--max-steps", type=_positive_int, metavar="N", help="stop after N steps (headless: exit 0)")
+    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where bench.device points (default: auto)")
+    parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
+    parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
+    parser.add_argument("--no-mouse", action="store_true", help="TUI: keyboard only, no mouse capture")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    top = argparse.ArgumentParser(
+        prog="vram-bench",
+        description="A terminal workbench for PyTorch training: load the model once, hot-swap the training code on save.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="vram-bench [options]  |  vram-bench run PATH [options]",
+    )
+    top.add_argument("--version", action="version", version=f"vram-bench {workbench.__version__}")
+    _add_run_options(top)
+    run = argparse.ArgumentParser(
+        prog="vram-bench run",
+        description="Run a project: PATH is its entry file (or a folder with a train.py).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("path", help="the project's entry file, e.g. train.py")
+    _add_run_options(run)
+    return top, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    top, run = build_parsers()
+    if args_list and args_list[0] == "run":
+        args = run.parse_args(args_list[1:])
+    else:
+        args = top.parse_args(args_list)
+        args.path = None
+    try:
+        return _run(args)
+    except UserError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"vram-bench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Imports that pull in torch wait until the arguments are known good (--help stays instant).
+    from workbench.project import load_project
+    from workbench.samples import sample_entry
+    from workbench.session import Session, SessionConfig, resolve_device
+
+    if args.path is None:
+        try:
+            entry, note = sample_entry()
+        except FileNotFoundError as exc:
+            raise UserError(str(exc), hint="Reinstall vram-bench, or run your own project: vram-bench run train.py.") from None
+        if note:
+            print(f"vram-bench: {note}", file=sys.stderr)
+    else:
+        entry = Path(args.path)
+    device = resolve_device(args.device)
+    project = load_project(entry)
+    config = SessionConfig(
+        device=device,
+        max_steps=args.max_steps,
+        exit_at_max_steps=args.headless,
+        exit_on_setup_failure=args.headless,
+        start_paused=args.paused,
+        watch=not args.no_watch,
+    )
+    if args.headless:
+        from workbench.headless import run_headless
+
+        from workbench.fdcapture import ProtocolStdout
+
+        with ProtocolStdout() as protocol:
+            session = Session(project, config, stdout_passthrough=sys.stderr)
+            code = run_headless(session, protocol.stream, sys.stdin)
+        if session.worker.setup_error:
+            print(f"vram-bench: error: {_setup_failure_line(session)}", file=sys.stderr)
+        return code
+
+    from workbench.tui.app import make_app
+
+    from workbench.fdcapture import NativeStderrToEvents
+
+    session = Session(project, config)
+    with NativeStderrToEvents(session.bus.publish):
+        app = make_app(session)
+        try:
+            app.run(mouse=not args.no_mouse)
+        finally:
+            session.close()
+    if session.worker.setup_error:
+        print(f"vram-bench: error: {_setup_failure_line(session)}", file=sys.stderr)
+        return 2
+    return session.exit_code
+
+
+def _setup_failure_line(session) -> str:  # type: ignore[no-untyped-def]
+    where = session.worker.setup_error_location or session.project.relative(session.project.entry)
+    return f"{where}: {session.worker.setup_error}. Fix it and run again (--debug shows the traceback in headless mode)."

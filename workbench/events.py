@@ -1,0 +1,262 @@
+"""Events the engine emits and commands it accepts.
+
+One module so the TUI, the headless printer, the event log and the tests all
+share the same small frozen types. `to_dict` gives the stable JSON-lines schema
+documented in README.md ("Headless protocol").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+def _now() -> float:
+    return time.time()
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every event; `name` is the value of the `"event"` JSON key."""
+
+    name: ClassVar[str] = "event"
+    time: float = field(default_factory=_now, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"event": self.name}
+        for f in dataclasses.fields(self):
+            data[f.name] = _jsonable(getattr(self, f.name))
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN/Inf are not JSON: they travel as strings ("nan", "inf", "-inf")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Start(Event):
+    name: ClassVar[str] = "start"
+    project: str
+    device: str
+    version: str
+    torch: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Setup(Event):
+    """`setup()` began (`status="running"`), finished (`"done"`) or raised (`"failed"`)."""
+
+    name: ClassVar[str] = "setup"
+    status: str
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Step(Event):
+    name: ClassVar[str] = "step"
+    step: int
+    loss: float
+    ms: float
+    scalars: dict[str, float] = field(default_factory=dict)
+    code_version: int = 0
+
+
+@dataclass(frozen=True)
+class Reload(Event):
+    name: ClassVar[str] = "reload"
+    ok: bool
+    file: str
+    changed: tuple[str, ...] = ()
+    ms: float = 0.0
+    code_version: int = 0
+    error: str | None = None
+    line: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Paused(Event):
+    name: ClassVar[str] = "paused"
+    reason: str
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Resumed(Event):
+    name: ClassVar[str] = "resumed"
+    reason: str
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Snapshot(Event):
+    name: ClassVar[str] = "snapshot"
+    path: str
+    bytes: int
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Cleanup(Event):
+    name: ClassVar[str] = "cleanup"
+    freed_bytes: int
+    before: dict[str, int] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Profile(Event):
+    """`status="started"` when profiling begins, `"done"` with the trace path."""
+
+    name: ClassVar[str] = "profile"
+    status: str
+    steps: int
+    trace: str | None = None
+    top_ops: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Memory(Event):
+    name: ClassVar[str] = "memory"
+    rss_bytes: int
+    rss_anon_bytes: int
+    rss_file_bytes: int
+    system_total_bytes: int
+    system_available_bytes: int
+    gpus: tuple[dict[str, Any], ...] = ()
+    gpu_note: str | None = None
+
+
+@dataclass(frozen=True)
+class Error(Event):
+    """Something the user should see: `where` says which phase (step, setup, reload, command)."""
+
+    name: ClassVar[str] = "error"
+    where: str
+    message: str
+    file: str | None = None
+    line: int | None = None
+    traceback: str | None = None
+
+
+@dataclass(frozen=True)
+class Print(Event):
+    """A line the user's code printed (stdout or stderr), never raw bytes on our stdout."""
+
+    name: ClassVar[str] = "print"
+    stream: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Exit(Event):
+    name: ClassVar[str] = "exit"
+    reason: str
+    step: int
+    code: int = 0
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True)
+class Command:
+    """Base of every command; `word` is what a user types on stdin."""
+
+    word: ClassVar[str] = ""
+
+
+@dataclass(frozen=True)
+class Pause(Command):
+    word: ClassVar[str] = "pause"
+
+
+@dataclass(frozen=True)
+class Resume(Command):
+    word: ClassVar[str] = "resume"
+
+
+@dataclass(frozen=True)
+class StepOnce(Command):
+    word: ClassVar[str] = "step"
+
+
+@dataclass(frozen=True)
+class ReloadNow(Command):
+    word: ClassVar[str] = "reload"
+
+
+@dataclass(frozen=True)
+class Rollback(Command):
+    word: ClassVar[str] = "rollback"
+
+
+@dataclass(frozen=True)
+class RunCleanup(Command):
+    word: ClassVar[str] = "cleanup"
+
+
+@dataclass(frozen=True)
+class TakeSnapshot(Command):
+    word: ClassVar[str] = "snapshot"
+
+
+@dataclass(frozen=True)
+class RunProfile(Command):
+    word: ClassVar[str] = "profile"
+    steps: int = 3
+
+
+@dataclass(frozen=True)
+class Quit(Command):
+    word: ClassVar[str] = "quit"
+
+
+COMMANDS: dict[str, type[Command]] = {
+    c.word: c for c in (Pause, Resume, StepOnce, ReloadNow, Rollback, RunCleanup, TakeSnapshot, RunProfile, Quit)
+}
+
+
+class CommandError(ValueError):
+    """A command line that cannot be understood; the message says what is accepted."""
+
+
+def parse_command(line: str) -> Command:
+    """Turn one stdin line (`profile 5`, `pause`, ...) into a command."""
+    words = line.split()
+    if not words:
+        raise CommandError("empty command")
+    word, args = words[0].lower(), words[1:]
+    kind = COMMANDS.get(word)
+    if kind is None:
+        raise CommandError(f"unknown command {word!r}; known commands: {', '.join(COMMANDS)}")
+    if kind is RunProfile:
+        if len(args) > 1:
+            raise CommandError("usage: profile [N]  (N = number of steps to profile)")
+        if args:
+            try:
+                steps = int(args[0])
+            except ValueError:
+                raise CommandError(f"profile takes a whole number of steps, not {args[0]!r}") from None
+            if steps < 1:
+                raise CommandError("profile needs at least 1 step")
+            return RunProfile(steps=steps)
+        return RunProfile()
+    if args:
+        raise CommandError(f"{word} takes no arguments")
+    return kind()

@@ -1,0 +1,112 @@
+"""The edits a reload makes to live objects, each one undoable.
+
+They run on the training thread between steps. If one fails, the ones already
+applied are undone in reverse order, so a reload is all or nothing.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+_MISSING: Any = object()
+
+
+class Patch:
+    """One in-place edit; `apply` remembers what `undo` needs."""
+
+    def apply(self) -> None:
+        raise NotImplementedError
+
+    def undo(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class ReplaceCode(Patch):
+    """Give an existing function new code and defaults: every holder of a reference sees it."""
+
+    target: types.FunctionType
+    source_of_truth: types.FunctionType
+    _saved: tuple[Any, ...] = field(default=(), init=False)
+
+    def apply(self) -> None:
+        t, new = self.target, self.source_of_truth
+        self._saved = (t.__code__, t.__defaults__, t.__kwdefaults__, t.__doc__, dict(t.__annotations__))
+        t.__code__ = new.__code__
+        t.__defaults__ = new.__defaults__
+        t.__kwdefaults__ = new.__kwdefaults__
+        t.__doc__ = new.__doc__
+        t.__annotations__ = dict(new.__annotations__)
+
+    def undo(self) -> None:
+        t = self.target
+        t.__code__, t.__defaults__, t.__kwdefaults__, t.__doc__, t.__annotations__ = self._saved
+
+
+@dataclass
+class RunInNamespace(Patch):
+    """Run one precompiled statement in the live module (new defs, constants, imports)."""
+
+    code: types.CodeType
+    namespace: dict[str, Any]
+    binds: tuple[str, ...]
+    _saved: dict[str, Any] = field(default_factory=dict, init=False)
+
+    def apply(self) -> None:
+        self._saved = {name: self.namespace.get(name, _MISSING) for name in self.binds}
+        exec(self.code, self.namespace)  # noqa: S102 - the user's own source, compiled in prepare
+
+    def undo(self) -> None:
+        for name, value in self._saved.items():
+            if value is _MISSING:
+                self.namespace.pop(name, None)
+            else:
+                self.namespace[name] = value
+
+
+@dataclass
+class SetAttribute(Patch):
+    """Set (or with value=_MISSING, delete) an attribute of a live class."""
+
+    owner: Any
+    attribute: str
+    value: Any
+    _saved: Any = field(default=_MISSING, init=False)
+
+    def apply(self) -> None:
+        self._saved = self.owner.__dict__.get(self.attribute, _MISSING)
+        if self.value is _MISSING:
+            if self._saved is not _MISSING:
+                delattr(self.owner, self.attribute)
+        else:
+            setattr(self.owner, self.attribute, self.value)
+
+    def undo(self) -> None:
+        if self._saved is _MISSING:
+            if self.attribute in self.owner.__dict__:
+                delattr(self.owner, self.attribute)
+        else:
+            setattr(self.owner, self.attribute, self._saved)
+
+
+DELETE = _MISSING
+
+
+def apply_all(patches: list[Patch]) -> None:
+    """Apply in order; on any failure undo what was applied and re-raise."""
+    done: list[Patch] = []
+    try:
+        for patch in patches:
+            patch.apply()
+            done.append(patch)
+    except BaseException:
+        for patch in reversed(done):
+            patch.undo()
+        raise
+
+
+def undo_all(patches: list[Patch]) -> None:
+    for patch in reversed(patches):
+        patch.undo()

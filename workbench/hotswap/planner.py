@@ -1,0 +1,327 @@
+"""Prepare a reload: diff two versions of a file and plan in-place patches.
+
+Runs off the training thread. Nothing live is touched here: new definitions are
+executed in a scratch copy of the module's namespace, and the result is a list
+of patches the training thread applies between two steps. If anything fails
+(syntax, import, a name error in a class body) a ReloadError says where, and the
+old code keeps running.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import ContractError
+from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, RunInNamespace, SetAttribute
+from workbench.hotswap.scopes import Scope, index_statements, label_for
+
+RESTART_HINT = "restart vram-bench to use it"
+
+
+class ReloadError(Exception):
+    """Why a saved file could not be applied; the old code keeps running."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
+@dataclass
+class ChangeSet:
+    """Everything one save changes, ready to be applied at a step boundary."""
+
+    path: Path
+    module: types.ModuleType | None
+    base_source: str
+    new_source: str
+    patches: list[Patch] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    detected_at: float = 0.0
+    rollback_of: int | None = None
+
+
+def plan_reload(
+    module: types.ModuleType,
+    path: Path,
+    base_source: str,
+    new_source: str,
+    *,
+    required: dict[str, tuple[str, ...]] | None = None,
+) -> ChangeSet:
+    """Diff `base_source` (what is live) against `new_source` and plan the patches."""
+    filename = str(path)
+    try:
+        new_tree = ast.parse(new_source, filename)
+        compile(new_tree, filename, "exec")
+    except SyntaxError as exc:
+        raise ReloadError(f"syntax error: {exc.msg}", exc.lineno) from None
+    old_tree = ast.parse(base_source, filename)
+    old_index = index_statements(old_tree.body)
+    new_index = index_statements(new_tree.body)
+
+    for name in required or {}:
+        if not any(key[1] == name and key[0] in ("def", "assign", "class") for key in new_index):
+            raise ReloadError(
+                f"{name}() is no longer defined in {path.name}; the old {name}() keeps running. Put it back and save."
+            )
+
+    scratch = _run_in_scratch(module, path, new_tree, old_index, new_index)
+    if required:
+        try:
+            from workbench.project import check_contract
+
+            check_contract({k: scratch[k] for k in required if k in scratch}, path)
+        except ContractError as exc:
+            raise ReloadError(exc.message, exc.line) from None
+
+    plan = _Planner(module, scratch, path, new_source)
+    changeset = ChangeSet(path=path, module=module, base_source=base_source, new_source=new_source)
+    for key, new in new_index.items():
+        plan.statement(old_index.get(key), new)
+    for key, old in old_index.items():
+        if key not in new_index and key[0] == "def":
+            plan.notes.append(f"{key[1]}() was removed from the file but stays in the live module until restart")
+    changeset.patches, changeset.changed, changeset.notes = plan.patches, plan.changed, plan.notes
+    if "setup" in plan.changed and required:
+        changeset.notes.append("setup() changed: it already ran, so the change applies the next time setup runs (restart)")
+    return changeset
+
+
+def _changed_or_moved(old: Scope | None, new: Scope) -> bool:
+    return old is None or old.fingerprint != new.fingerprint or old.lines != new.lines
+
+
+def _run_in_scratch(
+    module: types.ModuleType,
+    path: Path,
+    new_tree: ast.Module,
+    old_index: dict[tuple[str, str], Scope],
+    new_index: dict[tuple[str, str], Scope],
+) -> dict[str, Any]:
+    """Execute imports, plain constants and changed definitions in a copy of the module's globals."""
+    keep: set[int] = set()
+    for key, scope in new_index.items():
+        if scope.kind in ("import", "assign") and scope.is_rerunnable():
+            keep.update(id(n) for n in scope.nodes)
+        elif scope.kind in ("def", "class") and _changed_or_moved(old_index.get(key), scope):
+            keep.update(id(n) for n in scope.nodes)
+    body = [node for node in new_tree.body if id(node) in keep]
+    scratch = dict(module.__dict__)
+    try:
+        exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), scratch)  # noqa: S102
+    except Exception as exc:  # noqa: BLE001 - any failure here is reported, nothing live changed
+        raise ReloadError(f"{type(exc).__name__}: {exc}", _line_in(exc, path)) from None
+    return scratch
+
+
+def _line_in(exc: BaseException, path: Path) -> int | None:
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == str(path):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def compile_nodes(nodes: tuple[ast.stmt, ...], path: Path) -> types.CodeType:
+    return compile(ast.Module(body=list(nodes), type_ignores=[]), str(path), "exec")
+
+
+def innermost(obj: Any) -> Any:
+    """Follow functools.wraps chains to the function the user wrote."""
+    seen = 0
+    while hasattr(obj, "__wrapped__") and seen < 100:
+        obj = obj.__wrapped__
+        seen += 1
+    return obj
+
+
+def _decorators(node: ast.stmt) -> str:
+    return "\n".join(ast.dump(d) for d in getattr(node, "decorator_list", []))
+
+
+def _class_header(node: ast.ClassDef) -> str:
+    return "\n".join(ast.dump(x) for x in (*node.bases, *node.keywords, *node.decorator_list))
+
+
+def _function_pairs(old: Any, new: Any) -> list[tuple[types.FunctionType, types.FunctionType]] | None:
+    """Matching (live, new) functions inside two class attributes, or None if their shapes differ."""
+    if type(old) is not type(new):
+        return None
+    if isinstance(old, (staticmethod, classmethod)):
+        old, new = old.__func__, new.__func__
+    if isinstance(old, property):
+        pairs = []
+        for part in ("fget", "fset", "fdel"):
+            o, n = getattr(old, part), getattr(new, part)
+            if (o is None) != (n is None):
+                return None
+            if o is not None:
+                pairs.append((innermost(o), innermost(n)))
+        return pairs if all(isinstance(p, types.FunctionType) for pair in pairs for p in pair) else None
+    o, n = innermost(old), innermost(new)
+    if isinstance(o, types.FunctionType) and isinstance(n, types.FunctionType):
+        return [(o, n)]
+    return None
+
+
+def _same_freevars(pairs: list[tuple[types.FunctionType, types.FunctionType]]) -> bool:
+    # CPython only accepts a new __code__ with the same free variables as the old one.
+    return all(o.__code__.co_freevars == n.__code__.co_freevars for o, n in pairs)
+
+
+class _Planner:
+    """Collects patches, changed names and notes for one file."""
+
+    def __init__(self, module: types.ModuleType, scratch: dict[str, Any], path: Path, source: str) -> None:
+        self.live = module.__dict__
+        self.scratch = scratch
+        self.path = path
+        self.source = source
+        self.patches: list[Patch] = []
+        self.changed: list[str] = []
+        self.notes: list[str] = []
+
+    def statement(self, old: Scope | None, new: Scope) -> None:
+        if not _changed_or_moved(old, new):
+            return
+        moved_only = old is not None and old.fingerprint == new.fingerprint
+        if new.kind == "def":
+            self.function(old, new, moved_only)
+        elif new.kind == "class":
+            self.klass(old, new, moved_only)
+        elif moved_only or new.kind == "doc":
+            return
+        elif new.is_rerunnable():
+            binds = tuple(new.name.split(",")) if new.kind == "assign" else ()
+            self.patches.append(RunInNamespace(compile_nodes(new.nodes, self.path), self.live, binds))
+            self.changed.extend(binds)
+        else:
+            self.notes.append(
+                f"line {new.line}: `{label_for(new.node, self.source)}` was not re-run: module statements that call "
+                f"code run once at import; {RESTART_HINT}"
+            )
+
+    def function(self, old: Scope | None, new: Scope, moved_only: bool) -> None:
+        name = new.name
+        live_obj, new_obj = self.live.get(name), self.scratch.get(name)
+        if old is not None and live_obj is not None and _decorators(old.node) == _decorators(new.node):
+            pairs = _function_pairs(live_obj, new_obj)
+            if pairs and _same_freevars(pairs):
+                self.patches.extend(ReplaceCode(o, n) for o, n in pairs)
+                if not moved_only:
+                    self.changed.append(name)
+                return
+        # New function, or its decorators changed: define it afresh in the live module.
+        self.patches.append(RunInNamespace(compile_nodes(new.nodes, self.path), self.live, (name,)))
+        self.changed.append(name)
+        if old is not None and live_obj is not None:
+            self.notes.append(f"{name}: its decorators changed, so the name was re-bound; references held elsewhere keep the old function")
+
+    def klass(self, old: Scope | None, new: Scope, moved_only: bool) -> None:
+        name = new.name
+        live_cls, new_cls = self.live.get(name), self.scratch.get(name)
+        if old is None or not isinstance(live_cls, type):
+            self.patches.append(RunInNamespace(compile_nodes(new.nodes, self.path), self.live, (name,)))
+            self.changed.append(name)
+            return
+        old_node, new_node = old.node, new.node
+        assert isinstance(old_node, ast.ClassDef) and isinstance(new_node, ast.ClassDef)
+        if _class_header(old_node) != _class_header(new_node) or not isinstance(new_cls, type):
+            self.notes.append(
+                f"class {name} (line {new.line}): its bases or decorators changed, which cannot be applied to live "
+                f"instances; {RESTART_HINT}"
+            )
+            return
+        old_members = index_statements(old_node.body)
+        new_members = index_statements(new_node.body)
+        is_dataclass = "__dataclass_fields__" in live_cls.__dict__
+        for key, member in new_members.items():
+            self.member(live_cls, new_cls, old_members.get(key), member, is_dataclass)
+        for key, gone in old_members.items():
+            if key in new_members or gone.kind not in ("def", "assign"):
+                continue
+            if is_dataclass and gone.kind == "assign":
+                self.notes.append(f"{name}: dataclass fields changed; {RESTART_HINT}")
+                continue
+            for attr in gone.name.split(","):
+                self.patches.append(SetAttribute(live_cls, attr, DELETE))
+                self.changed.append(f"{name}.{attr} (removed)")
+
+    def member(self, live_cls: type, new_cls: type, old: Scope | None, new: Scope, is_dataclass: bool) -> None:
+        if not _changed_or_moved(old, new):
+            return
+        moved_only = old is not None and old.fingerprint == new.fingerprint
+        cls_name = live_cls.__name__
+        qual = f"{cls_name}.{new.name}"
+        if new.kind == "def":
+            live_attr = live_cls.__dict__.get(new.name)
+            new_attr = new_cls.__dict__.get(new.name)
+            pairs = _function_pairs(live_attr, new_attr) if old is not None and live_attr is not None else None
+            if pairs and _same_freevars(pairs) and _decorators(old.node) == _decorators(new.node):  # type: ignore[union-attr]
+                self.patches.extend(ReplaceCode(o, n) for o, n in pairs)
+                if not moved_only:
+                    self.changed.append(qual)
+                    if new.name == "__init__":
+                        self.notes.append(
+                            f"{qual} changed: objects that already exist were built by the old __init__; new ones use the new one"
+                        )
+                return
+            rebuilt = _rebind(new_attr, self.live, live_cls)
+            if rebuilt is None:
+                self.notes.append(f"{qual} (line {new.line}) cannot be applied in place; {RESTART_HINT}")
+                return
+            self.patches.append(SetAttribute(live_cls, new.name, rebuilt))
+            self.changed.append(qual)
+        elif moved_only or new.kind == "doc":
+            return
+        elif new.kind == "assign":
+            if is_dataclass:
+                self.notes.append(f"{cls_name}: dataclass fields changed (line {new.line}); {RESTART_HINT}")
+                return
+            for attr in new.name.split(","):
+                self.patches.append(SetAttribute(live_cls, attr, new_cls.__dict__.get(attr, DELETE)))
+                self.changed.append(f"{cls_name}.{attr}")
+        else:
+            self.notes.append(f"{qual} (line {new.line}): this kind of class-body change is not applied; {RESTART_HINT}")
+
+
+def _rebind(attr: Any, live_globals: dict[str, Any], live_cls: type) -> Any:
+    """A scratch class member re-made to live in the real module and class (for added methods)."""
+
+    def rebuild(fn: Any) -> types.FunctionType | None:
+        if fn is None:
+            return None
+        if not isinstance(fn, types.FunctionType) or hasattr(fn, "__wrapped__"):
+            raise _CannotRebind
+        cells = []
+        for free in fn.__code__.co_freevars:
+            if free != "__class__":
+                raise _CannotRebind
+            cells.append(types.CellType(live_cls))
+        out = types.FunctionType(fn.__code__, live_globals, fn.__name__, fn.__defaults__, tuple(cells) or None)
+        out.__kwdefaults__ = fn.__kwdefaults__
+        out.__doc__ = fn.__doc__
+        out.__qualname__ = fn.__qualname__
+        out.__annotations__ = dict(fn.__annotations__)
+        return out
+
+    try:
+        if isinstance(attr, property):
+            return property(rebuild(attr.fget), rebuild(attr.fset), rebuild(attr.fdel), attr.__doc__)
+        if isinstance(attr, (staticmethod, classmethod)):
+            return type(attr)(rebuild(attr.__func__))
+        return rebuild(attr)
+    except _CannotRebind:
+        return None
+
+
+class _CannotRebind(Exception):
+    pass

@@ -1,0 +1,105 @@
+"""The reload thread: prepares change sets off the training thread.
+
+Saves from the watcher, `reload` and `rollback` commands all arrive here.
+Failures are reported at once as `reload` events (the old code keeps running);
+successes are handed to the training thread, which applies them between steps.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from workbench.events import Event, Reload
+from workbench.hotswap.planner import ChangeSet, ReloadError
+from workbench.hotswap.reloader import Reloader
+
+_STOP = object()
+_RESCAN = object()
+_ROLLBACK = object()
+
+
+class ReloadService(threading.Thread):
+    def __init__(self, reloader: Reloader, submit: Callable[[ChangeSet], None], publish: Callable[[Event], None]) -> None:
+        super().__init__(name="vram-bench-reload", daemon=True)
+        self._reloader = reloader
+        self._submit = submit
+        self._publish = publish
+        self._requests: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    # Called from any thread -------------------------------------------------------------
+    def files_changed(self, paths: set[Path], detected_at: float) -> None:
+        self._requests.put((paths, detected_at))
+
+    def rescan(self) -> None:
+        self._requests.put(_RESCAN)
+
+    def rollback(self) -> None:
+        self._requests.put(_ROLLBACK)
+
+    def stop(self) -> None:
+        self._requests.put(_STOP)
+
+    # The reload thread ------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            request = self._requests.get()
+            if request is _STOP:
+                return
+            if request is _ROLLBACK:
+                self._prepare_rollback()
+                continue
+            if request is _RESCAN:
+                paths, detected_at, manual = set(self._reloader.tracked_files()), time.monotonic(), True
+            else:
+                (paths, detected_at), manual = request, False  # type: ignore[misc]
+            for path in sorted(paths):
+                self._prepare(path, detected_at, manual)
+
+    def _prepare(self, path: Path, detected_at: float, manual: bool) -> None:
+        relative = self._reloader.project.relative(path)
+        try:
+            changeset = self._reloader.prepare(path, detected_at)
+        except ReloadError as exc:
+            self._publish(
+                Reload(
+                    ok=False,
+                    file=relative,
+                    error=exc.message,
+                    line=exc.line,
+                    ms=(time.monotonic() - detected_at) * 1000,
+                    code_version=self._reloader.version,
+                    notes=("the old code keeps running",),
+                )
+            )
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug in planning must not kill reloads
+            self._publish(
+                Reload(ok=False, file=relative, error=f"internal error while planning: {exc!r}", code_version=self._reloader.version)
+            )
+            return
+        if changeset is None:
+            if manual:
+                return
+            self._publish(
+                Reload(
+                    ok=True,
+                    file=relative,
+                    ms=(time.monotonic() - detected_at) * 1000,
+                    code_version=self._reloader.version,
+                    notes=("no code changes",),
+                )
+            )
+            return
+        self._submit(changeset)
+
+    def _prepare_rollback(self) -> None:
+        try:
+            changeset = self._reloader.prepare_rollback()
+        except ReloadError as exc:
+            self._publish(Reload(ok=False, file="", error=exc.message, code_version=self._reloader.version))
+            return
+        self._submit(changeset)

@@ -1,0 +1,226 @@
+"""Load the user's project file as a real module and check the setup/step contract.
+
+The entry file is imported under its own name with its folder on sys.path, so
+`from model import Net` works, tracebacks show the user's file and line, and the
+hot-swapper can patch the very module objects the training code uses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from workbench.errors import ContractError
+
+CONTRACT_HINT = "A vram-bench project defines setup(bench) and step(state, bench); see README.md, 'The user contract'."
+
+_REQUIRED = {"setup": ("bench",), "step": ("state", "bench")}
+_OPTIONAL = {"evaluate": ("state", "bench")}
+
+
+@dataclass
+class Project:
+    """A loaded project: its entry module and the folder that is watched."""
+
+    entry: Path
+    root: Path
+    module: ModuleType
+
+    @property
+    def name(self) -> str:
+        return f"{self.root.name}/{self.entry.name}"
+
+    def function(self, name: str) -> Callable[..., Any] | None:
+        """Looked up on every call, so a re-bound name is seen at once."""
+        fn = self.module.__dict__.get(name)
+        return fn if callable(fn) else None
+
+    def relative(self, path: Path | str) -> str:
+        try:
+            return str(Path(path).resolve().relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+    def owns(self, path: Path | str) -> bool:
+        return is_project_file(Path(path), self.root)
+
+    def modules(self) -> dict[Path, ModuleType]:
+        """Every imported module whose file lives in the project folder."""
+        return {path: module for path, module in _modules_under(self.root)}
+
+
+def load_project(path: Path | str) -> Project:
+    """Import the entry file and validate it; every failure is a ContractError naming file:line."""
+    entry = Path(path).expanduser()
+    if entry.is_dir():
+        candidate = entry / "train.py"
+        if not candidate.is_file():
+            raise ContractError(
+                "is a folder without a train.py.", file=entry, hint="Pass the project's entry file, e.g. vram-bench run path/to/train.py."
+            )
+        entry = candidate
+    if not entry.exists():
+        raise ContractError("no such file.", file=entry, hint="Check the path, e.g. vram-bench run path/to/train.py.")
+    if entry.suffix != ".py":
+        raise ContractError("is not a Python file.", file=entry, hint="Pass the project's .py entry file.")
+    entry = entry.resolve()
+    root = entry.parent
+    _evict_other_projects(root)
+    module = _import_entry(entry, root)
+    project = Project(entry=entry, root=root, module=module)
+    try:
+        check_contract(module.__dict__, entry)
+    except ContractError:
+        unload_project(project)
+        raise
+    return project
+
+
+def check_contract(namespace: dict[str, Any], entry: Path) -> None:
+    """setup(bench) and step(state, bench) exist and accept those arguments; evaluate too if present."""
+    for name, params in _REQUIRED.items():
+        fn = namespace.get(name)
+        if fn is None:
+            raise ContractError(f"defines no {name}({', '.join(params)}) function.", file=entry, hint=CONTRACT_HINT)
+        _check_signature(fn, name, params, entry)
+    for name, params in _OPTIONAL.items():
+        fn = namespace.get(name)
+        if fn is not None:
+            _check_signature(fn, name, params, entry)
+
+
+def _check_signature(fn: Any, name: str, params: tuple[str, ...], entry: Path) -> None:
+    wanted = f"{name}({', '.join(params)})"
+    code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
+    line = code.co_firstlineno if code is not None else None
+    file = code.co_filename if code is not None else entry
+    if not callable(fn):
+        raise ContractError(f"{name} is a {type(fn).__name__}, not a function; define {wanted}.", file=entry, hint=CONTRACT_HINT)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins and odd callables: trust the user
+    try:
+        signature.bind(*([None] * len(params)))
+    except TypeError:
+        raise ContractError(
+            f"{name}{signature} does not match the contract: it must accept {len(params)} argument(s), {wanted}.",
+            file=file,
+            line=line,
+            hint="Fix the signature and run again.",
+        ) from None
+
+
+def _import_entry(entry: Path, root: Path) -> ModuleType:
+    module_name = _module_name_for(entry)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location(module_name, entry)
+    if spec is None or spec.loader is None:
+        raise ContractError("cannot be imported as a Python module.", file=entry)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        _forget(module_name, root)
+        raise ContractError(
+            f"syntax error: {exc.msg}.", file=exc.filename or entry, line=exc.lineno, hint="Fix it and run again."
+        ) from exc
+    except BaseException as exc:  # noqa: BLE001 - any failure at import is the user's to see
+        _forget(module_name, root)
+        file, line = deepest_frame_in(exc, root) or (str(entry), None)
+        raise ContractError(
+            f"importing {entry.name} raised {type(exc).__name__}: {exc}.", file=file, line=line, hint="Fix it and run again."
+        ) from exc
+    return module
+
+
+def _module_name_for(entry: Path) -> str:
+    """The file's own name, unless that would shadow an unrelated module already imported."""
+    name = entry.stem
+    existing = sys.modules.get(name)
+    if existing is None or getattr(existing, "__file__", None) == str(entry):
+        return name
+    return f"_vram_bench_{name}"
+
+
+def _forget(module_name: str, root: Path) -> None:
+    sys.modules.pop(module_name, None)
+    _remove_modules_under(root)
+
+
+def deepest_frame_in(exc: BaseException, root: Path) -> tuple[str, int] | None:
+    """The innermost traceback frame inside the project folder: where the user should look."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return exc.filename, exc.lineno or 0
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        try:
+            Path(frame.filename).resolve().relative_to(root)
+        except ValueError:
+            continue
+        found = (frame.filename, frame.lineno or 0)
+    return found
+
+
+_loaded_roots: set[Path] = set()
+
+
+def _evict_other_projects(root: Path) -> None:
+    """A second project in the same process must not see the first one's `model` module."""
+    for other in list(_loaded_roots):
+        if other != root:
+            _remove_modules_under(other)
+            _loaded_roots.discard(other)
+    _loaded_roots.add(root)
+
+
+def is_project_file(path: Path, root: Path) -> bool:
+    """Inside the project folder, but not in hidden folders (.vram-bench, .venv) or installed packages."""
+    try:
+        rel = path.resolve().relative_to(root)
+    except ValueError:
+        return False
+    return not any(part.startswith(".") or part in _NOT_PROJECT_DIRS for part in rel.parts[:-1])
+
+
+_NOT_PROJECT_DIRS = {"site-packages", "dist-packages", "__pycache__", "node_modules"}
+
+
+def _modules_under(root: Path) -> list[tuple[Path, ModuleType]]:
+    # A cheap string test first: resolving thousands of paths (torch imports many modules)
+    # would cost syscalls, each a chance to lose the GIL to a busy training thread.
+    prefix = str(root) + os.sep
+    found = []
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and file.endswith(".py") and file.startswith(prefix):
+            path = Path(file)
+            if is_project_file(path, root):
+                found.append((path, module))
+    return found
+
+
+def _remove_modules_under(root: Path) -> None:
+    doomed = {id(module) for _, module in _modules_under(root)}
+    for name, module in list(sys.modules.items()):
+        if id(module) in doomed:
+            del sys.modules[name]
+
+
+def unload_project(project: Project) -> None:
+    """Forget the project's modules and sys.path entry (sessions in tests share one process)."""
+    _remove_modules_under(project.root)
+    _loaded_roots.discard(project.root)
+    try:
+        sys.path.remove(str(project.root))
+    except ValueError:
+        pass

@@ -1,0 +1,237 @@
+"""A training session: the facade front ends use.
+
+It wires the training thread, the file watcher, the reload thread and the
+memory sampler together; front ends read `status()` and `telemetry`, subscribe
+to `bus`, and `send` commands. It never imports a UI.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+import torch
+
+from workbench import __version__
+from workbench.bench import Bench
+from workbench.eventbus import EventBus
+from workbench.events import Command, Error, Quit, ReloadNow, Rollback, Start
+from workbench.hotswap.reloader import Reloader
+from workbench.hotswap.service import ReloadService
+from workbench.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
+from workbench.memory.device import DeviceProbe, TorchNvmlProbe
+from workbench.memory.sampler import MemorySampler
+from workbench.output import OutputRouter
+from workbench.project import Project, unload_project
+from workbench.telemetry import Telemetry
+from workbench.worker import ApplyChanges, RunState, TrainingWorker
+
+REQUIRED_FUNCTIONS = {"setup": ("bench",), "step": ("state", "bench")}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    device: torch.device
+    max_steps: int | None = None
+    exit_at_max_steps: bool = True
+    exit_on_setup_failure: bool = False
+    start_paused: bool = False
+    watch: bool = True
+    capture_output: bool = True
+    memory_interval: float = 0.25
+    memory_event_interval: float = 2.0
+    debounce_ms: int = DEBOUNCE_MS
+    step_ms: int = STEP_MS
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """A consistent-enough picture for a status bar, read without locks."""
+
+    project: str
+    device: str
+    state: str
+    pause_reason: str | None
+    step: int
+    steps_per_second: float
+    code_version: int
+    setup_elapsed: float
+    setup_error: str | None
+    profiling: bool
+    last_step_ms: float | None
+
+
+def resolve_device(spec: str) -> torch.device:
+    """`auto` picks CUDA when torch can use it; an explicit `cuda` without a GPU is the user's to fix."""
+    from workbench.errors import UserError
+
+    spec = spec.strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise UserError(f"--device {spec!r} is not a device; use auto, cpu, cuda or cuda:N.") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda was asked for, but torch.cuda.is_available() is False on this machine.", hint="Use --device cpu (or auto).")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
+    elif device.type != "cpu":
+        raise UserError(f"--device {spec!r} is not supported; use auto, cpu, cuda or cuda:N.")
+    return device
+
+
+class Session:
+    def __init__(
+        self,
+        project: Project,
+        config: SessionConfig,
+        *,
+        probe: DeviceProbe | None = None,
+        stdout_passthrough: TextIO | None = None,
+    ) -> None:
+        self.project = project
+        self.config = config
+        self.bus = EventBus()
+        self.telemetry = Telemetry()
+        self.probe: DeviceProbe = probe or TorchNvmlProbe()
+        self.run_dir = project.root / ".vram-bench"
+        self.bench = Bench(config.device, self.run_dir)
+        self.reloader = Reloader(project, REQUIRED_FUNCTIONS)
+        self.router = (
+            OutputRouter(self.bus.publish, stdout=stdout_passthrough) if config.capture_output else None
+        )
+        self.worker = TrainingWorker(
+            project,
+            self.bench,
+            self.reloader,
+            self.bus,
+            self.telemetry,
+            self.probe,
+            self.router,
+            max_steps=config.max_steps,
+            exit_at_max_steps=config.exit_at_max_steps,
+            exit_on_setup_failure=config.exit_on_setup_failure,
+            start_paused=config.start_paused,
+        )
+        self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
+        self.watcher = (
+            SourceWatcher(
+                project.root,
+                self.reload_service.files_changed,
+                self._watch_failed,
+                debounce_ms=config.debounce_ms,
+                step_ms=config.step_ms,
+            )
+            if config.watch
+            else None
+        )
+        self.sampler = MemorySampler(
+            self.probe,
+            self.telemetry.store_memory,
+            self.bus.publish,
+            interval=config.memory_interval,
+            event_interval=config.memory_event_interval,
+        )
+        self._started = False
+        self._stopped = threading.Event()
+
+    # Lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every thread; `setup` runs on the training thread, so this returns at once."""
+        if self._started:
+            return
+        self._started = True
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.reloader.track_loaded_modules()
+        if self.router is not None:
+            self.router.install()
+        self.bus.publish(
+            Start(
+                project=self.project.name,
+                device=str(self.config.device),
+                version=__version__,
+                torch=torch.__version__,
+                pid=os.getpid(),
+            )
+        )
+        self.sampler.start()
+        self.reload_service.start()
+        if self.watcher is not None:
+            self.watcher.start()
+        self.worker.start()
+
+    def wait_until_watching(self, timeout: float = 10.0) -> bool:
+        """True once file saves are being watched (tests and benchmarks wait for this)."""
+        return self.watcher is None or self.watcher.ready.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the training thread to end; True if it has."""
+        self.worker.join(timeout)
+        return not self.worker.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the training thread to finish its step and stop, then stop the helpers."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self._started:
+            self.worker.commands.put(Quit())
+            self.worker.join(timeout)
+            if self.watcher is not None:
+                self.watcher.stop()
+            self.reload_service.stop()
+            self.sampler.stop()
+            if self.watcher is not None:
+                self.watcher.join(2.0)
+            self.reload_service.join(2.0)
+            self.sampler.join(2.0)
+        if self.router is not None:
+            self.router.uninstall()
+
+    def close(self) -> None:
+        """Stop and forget the project's modules (several sessions may share one process)."""
+        self.stop()
+        unload_project(self.project)
+
+    @property
+    def exit_code(self) -> int:
+        return self.worker.exit_code
+
+    # Front-end API -----------------------------------------------------------------------
+    def send(self, command: Command) -> None:
+        """Non-blocking; applied by the training thread between steps (reloads by the reload thread)."""
+        if isinstance(command, ReloadNow):
+            self.reload_service.rescan()
+        elif isinstance(command, Rollback):
+            self.reload_service.rollback()
+        else:
+            self.worker.commands.put(command)
+
+    def status(self) -> SessionStatus:
+        w = self.worker
+        elapsed = w.setup_seconds if w.setup_seconds is not None else time.monotonic() - w.setup_started
+        return SessionStatus(
+            project=self.project.name,
+            device=str(self.config.device),
+            state=w.state.value,
+            pause_reason=w.pause_reason,
+            step=w.step,
+            steps_per_second=self.telemetry.steps_per_second() if w.state is RunState.RUNNING else 0.0,
+            code_version=self.reloader.version,
+            setup_elapsed=elapsed,
+            setup_error=w.setup_error,
+            profiling=w.profiling,
+            last_step_ms=self.telemetry.last_step_ms,
+        )
+
+    # Internals ---------------------------------------------------------------------------
+    def _submit_changes(self, changeset) -> None:  # type: ignore[no-untyped-def]
+        self.worker.commands.put(ApplyChanges(changeset))
+
+    def _watch_failed(self, message: str) -> None:
+        self.bus.publish(Error(where="watcher", message=message))

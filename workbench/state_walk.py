@@ -1,0 +1,49 @@
+"""Find the nn.Modules and optimizers inside whatever `setup` returned.
+
+The user returns plain Python (a dict, a dataclass, an object); we look through
+dict values, list/tuple items and object attributes, naming each find by its
+path (`model`, `state.opt`), and count each object once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_MAX_DEPTH = 4
+
+
+def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
+    modules: dict[str, torch.nn.Module] = {}
+    optimizers: dict[str, torch.optim.Optimizer] = {}
+    seen: set[int] = set()
+
+    def visit(obj: Any, path: str, depth: int) -> None:
+        if id(obj) in seen or depth > _MAX_DEPTH:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            if not any(obj is m or _is_submodule(m, obj) for m in modules.values()):
+                modules[path or "model"] = obj
+            return
+        if isinstance(obj, torch.optim.Optimizer):
+            optimizers[path or "optimizer"] = obj
+            return
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                visit(value, f"{path}.{key}" if path else str(key), depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(obj):
+                visit(value, f"{path}[{i}]" if path else f"[{i}]", depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.Tensor)) and not callable(obj):
+            for key, value in vars(obj).items():
+                if not key.startswith("_"):
+                    visit(value, f"{path}.{key}" if path else key, depth + 1)
+
+    visit(state, "", 0)
+    return modules, optimizers
+
+
+def _is_submodule(parent: torch.nn.Module, child: torch.nn.Module) -> bool:
+    return any(child is m for m in parent.modules())

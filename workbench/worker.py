@@ -1,0 +1,386 @@
+"""The training thread: owns the user's state and runs `step` back to back.
+
+Everything that touches the live model happens here, between two steps: code
+reloads, cleanup, snapshots, profiling. Commands arrive through a queue; events
+leave through the bus. Nothing here ever waits for a front end.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import workbench
+from workbench.actions.cleanup import run_cleanup
+from workbench.actions.profile import ProfileRun
+from workbench.actions.snapshot import write_snapshot
+from workbench.bench import Bench, to_scalar
+from workbench.eventbus import EventBus
+from workbench.events import (
+    Command,
+    Error,
+    Exit,
+    Pause,
+    Paused,
+    Profile,
+    Quit,
+    Reload,
+    Resume,
+    Resumed,
+    RunCleanup,
+    RunProfile,
+    Setup,
+    Step,
+    StepOnce,
+    TakeSnapshot,
+)
+from workbench.hotswap.planner import ChangeSet, ReloadError
+from workbench.hotswap.reloader import Reloader
+from workbench.memory.device import DeviceProbe
+from workbench.output import OutputRouter
+from workbench.project import Project, deepest_frame_in
+from workbench.telemetry import Telemetry
+
+
+class RunState(str, enum.Enum):
+    SETUP = "setup"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SETUP_FAILED = "setup failed"
+    STOPPED = "stopped"
+
+
+# Pauses that a successful reload ends on its own: the user saved a fix.
+AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss"})
+
+
+@dataclass(frozen=True)
+class ApplyChanges(Command):
+    """Internal: a prepared reload, applied at the next step boundary."""
+
+    changeset: ChangeSet
+
+
+class StepOutputError(TypeError):
+    """`step` returned something that is not a loss."""
+
+
+def split_step_output(out: Any) -> tuple[float, dict[str, float]]:
+    """A float / one-element tensor, or a dict of scalars with "loss" → (loss, other scalars)."""
+    if isinstance(out, dict):
+        if "loss" not in out:
+            raise StepOutputError(f"step() returned a dict without a 'loss' key (keys: {', '.join(map(str, out)) or 'none'})")
+        scalars = {str(k): _scalar(v, str(k)) for k, v in out.items()}
+        return scalars.pop("loss"), scalars
+    if out is None:
+        raise StepOutputError("step() returned None; return the loss (a float or a 0-d tensor) or a dict with 'loss'")
+    return _scalar(out, "loss"), {}
+
+
+def _scalar(value: Any, name: str) -> float:
+    try:
+        return to_scalar(value, name)
+    except TypeError as exc:
+        raise StepOutputError(f"step() returned {exc}") from None
+
+
+class TrainingWorker(threading.Thread):
+    def __init__(
+        self,
+        project: Project,
+        bench: Bench,
+        reloader: Reloader,
+        bus: EventBus,
+        telemetry: Telemetry,
+        probe: DeviceProbe,
+        router: OutputRouter | None,
+        *,
+        max_steps: int | None,
+        exit_at_max_steps: bool,
+        exit_on_setup_failure: bool,
+        start_paused: bool,
+    ) -> None:
+        super().__init__(name="vram-bench-training", daemon=True)
+        self.project = project
+        self.bench = bench
+        self.reloader = reloader
+        self.bus = bus
+        self.telemetry = telemetry
+        self.probe = probe
+        self.router = router
+        self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self.max_steps = max_steps
+        self.exit_at_max_steps = exit_at_max_steps
+        self.exit_on_setup_failure = exit_on_setup_failure
+        self.start_paused = start_paused
+
+        self.state = RunState.SETUP
+        self.pause_reason: str | None = None
+        self.step = 0
+        self.user_state: Any = None
+        self.setup_started = time.monotonic()
+        self.setup_seconds: float | None = None
+        self.setup_error: str | None = None
+        self.setup_error_location: str | None = None
+        self.exit_code = 0
+        self.exit_reason = "quit"
+        self._quit = False
+        self._step_once = False
+        self._profile: ProfileRun | None = None
+
+    @property
+    def profiling(self) -> bool:
+        return self._profile is not None
+
+    # Thread body -------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.router is not None:
+            self.router.capture_thread()
+        try:
+            self._run_setup()
+            while not self._quit:
+                idle = self.state is not RunState.RUNNING and not self._step_once
+                self._handle_commands(block=idle)
+                if self._quit:
+                    break
+                if self.state is RunState.RUNNING or (self._step_once and self.state is RunState.PAUSED):
+                    self._step_once = False
+                    self._run_step()
+                    self._check_max_steps()
+        except BaseException as exc:  # noqa: BLE001 - a bug in the workbench: say so, exit non-zero
+            self.exit_code, self.exit_reason = 1, "internal error"
+            self.bus.publish(
+                Error(where="worker", message=f"vram-bench internal error: {exc!r}", traceback=traceback.format_exc())
+            )
+        finally:
+            if self._profile is not None:
+                self._profile.abort()
+                self._profile = None
+            self.state = RunState.STOPPED
+            self.bus.publish(Exit(reason=self.exit_reason, step=self.step, code=self.exit_code))
+            if self.router is not None:
+                self.router.release_thread()
+
+    def _handle_commands(self, block: bool) -> None:
+        try:
+            command = self.commands.get(timeout=0.5) if block else self.commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(command)
+            if self._quit:
+                return
+            try:
+                command = self.commands.get_nowait()
+            except queue.Empty:
+                return
+
+    # Setup -------------------------------------------------------------------------------
+    def _run_setup(self) -> None:
+        self.state = RunState.SETUP
+        self.setup_started = time.monotonic()
+        self.setup_error = self.setup_error_location = None
+        self.bus.publish(Setup(status="running"))
+        setup = self.project.function("setup")
+        try:
+            if setup is None:
+                raise NameError("setup(bench) is not defined in the project file")
+            self.user_state = setup(self.bench)
+        except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
+            seconds = time.monotonic() - self.setup_started
+            file, line = self._where(exc)
+            self.setup_error = f"setup() raised {type(exc).__name__}: {exc}"
+            self.setup_error_location = f"{file}:{line}" if file else None
+            self.bus.publish(Setup(status="failed", seconds=seconds))
+            self.bus.publish(
+                Error(where="setup", message=self.setup_error, file=file, line=line, traceback=self._format(exc))
+            )
+            traceback.clear_frames(exc.__traceback__)
+            self.state = RunState.SETUP_FAILED
+            if self.exit_on_setup_failure:
+                self.exit_code, self.exit_reason, self._quit = 2, "setup failed", True
+            return
+        self.setup_seconds = time.monotonic() - self.setup_started
+        self.bus.publish(Setup(status="done", seconds=self.setup_seconds))
+        self.reloader.track_loaded_modules()  # modules that setup imported are watched too
+        if self.start_paused:
+            self._pause("user")
+        else:
+            self.state = RunState.RUNNING
+
+    # One training step ---------------------------------------------------------------------
+    def _run_step(self) -> None:
+        step_fn = self.project.function("step")
+        self.bench.step = self.step
+        started = time.perf_counter()
+        try:
+            if step_fn is None:
+                raise NameError("step(state, bench) is not defined in the project file")
+            loss, scalars = split_step_output(step_fn(self.user_state, self.bench))
+            scalars.update(self.bench._take_logged())
+        except Exception as exc:  # noqa: BLE001 - a failing step pauses; the model survives
+            self.bench._take_logged()
+            self._step_failed(exc)
+            return
+        ms = (time.perf_counter() - started) * 1000
+        self.step += 1
+        self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
+        self.bus.publish(Step(step=self.step, loss=loss, ms=ms, scalars=scalars, code_version=self.reloader.version))
+        if self._profile is not None and self._profile.step_done():
+            profile, self._profile = self._profile, None
+            self._publish_or_report("profile", profile.finish)
+        if not math.isfinite(loss):
+            self.bus.publish(
+                Error(
+                    where="step",
+                    message=f"loss is {loss} at step {self.step}; training paused. Fix the code and save, "
+                    "or resume to continue anyway.",
+                )
+            )
+            self._pause("non-finite loss")
+
+    def _step_failed(self, exc: Exception) -> None:
+        file, line = self._where(exc)
+        message = f"step() raised {type(exc).__name__}: {exc}"
+        if isinstance(exc, StepOutputError):
+            message = str(exc)
+        self.bus.publish(Error(where="step", message=message, file=file, line=line, traceback=self._format(exc)))
+        traceback.clear_frames(exc.__traceback__)  # the frames pin the step's tensors
+        if isinstance(exc, torch.OutOfMemoryError):
+            self.probe.empty_cache()
+        self._pause("error")
+
+    def _check_max_steps(self) -> None:
+        if self.max_steps is None or self.step < self.max_steps:
+            return
+        if self.exit_at_max_steps:
+            self.exit_reason, self._quit = "max steps", True
+        elif self.state is RunState.RUNNING:
+            self._pause("max steps")
+
+    # Commands ----------------------------------------------------------------------------
+    def _handle(self, command: Command) -> None:
+        if isinstance(command, Quit):
+            self._quit = True
+        elif isinstance(command, Pause):
+            if self.state is RunState.RUNNING:
+                self._pause("user")
+        elif isinstance(command, Resume):
+            if self.state is RunState.SETUP_FAILED:
+                self._command_error("setup() failed, so there is nothing to resume: fix it and save to run setup again")
+            elif self.state is RunState.PAUSED:
+                self._resume("user")
+        elif isinstance(command, StepOnce):
+            if self.state is RunState.PAUSED:
+                self._step_once = True
+            else:
+                self._command_error(f"`step` runs a single step while paused; training is {self.state.value}")
+        elif isinstance(command, ApplyChanges):
+            self._apply(command.changeset)
+        elif isinstance(command, RunCleanup):
+            self._publish_or_report("cleanup", lambda: run_cleanup(self.probe))
+        elif isinstance(command, TakeSnapshot):
+            if self.user_state is None:
+                self._command_error("nothing to snapshot yet: setup() has not finished")
+            else:
+                self._publish_or_report(
+                    "snapshot", lambda: write_snapshot(self.user_state, self.step, self.reloader.version, self.bench.run_dir)
+                )
+        elif isinstance(command, RunProfile):
+            self._start_profile(command.steps)
+
+    def _start_profile(self, steps: int) -> None:
+        if self._profile is not None:
+            self._command_error(f"already profiling ({self._profile.remaining} steps to go)")
+            return
+        if self.state is not RunState.RUNNING:
+            self._command_error(
+                f"profiling records the next {steps} training steps, but training is {self.state.value}: "
+                "resume first (space), then profile"
+            )
+            return
+        try:
+            self._profile = ProfileRun(steps, self.bench.run_dir, self.reloader.version, cuda=self.probe.available())
+        except Exception as exc:  # noqa: BLE001
+            self._command_error(f"could not start torch.profiler: {exc}")
+            return
+        self.bus.publish(Profile(status="started", steps=steps))
+
+    def _apply(self, changeset: ChangeSet) -> None:
+        relative = self.project.relative(changeset.path)
+        try:
+            version = self.reloader.commit(changeset)
+        except ReloadError as exc:
+            self.bus.publish(Reload(ok=False, file=relative, error=exc.message, line=exc.line, code_version=self.reloader.version))
+            return
+        except Exception as exc:  # noqa: BLE001 - a patch that fails is undone; training goes on
+            self.bus.publish(
+                Reload(
+                    ok=False,
+                    file=relative,
+                    error=f"applying the change failed ({type(exc).__name__}: {exc}); nothing was changed",
+                    code_version=self.reloader.version,
+                )
+            )
+            return
+        if changeset.changed:
+            self.telemetry.record_version(self.step, version)
+        notes = list(changeset.notes)
+        if changeset.rollback_of is not None:
+            notes.append(f"rolled back version {changeset.rollback_of}; the file on disk still has the newer code")
+        self.bus.publish(
+            Reload(
+                ok=True,
+                file=relative,
+                changed=tuple(changeset.changed),
+                ms=(time.monotonic() - changeset.detected_at) * 1000,
+                code_version=version,
+                notes=tuple(notes),
+            )
+        )
+        if not changeset.changed:
+            return
+        if self.state is RunState.SETUP_FAILED:
+            self._run_setup()
+        elif self.state is RunState.PAUSED and self.pause_reason in AUTO_RESUME_REASONS:
+            self._resume("reload")
+
+    # Helpers -----------------------------------------------------------------------------
+    def _pause(self, reason: str) -> None:
+        self.state, self.pause_reason = RunState.PAUSED, reason
+        self.bus.publish(Paused(reason=reason, step=self.step))
+
+    def _resume(self, reason: str) -> None:
+        self.state, self.pause_reason = RunState.RUNNING, None
+        self.bus.publish(Resumed(reason=reason, step=self.step))
+
+    def _command_error(self, message: str) -> None:
+        self.bus.publish(Error(where="command", message=message))
+
+    def _publish_or_report(self, what: str, action: Any) -> None:
+        try:
+            self.bus.publish(action())
+        except Exception as exc:  # noqa: BLE001 - an action failing must not stop training
+            self.bus.publish(Error(where=what, message=f"{what} failed: {type(exc).__name__}: {exc}", traceback=self._format(exc)))
+
+    def _where(self, exc: BaseException) -> tuple[str | None, int | None]:
+        found = deepest_frame_in(exc, self.project.root)
+        if found is None:
+            return None, None
+        return self.project.relative(found[0]), found[1]
+
+    def _format(self, exc: BaseException) -> str:
+        """The traceback without the workbench's own frames: the user's code is what matters."""
+        package = os.path.dirname(workbench.__file__)
+        tb = traceback.TracebackException.from_exception(exc)
+        tb.stack = traceback.StackSummary.from_list([f for f in tb.stack if not f.filename.startswith(package)])
+        return "".join(tb.format())
