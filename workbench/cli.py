@@ -22,7 +22,7 @@ examples:
   vram-bench run train.py --headless          JSON-lines events on stdout, commands on stdin
   vram-bench run train.py --headless --max-steps 100 < /dev/null
 
-In the app: space pause/resume, r reload, c cleanup, s snapshot, p profile, ? help, q quit.
+In the app: space pause/resume, r reload, e evaluate, c cleanup, s snapshot, p profile, ? help, q quit.
 A project defines setup(bench) and step(state, bench); see README.md, "The user contract".
 """
 
@@ -31,6 +31,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headless", action="store_true", help="no TUI: JSON-lines events on stdout, commands on stdin")
     parser.add_argument("--max-steps", type=_positive_int, metavar="N", help="stop after N steps (headless: exit 0)")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where bench.device points (default: auto)")
+    parser.add_argument("--eval-every", type=_positive_int, metavar="N", help="run evaluate(state, bench) every N steps")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
     parser.add_argument("--no-mouse", action="store_true", help="TUI: keyboard only, no mouse capture")
@@ -111,6 +112,8 @@ def _run(args: argparse.Namespace) -> int:
         exit_on_setup_failure=args.headless,
         start_paused=args.paused,
         watch=not args.no_watch,
+        write_event_log=not args.headless,
+        eval_every=args.eval_every,
     )
     if args.headless:
         from workbench.headless import run_headless

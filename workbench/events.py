@@ -77,6 +77,16 @@ class Step(Event):
 
 
 @dataclass(frozen=True)
+class Evaluation(Event):
+    """What `evaluate(state, bench)` returned, at a global step."""
+
+    name: ClassVar[str] = "evaluate"
+    step: int
+    scalars: dict[str, float] = field(default_factory=dict)
+    ms: float = 0.0
+
+
+@dataclass(frozen=True)
 class Reload(Event):
     name: ClassVar[str] = "reload"
     ok: bool
@@ -223,12 +233,17 @@ class RunProfile(Command):
 
 
 @dataclass(frozen=True)
+class Evaluate(Command):
+    word: ClassVar[str] = "evaluate"
+
+
+@dataclass(frozen=True)
 class Quit(Command):
     word: ClassVar[str] = "quit"
 
 
 COMMANDS: dict[str, type[Command]] = {
-    c.word: c for c in (Pause, Resume, StepOnce, ReloadNow, Rollback, RunCleanup, TakeSnapshot, RunProfile, Quit)
+    c.word: c for c in (Pause, Resume, StepOnce, ReloadNow, Rollback, RunCleanup, TakeSnapshot, RunProfile, Evaluate, Quit)
 }
 
 

@@ -18,12 +18,14 @@ import torch
 from workbench import __version__
 from workbench.bench import Bench
 from workbench.eventbus import EventBus
+from workbench.eventlog import EventLogWriter
 from workbench.events import Command, Error, Quit, ReloadNow, Rollback, Start
 from workbench.hotswap.reloader import Reloader
 from workbench.hotswap.service import ReloadService
 from workbench.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
 from workbench.memory.device import DeviceProbe, TorchNvmlProbe
-from workbench.memory.sampler import MemorySampler
+from workbench.memory.host import read_host_memory
+from workbench.memory.sampler import HostReader, MemorySampler
 from workbench.output import OutputRouter
 from workbench.project import Project, unload_project
 from workbench.telemetry import Telemetry
@@ -41,6 +43,8 @@ class SessionConfig:
     start_paused: bool = False
     watch: bool = True
     capture_output: bool = True
+    write_event_log: bool = False
+    eval_every: int | None = None
     memory_interval: float = 0.25
     memory_event_interval: float = 2.0
     debounce_ms: int = DEBOUNCE_MS
@@ -93,6 +97,7 @@ class Session:
         *,
         probe: DeviceProbe | None = None,
         stdout_passthrough: TextIO | None = None,
+        host_reader: HostReader = read_host_memory,
     ) -> None:
         self.project = project
         self.config = config
@@ -117,6 +122,7 @@ class Session:
             exit_at_max_steps=config.exit_at_max_steps,
             exit_on_setup_failure=config.exit_on_setup_failure,
             start_paused=config.start_paused,
+            eval_every=config.eval_every,
         )
         self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
         self.watcher = (
@@ -136,7 +142,9 @@ class Session:
             self.bus.publish,
             interval=config.memory_interval,
             event_interval=config.memory_event_interval,
+            read_host=host_reader,
         )
+        self.event_log = EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log else None
         self._started = False
         self._stopped = threading.Event()
 
@@ -159,6 +167,8 @@ class Session:
                 pid=os.getpid(),
             )
         )
+        if self.event_log is not None:
+            self.event_log.start()
         self.sampler.start()
         self.reload_service.start()
         if self.watcher is not None:
@@ -190,6 +200,9 @@ class Session:
                 self.watcher.join(2.0)
             self.reload_service.join(2.0)
             self.sampler.join(2.0)
+            if self.event_log is not None:
+                self.event_log.stop()
+                self.event_log.join(2.0)
         if self.router is not None:
             self.router.uninstall()
 

@@ -33,14 +33,16 @@ class Telemetry:
         self.last_step_ms: float | None = None
 
     # Writer side (training thread, sampler thread) ------------------------------------
-    def record_step(self, step: int, scalars: dict[str, float], ms: float) -> None:
+    def record_step(self, step: int, scalars: dict[str, float], ms: float, *, count: bool = True) -> None:
+        """Append a step's scalars; `count=False` for figures that are not a step (evaluation)."""
         for name, value in scalars.items():
             series = self._series.get(name)
             if series is None:
                 series = self._series.setdefault(name, deque(maxlen=self._points))
             series.append((step, value))
-        self._step_times.append(time.monotonic())
-        self.last_step_ms = ms
+        if count:
+            self._step_times.append(time.monotonic())
+            self.last_step_ms = ms
 
     def record_version(self, step: int, version: int) -> None:
         self._version_starts.append((step, version))

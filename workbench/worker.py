@@ -28,6 +28,8 @@ from workbench.eventbus import EventBus
 from workbench.events import (
     Command,
     Error,
+    Evaluate,
+    Evaluation,
     Exit,
     Pause,
     Paused,
@@ -108,6 +110,7 @@ class TrainingWorker(threading.Thread):
         exit_at_max_steps: bool,
         exit_on_setup_failure: bool,
         start_paused: bool,
+        eval_every: int | None = None,
     ) -> None:
         super().__init__(name="vram-bench-training", daemon=True)
         self.project = project
@@ -122,6 +125,7 @@ class TrainingWorker(threading.Thread):
         self.exit_at_max_steps = exit_at_max_steps
         self.exit_on_setup_failure = exit_on_setup_failure
         self.start_paused = start_paused
+        self.eval_every = eval_every
 
         self.state = RunState.SETUP
         self.pause_reason: str | None = None
@@ -235,6 +239,8 @@ class TrainingWorker(threading.Thread):
         self.step += 1
         self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
         self.bus.publish(Step(step=self.step, loss=loss, ms=ms, scalars=scalars, code_version=self.reloader.version))
+        if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
+            self._run_evaluate()
         if self._profile is not None and self._profile.step_done():
             profile, self._profile = self._profile, None
             self._publish_or_report("profile", profile.finish)
@@ -297,6 +303,33 @@ class TrainingWorker(threading.Thread):
                 )
         elif isinstance(command, RunProfile):
             self._start_profile(command.steps)
+        elif isinstance(command, Evaluate):
+            if self.user_state is None:
+                self._command_error("nothing to evaluate yet: setup() has not finished")
+            elif self.project.function("evaluate") is None:
+                self._command_error("the project defines no evaluate(state, bench) function")
+            else:
+                self._run_evaluate()
+
+    def _run_evaluate(self) -> None:
+        """Run the user's evaluate(); its scalars join the chart. A failure is reported, training goes on."""
+        evaluate = self.project.function("evaluate")
+        started = time.perf_counter()
+        try:
+            out = evaluate(self.user_state, self.bench)  # type: ignore[misc]
+            if not isinstance(out, dict):
+                raise StepOutputError(f"evaluate() returned {type(out).__name__}; return a dict of scalars")
+            scalars = {str(k): _scalar(v, str(k)) for k, v in out.items()}
+        except Exception as exc:  # noqa: BLE001
+            file, line = self._where(exc)
+            self.bus.publish(
+                Error(where="evaluate", message=f"evaluate() raised {type(exc).__name__}: {exc}", file=file, line=line,
+                      traceback=self._format(exc))
+            )
+            traceback.clear_frames(exc.__traceback__)
+            return
+        self.telemetry.record_step(self.step, scalars, 0.0, count=False)
+        self.bus.publish(Evaluation(step=self.step, scalars=scalars, ms=(time.perf_counter() - started) * 1000))
 
     def _start_profile(self, steps: int) -> None:
         if self._profile is not None:

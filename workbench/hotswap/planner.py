@@ -29,6 +29,7 @@ class ReloadError(Exception):
         super().__init__(message)
         self.message = message
         self.line = line
+        self.source: str | None = None  # what was read, to tell a half-written file from a real error
 
 
 @dataclass

@@ -87,8 +87,11 @@ class Reloader:
             raise ReloadError(f"cannot read {path.name}: {exc}") from None
         if source == base:
             return None
-        required = self.required if path == self.project.entry else None
-        changeset = plan_reload(module, path, base, source, required=required)
+        try:
+            changeset = plan_reload(module, path, base, source, required=self._required_for(path))
+        except ReloadError as exc:
+            exc.source = source
+            raise
         changeset.detected_at = detected_at or time.monotonic()
         with self._lock:
             self._prepared[path] = source

@@ -18,6 +18,8 @@ from workbench.hotswap.planner import ChangeSet, ReloadError
 from workbench.hotswap.reloader import Reloader
 
 _STOP = object()
+_SETTLE_ATTEMPTS = 3
+_SETTLE_SECONDS = 0.05
 _RESCAN = object()
 _ROLLBACK = object()
 
@@ -62,7 +64,7 @@ class ReloadService(threading.Thread):
     def _prepare(self, path: Path, detected_at: float, manual: bool) -> None:
         relative = self._reloader.project.relative(path)
         try:
-            changeset = self._reloader.prepare(path, detected_at)
+            changeset = self._prepare_settled(path, detected_at)
         except ReloadError as exc:
             self._publish(
                 Reload(
@@ -95,6 +97,22 @@ class ReloadService(threading.Thread):
             )
             return
         self._submit(changeset)
+
+    def _prepare_settled(self, path: Path, detected_at: float) -> ChangeSet | None:
+        """Prepare; if it fails on a file that is still being written, wait for the write to finish."""
+        for attempt in range(_SETTLE_ATTEMPTS):
+            try:
+                return self._reloader.prepare(path, detected_at)
+            except ReloadError as exc:
+                if attempt == _SETTLE_ATTEMPTS - 1 or exc.source is None:
+                    raise
+                time.sleep(_SETTLE_SECONDS)
+                try:
+                    if path.read_text(encoding="utf-8") == exc.source:
+                        raise  # the file is as it was: a real error in what the user saved
+                except OSError:
+                    raise exc from None
+        return None
 
     def _prepare_rollback(self) -> None:
         try:

@@ -31,8 +31,11 @@ class MemorySample:
         )
 
 
-def take_sample(probe: DeviceProbe) -> MemorySample:
-    return MemorySample(time=time.time(), host=read_host_memory(), gpus=tuple(probe.gpus()), gpu_note=probe.unavailable_reason())
+HostReader = Callable[[], HostMemory]
+
+
+def take_sample(probe: DeviceProbe, read_host: HostReader = read_host_memory) -> MemorySample:
+    return MemorySample(time=time.time(), host=read_host(), gpus=tuple(probe.gpus()), gpu_note=probe.unavailable_reason())
 
 
 class MemorySampler(threading.Thread):
@@ -46,6 +49,7 @@ class MemorySampler(threading.Thread):
         *,
         interval: float = 0.25,
         event_interval: float = 2.0,
+        read_host: HostReader = read_host_memory,
     ) -> None:
         super().__init__(name="vram-bench-memory", daemon=True)
         self._probe = probe
@@ -53,12 +57,13 @@ class MemorySampler(threading.Thread):
         self._publish = publish
         self._interval = interval
         self._event_interval = event_interval
+        self._read_host = read_host
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         last_event = 0.0
         while not self._stop_event.is_set():
-            sample = take_sample(self._probe)
+            sample = take_sample(self._probe, self._read_host)
             self._store(sample)
             now = time.monotonic()
             if self._event_interval > 0 and now - last_event >= self._event_interval:

@@ -1,0 +1,236 @@
+"""The Textual app on a real session, driven with `App.run_test()` and its Pilot."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from tests.fakes import FakeDevice, frozen_host
+from workbench.project import load_project
+from workbench.session import Session, SessionConfig
+from workbench.tui.app import make_app
+from workbench.tui.widgets.loss_chart import LossChart
+from workbench.tui.widgets.memory_gauges import MemoryGauges
+from workbench.tui.widgets.reload_log import ReloadLog
+from workbench.tui.widgets.setup_panel import SetupPanel
+from workbench.tui.widgets.status_bar import StatusBar
+
+TRAIN = textwrap.dedent(
+    """
+    import time
+    import torch
+
+    TAG = 1.0
+
+    def setup(bench):
+        model = torch.nn.Linear(4, 1)
+        return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}
+
+    def step(state, bench):
+        time.sleep(0.002)
+        x = torch.randn(8, 4)
+        loss = ((state["model"](x) - x.sum(1, keepdim=True)) ** 2).mean()
+        loss.backward(); state["opt"].step(); state["opt"].zero_grad()
+        return {"loss": loss, "tag": TAG}
+    """
+)
+
+
+def write_project(folder: Path, source: str = TRAIN) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    entry = folder / "train.py"
+    entry.write_text(source)
+    return entry
+
+
+def new_session(entry: Path, **config: object) -> Session:
+    probe = config.pop("probe", None)
+    host = config.pop("host_reader", None)
+    kwargs = {"probe": probe} if probe is not None else {}
+    if host is not None:
+        kwargs["host_reader"] = host
+    settings = {"device": torch.device("cpu"), "exit_at_max_steps": False, **config}
+    return Session(load_project(entry), SessionConfig(**settings), **kwargs)  # type: ignore[arg-type]
+
+
+async def until(pilot, condition: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def log_text(app) -> str:
+    log = app.query_one(ReloadLog)
+    return "\n".join(strip.text for strip in log.lines)
+
+
+@pytest.fixture
+def session_factory():
+    sessions: list[Session] = []
+
+    def make(entry: Path, **config: object) -> Session:
+        session = new_session(entry, **config)
+        sessions.append(session)
+        return session
+
+    yield make
+    for session in sessions:
+        session.close()
+
+
+async def test_panes_present_space_toggles_pause_and_q_exits(tmp_path, session_factory):
+    session = session_factory(write_project(tmp_path / "proj"))
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: session.status().state == "running" and session.status().step > 3, what="training")
+        await until(pilot, lambda: not app.query_one("#chart-pane").has_class("-setup"), what="chart shown")
+        for widget in (StatusBar, LossChart, MemoryGauges, ReloadLog):
+            assert app.query_one(widget).display
+
+        await pilot.press("space")
+        await until(pilot, lambda: session.status().state == "paused", what="pause")
+        paused_at = session.status().step
+        await pilot.pause(0.3)
+        assert session.status().step == paused_at, "steps ran while paused"
+        await until(pilot, lambda: "PAUSED" in str(app.query_one(StatusBar).render()), what="status bar says paused")
+
+        await pilot.press("space")
+        await until(pilot, lambda: session.status().step > paused_at + 3, what="resume")
+        assert session.status().state == "running"
+
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, what="app exit", timeout=5)
+
+
+async def test_save_shows_reload_in_log_and_new_series(tmp_path, session_factory):
+    entry = write_project(tmp_path / "proj")
+    session = session_factory(entry)
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: session.status().step > 3, what="training")
+        assert session.wait_until_watching()
+        entry.write_text(TRAIN.replace('"tag": TAG}', '"tag": TAG, "extra": 7.0}'))
+        await until(pilot, lambda: "RELOAD" in log_text(app) and "step" in log_text(app), what="reload line")
+        await until(pilot, lambda: session.telemetry.latest("extra") == 7.0, what="new series")
+        await until(pilot, lambda: "extra" in str(app.query_one("#series-rows").render()), what="series row")
+        assert session.status().code_version == 1
+
+        entry.write_text(TRAIN.replace("TAG = 1.0", "TAG = (1.0"))
+        await until(pilot, lambda: "RELOAD FAILED" in log_text(app), what="failed reload line")
+        assert "train.py:5" in log_text(app)
+        assert session.status().state == "running"
+
+
+async def test_memory_pane_without_gpu_says_so_plainly(tmp_path, session_factory):
+    session = session_factory(write_project(tmp_path / "proj"))
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        gauges = app.query_one(MemoryGauges)
+        await until(pilot, lambda: "No GPU" in str(gauges.render()), what="no-GPU note")
+        text = str(gauges.render())
+        assert "RSS" in text and "RAM" in text
+        assert "error" not in text.lower()
+
+
+async def test_memory_pane_shows_fake_gpu_and_cleanup_frees_cache(tmp_path, session_factory):
+    device = FakeDevice()
+    session = session_factory(write_project(tmp_path / "proj"), probe=device)
+    app = make_app(session)
+    async with app.run_test(size=(110, 34)) as pilot:
+        gauges = app.query_one(MemoryGauges)
+        await until(pilot, lambda: "Fake H100" in str(gauges.render()), what="GPU gauge")
+        text = str(gauges.render())
+        assert "cached 4.00 GiB" in " ".join(text.split())
+        assert "live 10.00 GiB" in " ".join(text.split())
+
+        await pilot.press("c")
+        await until(pilot, lambda: "CLEANUP" in log_text(app), what="cleanup line")
+        assert device.empty_cache_calls == 1
+        assert "freed 4.00 GiB" in log_text(app)
+        await until(pilot, lambda: "cached 0 B" in " ".join(str(gauges.render()).split()), what="cache emptied")
+
+
+async def test_setup_panel_shows_progress_then_failure_then_recovers_on_save(tmp_path, session_factory):
+    failing = TRAIN.replace(
+        "def setup(bench):\n", "def setup(bench):\n    time.sleep(1.0)\n    raise RuntimeError('weights not found')\n"
+    )
+    entry = write_project(tmp_path / "proj", failing)
+    session = session_factory(entry)
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        panel = app.query_one(SetupPanel)
+        await until(pilot, lambda: "Running setup()" in str(panel.render()), what="setup progress")
+        assert not app.query_one(LossChart).display or app.query_one("#chart-pane").has_class("-setup")
+        await until(pilot, lambda: "setup() failed" in str(panel.render()), what="setup failure")
+        assert "weights not found" in str(panel.render())
+        assert "RuntimeError" in log_text(app)
+
+        assert session.wait_until_watching()
+        entry.write_text(TRAIN)
+        await until(pilot, lambda: session.status().state == "running" and session.status().step > 2, what="recovery")
+        await until(pilot, lambda: not app.query_one("#chart-pane").has_class("-setup"), what="chart back")
+
+
+async def test_help_lists_every_key(tmp_path, session_factory):
+    session = session_factory(write_project(tmp_path / "proj"))
+    app = make_app(session)
+    async with app.run_test(size=(100, 34)) as pilot:
+        await pilot.press("question_mark")
+        await until(pilot, lambda: type(app.screen).__name__ == "HelpScreen", what="help screen")
+        console = Console(width=100, record=True, file=io.StringIO())
+        for widget in app.screen.query("Static"):
+            console.print(widget.content)
+        shown = console.export_text()
+        for key, _ in app.KEY_HELP:
+            assert key in shown
+        await pilot.press("escape")
+        await until(pilot, lambda: type(app.screen).__name__ != "HelpScreen", what="help closed")
+
+
+async def test_prints_from_step_land_in_the_log(tmp_path, session_factory):
+    source = TRAIN.replace("    return {", "    if bench.step == 2:\n        print('hello from step')\n    return {")
+    session = session_factory(write_project(tmp_path / "proj", source))
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: "hello from step" in log_text(app), what="print in log")
+        assert "[stdout]" in log_text(app)
+
+
+# --------------------------------------------------------------------------- snapshot
+
+DETERMINISTIC = textwrap.dedent(
+    """
+    import torch
+
+    def setup(bench):
+        model = torch.nn.Linear(2, 1)
+        return {"model": model}
+
+    def step(state, bench):
+        return {"loss": 4.0 / (1 + 0.2 * bench.step), "lr": 0.001 * (1 + bench.step % 5)}
+    """
+)
+
+
+def test_main_screen_snapshot(tmp_path, snap_compare):
+    entry = write_project(tmp_path / "snapshot_demo", DETERMINISTIC)
+    session = new_session(entry, max_steps=40, probe=FakeDevice(), host_reader=frozen_host, watch=False)
+    app = make_app(session, timestamps=False)
+
+    async def settle(pilot) -> None:
+        await until(pilot, lambda: session.status().state == "paused" and session.status().step == 40, what="40 steps")
+        await pilot.pause(1.0)  # every widget timer has fired since
+
+    try:
+        assert snap_compare(app, terminal_size=(100, 30), run_before=settle)
+    finally:
+        session.close()

@@ -1,0 +1,120 @@
+"""The Textual app: a window onto a running session.
+
+It starts the session when mounted (so `setup()` runs while the screen is
+already up), reads telemetry on widget timers, and turns keys into commands.
+No training logic runs here.
+"""
+
+from __future__ import annotations
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer
+
+from workbench.events import Evaluate, Pause, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
+from workbench.session import Session
+from workbench.tui.screens.help import HelpScreen
+from workbench.tui.widgets.loss_chart import LossChart
+from workbench.tui.widgets.memory_gauges import MemoryGauges
+from workbench.tui.widgets.reload_log import ReloadLog
+from workbench.tui.widgets.setup_panel import SetupPanel
+from workbench.tui.widgets.status_bar import StatusBar
+
+PROFILE_STEPS = 3
+
+
+class VramBenchApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "vram-bench"
+
+    BINDINGS = [
+        Binding("space", "toggle_pause", "Pause/Resume", id="toggle_pause", priority=True),
+        Binding("n", "step_once", "Step", id="step_once", show=False),
+        Binding("r", "reload", "Reload", id="reload"),
+        Binding("u", "rollback", "Undo reload", id="rollback", show=False),
+        Binding("e", "evaluate", "Eval", id="evaluate"),
+        Binding("c", "cleanup", "Cleanup", id="cleanup"),
+        Binding("s", "snapshot", "Snapshot", id="snapshot"),
+        Binding("p", "profile", "Profile", id="profile"),
+        Binding("question_mark,f1", "help", "Help", id="help", key_display="?"),
+        Binding("q", "quit", "Quit", id="quit"),
+    ]
+
+    KEY_HELP = [
+        ("space", "pause / resume training"),
+        ("n", "run one step while paused"),
+        ("r", "reload now: re-read every project file and apply what changed"),
+        ("u", "undo the last reload (roll back to the previous code version)"),
+        ("e", "run evaluate(state, bench) now; its scalars join the chart"),
+        ("c", "cleanup: gc.collect + torch.cuda.empty_cache, and what it freed"),
+        ("s", "snapshot: checkpoint of every module and optimizer to .vram-bench/snapshots/"),
+        ("p", f"profile the next {PROFILE_STEPS} steps with torch.profiler (trace to .vram-bench/traces/)"),
+        ("? / F1", "this help"),
+        ("q", "quit (the session's artifacts stay in .vram-bench/)"),
+    ]
+
+    def __init__(self, session: Session, *, timestamps: bool = True) -> None:
+        super().__init__()
+        self.session = session
+        self._timestamps = timestamps
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self.session, id="status")
+        with Horizontal(id="top"):
+            with Vertical(id="chart-pane") as chart_pane:
+                chart_pane.border_title = "Loss"
+                yield SetupPanel(self.session, id="setup")
+                yield LossChart(self.session.telemetry, id="chart")
+            gauges = MemoryGauges(self.session.telemetry, id="memory")
+            gauges.border_title = "Memory"
+            yield gauges
+        log = ReloadLog(self.session.bus, self.session.project.root, timestamps=self._timestamps, id="log")
+        log.border_title = "Log"
+        yield log
+        yield Footer()
+
+    def on_mount(self) -> None:
+        # Started here, not before: Textual has redirected stdout by now, so the session's
+        # print routing wraps Textual's and the training thread's prints land in the log.
+        self.session.start()
+
+    # Actions: each one only sends a command --------------------------------------------
+    def action_toggle_pause(self) -> None:
+        state = self.session.status().state
+        if state == "running":
+            self.session.send(Pause())
+        elif state == "paused":
+            self.session.send(Resume())
+        else:
+            self.notify(f"Cannot pause or resume while {state}.", severity="warning")
+
+    def action_step_once(self) -> None:
+        self.session.send(StepOnce())
+
+    def action_reload(self) -> None:
+        self.session.send(ReloadNow())
+
+    def action_rollback(self) -> None:
+        self.session.send(Rollback())
+
+    def action_evaluate(self) -> None:
+        self.session.send(Evaluate())
+
+    def action_cleanup(self) -> None:
+        self.session.send(RunCleanup())
+
+    def action_snapshot(self) -> None:
+        self.session.send(TakeSnapshot())
+
+    def action_profile(self) -> None:
+        self.session.send(RunProfile(steps=PROFILE_STEPS))
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.KEY_HELP))
+
+
+def make_app(session: Session, *, timestamps: bool = True) -> VramBenchApp:
+    """Build the app around a session (tests build it the same way, with their own session)."""
+    return VramBenchApp(session, timestamps=timestamps)

@@ -1,0 +1,1 @@
+"""One widget per file, named after what the user sees."""

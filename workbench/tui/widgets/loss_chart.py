@@ -1,0 +1,85 @@
+"""The live loss chart, plus a sparkline row for every other scalar series.
+
+Series whose name contains "loss" share the plot (they share a scale); the
+rest (lr, grad norm, accuracy...) get a compact row each. Versions of the code
+are marked on the chart where they started.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+from textual_plot import HiResMode, PlotWidget
+
+from workbench.telemetry import Series, Telemetry
+from workbench.tui.format import short_number
+
+_SPARK = "▁▂▃▄▅▆▇█"
+_LOSS_COLORS = ("bright_cyan", "bright_magenta", "bright_yellow", "bright_green")
+
+
+class _Plot(PlotWidget, can_focus=False):
+    """The plot, without pan/zoom keys that would shadow the app's."""
+
+
+def sparkline(values: tuple[float, ...], width: int) -> str:
+    if not values or width <= 0:
+        return ""
+    values = values[-width:]
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    if span <= 0:
+        return _SPARK[3] * len(values)
+    return "".join(_SPARK[min(int((v - lo) / span * (len(_SPARK) - 1)), len(_SPARK) - 1)] for v in values)
+
+
+class LossChart(Vertical):
+    def __init__(self, telemetry: Telemetry, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._telemetry = telemetry
+        self._drawn: tuple[int, int] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield _Plot(allow_pan_and_zoom=False, id="loss-plot")
+        yield Static(id="series-rows")
+
+    def on_mount(self) -> None:
+        plot = self.query_one(_Plot)
+        plot.set_xlabel("step")
+        self.redraw()
+        self.set_interval(0.5, self.redraw)
+
+    def redraw(self) -> None:
+        plot = self.query_one(_Plot)
+        width = max(plot.size.width, 20)
+        series = self._telemetry.series(max_points=2 * width)
+        losses = [s for s in series if "loss" in s.name]
+        others = [s for s in series if "loss" not in s.name]
+        signature = (sum(len(s.steps) for s in series), series[0].steps[-1] if series and series[0].steps else 0)
+        if signature != self._drawn:
+            self._drawn = signature
+            plot.clear()
+            for i, s in enumerate(losses):
+                plot.plot(s.steps, s.values, line_style=_LOSS_COLORS[i % len(_LOSS_COLORS)], hires_mode=HiResMode.BRAILLE, label=s.name)
+            for step, version in self._telemetry.version_starts():
+                plot.add_v_line(step, "grey50", f"v{version}")
+            plot.show_legend(is_visible=len(losses) > 1)
+        self._draw_rows(losses, others, width)
+
+    def _draw_rows(self, losses: list[Series], others: list[Series], width: int) -> None:
+        rows = self.query_one("#series-rows", Static)
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if not losses and not others:
+            text.append("waiting for the first step...", style="dim")
+        for s in losses:
+            text.append(f"{s.name:>12} ", style="bold")
+            text.append(f"{short_number(s.values[-1]):>10}\n")
+        for s in others:
+            text.append(f"{s.name:>12} ", style="bold")
+            text.append(f"{short_number(s.values[-1]):>10} ")
+            text.append(sparkline(s.values, max(width - 26, 8)) + "\n", style="green")
+        text.rstrip()
+        rows.update(text)
+        rows.styles.height = max(len(losses) + len(others), 1)

@@ -1,0 +1,38 @@
+"""Shown in the chart's place while `setup()` runs (it can take minutes) or after it failed."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from workbench.session import Session
+
+
+class SetupPanel(Static):
+    def __init__(self, session: Session, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._session = session
+
+    def on_mount(self) -> None:
+        self.redraw()
+        self.set_interval(0.25, self.redraw)
+
+    def redraw(self) -> None:
+        s = self._session.status()
+        showing = s.state in ("setup", "setup failed")
+        if self.parent is not None:
+            self.parent.set_class(showing, "-setup")
+        if not showing:
+            return
+        text = Text()
+        if s.state == "setup":
+            text.append("Running setup()", style="bold cyan")
+            text.append(f"  {s.setup_elapsed:.1f} s\n\n")
+            text.append("Loading the model happens once; after that, saves swap code in place.\n", style="dim")
+            text.append("What setup() prints appears in the log below.", style="dim")
+        else:
+            text.append("setup() failed\n\n", style="bold red")
+            text.append(f"{s.setup_error}\n\n", style="red")
+            text.append("The traceback is in the log below. Fix the code and save: setup() runs again.\n")
+            text.append("Or press q to quit.", style="dim")
+        self.update(text)
