@@ -120,6 +120,14 @@ def step(state, bench):
 # --------------------------------------------------------------------------- load_project
 
 
+@pytest.fixture(autouse=True)
+def _restore_sys_path():
+    """A failed load can leave the project folder on sys.path (see the xfail below): keep tests apart."""
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved
+
+
 def test_missing_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "train.py"
     with pytest.raises(ContractError) as info:

@@ -1,0 +1,297 @@
+"""The headless protocol end to end: `python -m workbench run <project> --headless`.
+
+stdout must carry only JSON lines, one event each; commands go in on stdin.
+The user's step prints (Python and native) and must never show up raw on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import TRAIN_PY, line_of, make_project, save
+
+STARTUP_TIMEOUT = 60.0  # torch import + setup on a slow, busy CI machine
+
+NOISY_TRAIN = TRAIN_PY.replace("import time\n", "import os\nimport sys\nimport time\n").replace(
+    '    return {"loss": loss, "scale": SCALE}\n',
+    '    print("py-print", bench.step)\n'
+    '    print("py-stderr", bench.step, file=sys.stderr)\n'
+    '    os.write(1, b"native-fd1\\n")\n'
+    '    os.write(2, b"native-fd2\\n")\n'
+    '    return {"loss": loss, "scale": SCALE}\n',
+)
+
+
+class Headless:
+    """A `--headless` subprocess; stdout lines are parsed as they arrive, stderr is collected."""
+
+    def __init__(self, entry: Path, *args: str, stdin: int | None = subprocess.PIPE) -> None:
+        self.entry = entry
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workbench", "run", str(entry), "--headless", *args],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=entry.parent.parent,
+            text=True,
+            encoding="utf-8",
+            bufsize=1,
+        )
+        self.raw_lines: list[str] = []  # every stdout line, as is
+        self.events: list[dict[str, Any]] = []  # every parsed event so far
+        self.pos = 0
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._stderr: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self._queue.put), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self._stderr.append), daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @staticmethod
+    def _pump(stream: Any, sink: Callable[[Any], None]) -> None:
+        for line in stream:
+            sink(line)
+        sink(None)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(s for s in self._stderr if s is not None)
+
+    def _take(self, timeout: float) -> bool:
+        """Move one line from the reader thread into `events`; False on timeout or end of output."""
+        try:
+            line = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        if line is None:
+            self._queue.put(None)  # stay at end of output
+            return False
+        self.raw_lines.append(line)
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            pytest.fail(f"stdout line is not JSON: {line!r}\n{self.explain()}", pytrace=False)
+        assert isinstance(event, dict) and "event" in event, f"stdout line without an 'event' key: {line!r}"
+        self.events.append(event)
+        return True
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 15.0, what: str = "an event") -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            while self.pos < len(self.events):
+                event = self.events[self.pos]
+                self.pos += 1
+                if predicate(event):
+                    return event
+            remaining = deadline - time.monotonic()
+            ended = self.proc.poll() is not None and self._queue.empty()
+            if remaining <= 0 or ended:
+                why = "the process ended" if ended else f"nothing matched within {timeout} s"
+                pytest.fail(f"waiting for {what}: {why}\n{self.explain()}", pytrace=False)
+            self._take(min(remaining, 0.25))
+
+    def wait_event(self, kind: str, timeout: float = 15.0, **fields: Any) -> dict[str, Any]:
+        what = f"{kind}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
+        return self.wait_for(lambda e: e["event"] == kind and all(e.get(k) == v for k, v in fields.items()), timeout, what)
+
+    def steps(self, n: int, timeout: float = 15.0) -> list[dict[str, Any]]:
+        return [self.wait_event("step", timeout) for _ in range(n)]
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def finish(self, timeout: float = 30.0) -> int:
+        """Wait for the process to exit and read the rest of stdout; returns the exit code."""
+        code = self.proc.wait(timeout)
+        for thread in self._threads:
+            thread.join(10)
+        while self._take(0.01):
+            pass
+        return code
+
+    def since(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        index = next(i for i, e in enumerate(self.events) if e is event)
+        return self.events[index + 1 :]
+
+    def explain(self) -> str:
+        shown = "".join(self.raw_lines[-40:])
+        return f"--- last stdout lines\n{shown}--- stderr\n{self.stderr[-3000:]}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def headless(tmp_path: Path) -> Iterator[Callable[..., Headless]]:
+    """Factory: `headless({"train.py": src}, "--max-steps", "3")` -> a running subprocess."""
+    started: list[Headless] = []
+
+    def start(files: dict[str, str] | None = None, *args: str, stdin: int | None = subprocess.PIPE) -> Headless:
+        root = make_project(tmp_path, files or {"train.py": TRAIN_PY}, folder=f"proj{len(started)}")
+        proc = Headless(root / "train.py", *args, stdin=stdin)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.close()
+
+
+def test_max_steps_run_prints_only_json_events(headless) -> None:
+    run = headless({"train.py": NOISY_TRAIN}, "--max-steps", "4", stdin=subprocess.DEVNULL)
+    code = run.finish(timeout=STARTUP_TIMEOUT)
+    assert code == 0, run.explain()
+    assert run.raw_lines, run.explain()
+    assert all(line.startswith("{") and line.endswith("}\n") for line in run.raw_lines), run.explain()
+    stdout = "".join(run.raw_lines)
+    assert "native-fd1" not in stdout and "native-fd2" not in stdout
+    names = [e["event"] for e in run.events]
+    assert names[0] == "start"
+    start = run.events[0]
+    assert start["device"] == "cpu" and start["project"] == "proj0/train.py" and start["pid"] == run.proc.pid
+    assert [e["status"] for e in run.events if e["event"] == "setup"] == ["running", "done"]
+    steps = [e for e in run.events if e["event"] == "step"]
+    assert [e["step"] for e in steps] == [1, 2, 3, 4]
+    for e in steps:
+        assert isinstance(e["loss"], float) and math.isfinite(e["loss"])
+        assert e["ms"] > 0 and e["scalars"] == {"scale": 1.0} and e["code_version"] == 0
+    prints = [(e["stream"], e["text"]) for e in run.events if e["event"] == "print"]
+    for n in range(4):
+        assert ("stdout", f"py-print {n}") in prints
+        assert ("stderr", f"py-stderr {n}") in prints
+    assert not any("native" in text for _, text in prints)
+    assert run.events[-1] == {**run.events[-1], "event": "exit", "reason": "max steps", "code": 0, "step": 4}
+    assert names.count("exit") == 1
+    # Native writes to fd 1 were moved to stderr, not lost and not on stdout.
+    assert run.stderr.count("native-fd1") == 4 and run.stderr.count("native-fd2") == 4
+    assert "Traceback" not in run.stderr
+
+
+def test_commands_on_stdin(headless) -> None:
+    run = headless()
+    run.wait_event("setup", STARTUP_TIMEOUT, status="done")
+    run.steps(2)
+
+    run.send("pause")
+    paused = run.wait_event("paused", reason="user")
+    run.send("step")
+    one = run.wait_event("step")
+    assert one["step"] == paused["step"] + 1
+
+    run.send("snapshot")
+    snap = run.wait_event("snapshot")
+    path = Path(snap["path"])
+    assert path.parent == run.entry.parent.resolve() / ".vram-bench" / "snapshots"
+    assert path.stat().st_size == snap["bytes"] > 0
+    assert snap["step"] == one["step"]
+
+    run.send("profile 2")
+    refused = run.wait_event("error", where="command")
+    assert "resume first" in refused["message"]
+
+    run.send("cleanup")
+    cleanup = run.wait_event("cleanup")
+    assert isinstance(cleanup["freed_bytes"], int) and cleanup["freed_bytes"] >= 0
+    assert not any(e["event"] == "step" for e in run.since(paused) if e is not one)
+
+    run.send("resume")
+    resumed = run.wait_event("resumed", reason="user")
+    assert resumed["step"] == one["step"]
+    run.send("profile 2")
+    run.wait_event("profile", status="started", steps=2)
+    done = run.wait_event("profile", 30, status="done")
+    assert done["trace"].endswith(".json.gz") and Path(done["trace"]).is_file()
+    assert done["top_ops"] and all({"name", "calls", "self_cpu_ms"} <= op.keys() for op in done["top_ops"])
+
+    for bad, fragment in [("bogus", "unknown command 'bogus'"), ("profile x", "whole number"), ("pause now", "takes no arguments")]:
+        run.send(bad)
+        error = run.wait_event("error", where="command")
+        assert fragment in error["message"], error
+    run.steps(1)  # bad commands do not stop training
+
+    run.send("quit")
+    exit_event = run.wait_event("exit")
+    assert (exit_event["reason"], exit_event["code"]) == ("quit", 0)
+    assert run.finish() == 0, run.explain()
+    assert run.events[-1]["event"] == "exit"
+
+
+def test_save_while_running_headless_produces_a_reload_event(headless) -> None:
+    run = headless()
+    run.wait_event("setup", STARTUP_TIMEOUT, status="done")
+    run.steps(2)
+    edited = TRAIN_PY.replace('"scale": SCALE}', '"scale": SCALE, "headless": 1.0}')
+    # Nothing in the protocol says when the watcher is up; steps running is a strong hint, but
+    # save again if the first save went unseen (the second one then carries the change).
+    reload = None
+    for _ in range(3):
+        save(run.entry, edited)
+        try:
+            reload = run.wait_event("reload", 5, file="train.py")
+            break
+        except pytest.fail.Exception:
+            run.pos = len(run.events)
+    assert reload is not None, run.explain()
+    assert reload["ok"] is True and reload["changed"] == ["step"] and reload["code_version"] == 1, reload
+    step = run.wait_for(lambda e: e["event"] == "step" and e["code_version"] == 1, what="a step with the new code")
+    assert step["scalars"] == {"scale": 1.0, "headless": 1.0}
+
+    broken = edited.replace("    x = torch.randn(8, 4)\n", "    x = torch.randn(8, 4\n")
+    save(run.entry, broken)
+    failed = run.wait_event("reload", 20, ok=False)
+    assert failed["file"] == "train.py" and failed["line"] == line_of(broken, "x = torch.randn(8, 4")
+    assert failed["error"].startswith("syntax error")
+
+    run.send("rollback")
+    back = run.wait_event("reload", code_version=2)
+    assert back["ok"] is True and back["changed"] == ["step"]
+    step = run.wait_for(lambda e: e["event"] == "step" and e["code_version"] == 2, what="a step after the rollback")
+    assert step["scalars"] == {"scale": 1.0}
+
+    run.send("quit")
+    assert run.finish() == 0, run.explain()
+
+
+def test_sigterm_exits_cleanly_with_an_exit_event(headless) -> None:
+    run = headless()
+    run.wait_event("setup", STARTUP_TIMEOUT, status="done")
+    run.steps(1)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    exit_event = run.wait_event("exit")
+    assert (exit_event["reason"], exit_event["code"]) == ("quit", 0)
+    assert run.finish() == 0, run.explain()
+
+
+def test_closing_stdin_does_not_stop_the_run(headless) -> None:
+    run = headless(None, "--max-steps", "30")
+    run.wait_event("setup", STARTUP_TIMEOUT, status="done")
+    assert run.proc.stdin is not None
+    run.proc.stdin.close()
+    exit_event = run.wait_event("exit", 30)
+    assert (exit_event["reason"], exit_event["step"]) == ("max steps", 30)
+    assert run.finish() == 0, run.explain()
