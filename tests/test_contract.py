@@ -122,7 +122,7 @@ def step(state, bench):
 
 @pytest.fixture(autouse=True)
 def _restore_sys_path():
-    """A failed load can leave the project folder on sys.path (see the xfail below): keep tests apart."""
+    """Keep tests apart even if a load leaves sys.path changed (test_failed_import_leaves_sys_path_alone checks it does not)."""
     saved = list(sys.path)
     yield
     sys.path[:] = saved
@@ -242,11 +242,6 @@ def test_exception_in_an_imported_project_module_points_there(tmp_path: Path) ->
     assert "helpers" not in sys.modules, "a failed load left the project's helper module imported"
 
 
-@pytest.mark.xfail(
-    reason="BUG: project._import_entry adds the project folder to sys.path and _forget() does not remove it "
-    "when the import fails, so a failed load_project leaves sys.path modified",
-    strict=True,
-)
 def test_failed_import_leaves_sys_path_alone(tmp_path: Path) -> None:
     root = make_project(tmp_path, {"train.py": RAISES_AT_IMPORT})
     with pytest.raises(ContractError):
@@ -374,11 +369,6 @@ def test_cli_exception_in_setup_headless(tmp_path: Path) -> None:
     assert "step" not in kinds
 
 
-@pytest.mark.xfail(
-    reason="BUG: cli.main prints only the one-line setup error even with --debug, although the line itself "
-    "says '--debug shows the traceback in headless mode'",
-    strict=True,
-)
 def test_cli_exception_in_setup_debug_shows_traceback(tmp_path: Path) -> None:
     result = run_cli(tmp_path, "run", "{root}/train.py", *FAST, "--debug", files={"train.py": SETUP_RAISES})
     line = line_of(SETUP_RAISES, "raise ValueError")

@@ -475,3 +475,11 @@ def test_a_planned_reload_is_all_or_nothing(load_module: Loader) -> None:
     with pytest.raises(Boom):
         apply_all(changeset.patches)
     assert first() == 1 and second() == 2
+
+
+def test_a_constant_derived_from_a_changed_one_is_not_silently_stale(load_module: Loader) -> None:
+    old = "A = 1\nB = A * 2\n"
+    module, path = load_module(old)
+    changeset = reload(module, path, old, "A = 2\nB = A * 2\n")
+    assert module.A == 2
+    assert module.B == 4 or any("B" in note for note in changeset.notes), (module.B, changeset.notes)

@@ -517,11 +517,6 @@ def step(state, bench):
 """
 
 
-@pytest.mark.xfail(
-    reason="BUG: worker.TrainingWorker._run_step pauses on a NaN/Inf loss but its message does not name the "
-    "parameters with non-finite gradients, as DESIGN.md promises",
-    strict=True,
-)
 def test_non_finite_loss_names_parameters_with_non_finite_gradients(start_session) -> None:
     live = start_session({"train.py": NAN_GRADS})
     error = live.wait_for(is_event("error", where="step"), timeout=30)
@@ -577,12 +572,6 @@ ADDS_AN_IMPORT = TRAIN_PY.replace("import torch\n", "import torch\nfrom augment 
 )
 
 
-@pytest.mark.xfail(
-    reason="BUG: Reloader.track_loaded_modules records a module's source the first time prepare() runs after the "
-    "module was imported, reading the file as it is then; for a module first imported by a reload (or lazily in "
-    "step) that is the already-edited file, so its first edit is diffed against itself and ignored",
-    strict=True,
-)
 def test_first_edit_of_a_module_imported_by_a_reload_is_applied(start_session) -> None:
     live = start_session()
     live.wait_running(2)

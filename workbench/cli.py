@@ -123,8 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         with ProtocolStdout() as protocol:
             session = Session(project, config, stdout_passthrough=sys.stderr)
             code = run_headless(session, protocol.stream, sys.stdin)
-        if session.worker.setup_error:
-            print(f"vram-bench: error: {_setup_failure_line(session)}", file=sys.stderr)
+        _report_setup_failure(session, args.debug)
         return code
 
     from workbench.tui.app import make_app
@@ -138,12 +137,18 @@ def _run(args: argparse.Namespace) -> int:
             app.run(mouse=not args.no_mouse)
         finally:
             session.close()
-    if session.worker.setup_error:
-        print(f"vram-bench: error: {_setup_failure_line(session)}", file=sys.stderr)
+    if _report_setup_failure(session, args.debug):
         return 2
     return session.exit_code
 
 
-def _setup_failure_line(session) -> str:  # type: ignore[no-untyped-def]
-    where = session.worker.setup_error_location or session.project.relative(session.project.entry)
-    return f"{where}: {session.worker.setup_error}. Fix it and run again (--debug shows the traceback in headless mode)."
+def _report_setup_failure(session, debug: bool) -> bool:  # type: ignore[no-untyped-def]
+    """After the session: one line on stderr if setup() failed (and its traceback with --debug)."""
+    worker = session.worker
+    if not worker.setup_error:
+        return False
+    if debug and worker.setup_traceback:
+        print(worker.setup_traceback, file=sys.stderr, end="")
+    where = worker.setup_error_location or session.project.relative(session.project.entry)
+    print(f"vram-bench: error: {where}: {worker.setup_error}. Fix it and run again (--debug shows the traceback).", file=sys.stderr)
+    return True

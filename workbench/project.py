@@ -120,7 +120,8 @@ def _check_signature(fn: Any, name: str, params: tuple[str, ...], entry: Path) -
 
 def _import_entry(entry: Path, root: Path) -> ModuleType:
     module_name = _module_name_for(entry)
-    if str(root) not in sys.path:
+    added_to_path = str(root) not in sys.path
+    if added_to_path:
         sys.path.insert(0, str(root))
     spec = importlib.util.spec_from_file_location(module_name, entry)
     if spec is None or spec.loader is None:
@@ -130,12 +131,12 @@ def _import_entry(entry: Path, root: Path) -> ModuleType:
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
-        _forget(module_name, root)
+        _forget(module_name, root, added_to_path)
         raise ContractError(
             f"syntax error: {exc.msg}.", file=exc.filename or entry, line=exc.lineno, hint="Fix it and run again."
         ) from exc
     except BaseException as exc:  # noqa: BLE001 - any failure at import is the user's to see
-        _forget(module_name, root)
+        _forget(module_name, root, added_to_path)
         file, line = deepest_frame_in(exc, root) or (str(entry), None)
         raise ContractError(
             f"importing {entry.name} raised {type(exc).__name__}: {exc}.", file=file, line=line, hint="Fix it and run again."
@@ -152,9 +153,11 @@ def _module_name_for(entry: Path) -> str:
     return f"_vram_bench_{name}"
 
 
-def _forget(module_name: str, root: Path) -> None:
+def _forget(module_name: str, root: Path, added_to_path: bool) -> None:
     sys.modules.pop(module_name, None)
     _remove_modules_under(root)
+    if added_to_path and str(root) in sys.path:
+        sys.path.remove(str(root))
 
 
 def deepest_frame_in(exc: BaseException, root: Path) -> tuple[str, int] | None:

@@ -11,6 +11,7 @@ import enum
 import math
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -48,6 +49,7 @@ from workbench.events import (
 from workbench.hotswap.planner import ChangeSet, ReloadError
 from workbench.hotswap.reloader import Reloader
 from workbench.memory.device import DeviceProbe
+from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
 from workbench.telemetry import Telemetry
@@ -135,11 +137,13 @@ class TrainingWorker(threading.Thread):
         self.setup_seconds: float | None = None
         self.setup_error: str | None = None
         self.setup_error_location: str | None = None
+        self.setup_traceback: str | None = None
         self.exit_code = 0
         self.exit_reason = "quit"
         self._quit = False
         self._step_once = False
         self._profile: ProfileRun | None = None
+        self._module_count = len(sys.modules)
 
     @property
     def profiling(self) -> bool:
@@ -204,9 +208,10 @@ class TrainingWorker(threading.Thread):
             file, line = self._where(exc)
             self.setup_error = f"setup() raised {type(exc).__name__}: {exc}"
             self.setup_error_location = f"{file}:{line}" if file else None
+            self.setup_traceback = self._format(exc)
             self.bus.publish(Setup(status="failed", seconds=seconds))
             self.bus.publish(
-                Error(where="setup", message=self.setup_error, file=file, line=line, traceback=self._format(exc))
+                Error(where="setup", message=self.setup_error, file=file, line=line, traceback=self.setup_traceback)
             )
             traceback.clear_frames(exc.__traceback__)
             self.state = RunState.SETUP_FAILED
@@ -236,6 +241,7 @@ class TrainingWorker(threading.Thread):
             self._step_failed(exc)
             return
         ms = (time.perf_counter() - started) * 1000
+        self._track_new_modules()
         self.step += 1
         self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
         self.bus.publish(Step(step=self.step, loss=loss, ms=ms, scalars=scalars, code_version=self.reloader.version))
@@ -245,14 +251,24 @@ class TrainingWorker(threading.Thread):
             profile, self._profile = self._profile, None
             self._publish_or_report("profile", profile.finish)
         if not math.isfinite(loss):
+            try:
+                culprits = describe_non_finite(self.user_state)
+            except Exception as exc:  # noqa: BLE001 - the diagnosis must not turn into a second failure
+                culprits = f"could not inspect the parameters ({exc})"
             self.bus.publish(
                 Error(
                     where="step",
-                    message=f"loss is {loss} at step {self.step}; training paused. Fix the code and save, "
-                    "or resume to continue anyway.",
+                    message=f"loss is {loss} at step {self.step} (the first non-finite step); {culprits}. "
+                    "Training paused: fix the code and save, or resume to continue anyway.",
                 )
             )
             self._pause("non-finite loss")
+
+    def _track_new_modules(self) -> None:
+        """A module the step imported lazily is tracked for reloads (an O(1) check per step)."""
+        if len(sys.modules) != self._module_count:
+            self._module_count = len(sys.modules)
+            self.reloader.track_loaded_modules()
 
     def _step_failed(self, exc: Exception) -> None:
         file, line = self._where(exc)

@@ -189,11 +189,15 @@ class _Planner:
         self.patches: list[Patch] = []
         self.changed: list[str] = []
         self.notes: list[str] = []
+        self.dirty: set[str] = set()  # constants re-bound so far, in source order
 
     def statement(self, old: Scope | None, new: Scope) -> None:
+        moved_only = old is not None and old.fingerprint == new.fingerprint
+        if new.kind == "assign" and moved_only:
+            self.dependent_constant(new)
+            return
         if not _changed_or_moved(old, new):
             return
-        moved_only = old is not None and old.fingerprint == new.fingerprint
         if new.kind == "def":
             self.function(old, new, moved_only)
         elif new.kind == "class":
@@ -204,10 +208,30 @@ class _Planner:
             binds = tuple(new.name.split(",")) if new.kind == "assign" else ()
             self.patches.append(RunInNamespace(compile_nodes(new.nodes, self.path), self.live, binds))
             self.changed.extend(binds)
+            self.dirty.update(binds)
         else:
             self.notes.append(
                 f"line {new.line}: `{label_for(new.node, self.source)}` was not re-run: module statements that call "
                 f"code run once at import; {RESTART_HINT}"
+            )
+
+    def dependent_constant(self, scope: Scope) -> None:
+        """An unchanged constant computed from a changed one (`B = A * 2`) is recomputed too."""
+        used = {
+            n.id for node in scope.nodes for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
+        stale = sorted(used & self.dirty)
+        if not stale:
+            return
+        binds = tuple(scope.name.split(","))
+        if scope.is_rerunnable():
+            self.patches.append(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds))
+            self.changed.extend(binds)
+            self.dirty.update(binds)
+        else:
+            self.notes.append(
+                f"line {scope.line}: `{label_for(scope.node, self.source)}` uses {', '.join(stale)} but was not "
+                f"re-run (it calls code), so it keeps its old value; {RESTART_HINT}"
             )
 
     def function(self, old: Scope | None, new: Scope, moved_only: bool) -> None:

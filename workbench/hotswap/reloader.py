@@ -82,7 +82,9 @@ class Reloader:
         try:
             source = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise ReloadError(f"{path.name} was deleted; the old code keeps running. Restore the file to go on.") from None
+            missing = ReloadError(f"{path.name} was deleted; the old code keeps running. Restore the file to go on.")
+            missing.source = ""  # editors that save by rename delete the file for a moment
+            raise missing from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ReloadError(f"cannot read {path.name}: {exc}") from None
         if source == base:
@@ -92,6 +94,10 @@ class Reloader:
         except ReloadError as exc:
             exc.source = source
             raise
+        finally:
+            # Planning runs the file's imports: a module it imported for the first time is tracked
+            # now, before the user can edit it, so its first edit has a base to diff against.
+            self.track_loaded_modules()
         changeset.detected_at = detected_at or time.monotonic()
         with self._lock:
             self._prepared[path] = source

@@ -41,8 +41,8 @@ class Scope:
         """Plain constants and imports can be re-run; anything that calls code cannot."""
         if self.kind == "import":
             return True
-        if self.kind != "assign":
-            return False
+        if self.kind != "assign" or any(isinstance(node, ast.AugAssign) for node in self.nodes):
+            return False  # `N += 1` run again would count twice
         return not any(isinstance(sub, _UNSAFE_NODES) for node in self.nodes for sub in ast.walk(node))
 
 
