@@ -205,15 +205,19 @@ class _Planner:
         elif moved_only or new.kind == "doc":
             return
         elif new.is_rerunnable():
-            binds = tuple(new.name.split(",")) if new.kind == "assign" else ()
-            self.patches.append(RunInNamespace(compile_nodes(new.nodes, self.path), self.live, binds))
-            self.changed.extend(binds)
-            self.dirty.update(binds)
+            self.rerun(new)
         else:
             self.notes.append(
                 f"line {new.line}: `{label_for(new.node, self.source)}` was not re-run: module statements that call "
                 f"code run once at import; {RESTART_HINT}"
             )
+
+    def rerun(self, scope: Scope) -> None:
+        """Run an import or a plain constant again in the live module."""
+        binds = tuple(scope.name.split(",")) if scope.kind == "assign" else ()
+        self.patches.append(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds))
+        self.changed.extend(binds)
+        self.dirty.update(binds)
 
     def dependent_constant(self, scope: Scope) -> None:
         """An unchanged constant computed from a changed one (`B = A * 2`) is recomputed too."""
@@ -223,11 +227,8 @@ class _Planner:
         stale = sorted(used & self.dirty)
         if not stale:
             return
-        binds = tuple(scope.name.split(","))
         if scope.is_rerunnable():
-            self.patches.append(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds))
-            self.changed.extend(binds)
-            self.dirty.update(binds)
+            self.rerun(scope)
         else:
             self.notes.append(
                 f"line {scope.line}: `{label_for(scope.node, self.source)}` uses {', '.join(stale)} but was not "
