@@ -393,7 +393,7 @@ def test_contract_is_checked_on_reload(load_module: Loader) -> None:
         plan(module, path, old, "def setup(bench):\n    return {}\n", required=REQUIRED_FUNCTIONS)
     changeset = plan(module, path, old, old.replace("return {}", "return {'a': 1}"), required=REQUIRED_FUNCTIONS)
     assert changeset.changed == ["setup"]
-    assert any("setup() changed" in note for note in changeset.notes)
+    assert any("setup() changed" in reason for reason in changeset.needs_rebuild)
 
 
 # --------------------------------------------------------------------------- all or nothing

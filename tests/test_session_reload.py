@@ -441,8 +441,8 @@ def test_rollback_reverts_to_the_previous_code(start_session) -> None:
     assert live.session.reloader.history == []
 
     live.send(Rollback())
-    nothing = live.wait_for(is_event("reload", ok=False))
-    assert "nothing to roll back" in nothing.error
+    nothing = live.wait_for(is_event("error", where="command"))
+    assert "nothing to roll back" in nothing.message
 
     # Saving the newer file again brings the change back.
     save(live.entry, newer.replace("3.0", "4.0"))

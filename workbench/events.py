@@ -97,6 +97,26 @@ class Reload(Event):
     error: str | None = None
     line: int | None = None
     notes: tuple[str, ...] = ()
+    # Held back because the live state was built by the old code: names that would change, and why.
+    held: tuple[str, ...] = ()
+    needs_rebuild: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rebuilt(Event):
+    """`setup()` ran again with the new code; trained tensors and optimizer state were carried over."""
+
+    name: ClassVar[str] = "rebuild"
+    ok: bool
+    seconds: float = 0.0
+    code_version: int = 0
+    changed: tuple[str, ...] = ()
+    tensors_carried: int = 0
+    optimizer_states_carried: int = 0
+    new: tuple[str, ...] = ()
+    mismatched: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,12 +258,18 @@ class Evaluate(Command):
 
 
 @dataclass(frozen=True)
+class Rebuild(Command):
+    word: ClassVar[str] = "rebuild"
+
+
+@dataclass(frozen=True)
 class Quit(Command):
     word: ClassVar[str] = "quit"
 
 
 COMMANDS: dict[str, type[Command]] = {
-    c.word: c for c in (Pause, Resume, StepOnce, ReloadNow, Rollback, RunCleanup, TakeSnapshot, RunProfile, Evaluate, Quit)
+    c.word: c
+    for c in (Pause, Resume, StepOnce, ReloadNow, Rollback, Rebuild, RunCleanup, TakeSnapshot, RunProfile, Evaluate, Quit)
 }
 
 

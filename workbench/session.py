@@ -19,7 +19,7 @@ from workbench import __version__
 from workbench.bench import Bench
 from workbench.eventbus import EventBus
 from workbench.eventlog import EventLogWriter
-from workbench.events import Command, Error, Quit, ReloadNow, Rollback, Start
+from workbench.events import Command, Error, Quit, ReloadNow, Start
 from workbench.hotswap.reloader import Reloader
 from workbench.hotswap.service import ReloadService
 from workbench.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
@@ -66,6 +66,7 @@ class SessionStatus:
     setup_error: str | None
     profiling: bool
     last_step_ms: float | None
+    needs_rebuild: tuple[str, ...] = ()  # files whose saved changes are held until a rebuild
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -220,8 +221,6 @@ class Session:
         """Non-blocking; applied by the training thread between steps (reloads by the reload thread)."""
         if isinstance(command, ReloadNow):
             self.reload_service.rescan()
-        elif isinstance(command, Rollback):
-            self.reload_service.rollback()
         else:
             self.worker.commands.put(command)
 
@@ -240,6 +239,7 @@ class Session:
             setup_error=w.setup_error,
             profiling=w.profiling,
             last_step_ms=self.telemetry.last_step_ms,
+            needs_rebuild=tuple(self.project.relative(p) for p in list(w.held_paths())),
         )
 
     # Internals ---------------------------------------------------------------------------

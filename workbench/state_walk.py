@@ -47,3 +47,35 @@ def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module],
 
 def _is_submodule(parent: torch.nn.Module, child: torch.nn.Module) -> bool:
     return any(child is m for m in parent.modules())
+
+
+def find_instances(state: Any, cls: type, limit: int = 50) -> list[str]:
+    """Paths of objects in the state that are instances of `cls` (submodules of models included)."""
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def visit(obj: Any, path: str, depth: int) -> None:
+        if len(found) >= limit or id(obj) in seen or depth > _MAX_DEPTH:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            for name, sub in obj.named_modules(prefix=path or "model"):
+                if isinstance(sub, cls) and len(found) < limit:
+                    found.append(name)
+                seen.add(id(sub))
+            return
+        if isinstance(obj, cls):
+            found.append(path or "state")
+        if isinstance(obj, dict):
+            for key, value in list(obj.items()):
+                visit(value, f"{path}.{key}" if path else str(key), depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(obj):
+                visit(value, f"{path}[{i}]" if path else f"[{i}]", depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.Tensor)) and not callable(obj):
+            for key, value in list(vars(obj).items()):
+                if not key.startswith("_"):
+                    visit(value, f"{path}.{key}" if path else key, depth + 1)
+
+    visit(state, "", 0)
+    return found

@@ -8,6 +8,7 @@ leave through the bus. Nothing here ever waits for a front end.
 from __future__ import annotations
 
 import enum
+import gc
 import math
 import os
 import queue
@@ -16,6 +17,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,9 +38,12 @@ from workbench.events import (
     Paused,
     Profile,
     Quit,
+    Rebuild,
+    Rebuilt,
     Reload,
     Resume,
     Resumed,
+    Rollback,
     RunCleanup,
     RunProfile,
     Setup,
@@ -52,6 +57,8 @@ from workbench.memory.device import DeviceProbe
 from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
+from workbench.rebuild import carry_over
+from workbench.state_walk import find_instances
 from workbench.telemetry import Telemetry
 
 
@@ -144,6 +151,11 @@ class TrainingWorker(threading.Thread):
         self._step_once = False
         self._profile: ProfileRun | None = None
         self._module_count = len(sys.modules)
+        self._held: dict[Path, ChangeSet] = {}
+
+    def held_paths(self) -> list[Path]:
+        """Files with saved changes held back until a rebuild (read from other threads: a copy)."""
+        return list(self._held)
 
     @property
     def profiling(self) -> bool:
@@ -308,6 +320,10 @@ class TrainingWorker(threading.Thread):
                 self._command_error(f"`step` runs a single step while paused; training is {self.state.value}")
         elif isinstance(command, ApplyChanges):
             self._apply(command.changeset)
+        elif isinstance(command, Rollback):
+            self._rollback()
+        elif isinstance(command, Rebuild):
+            self._rebuild()
         elif isinstance(command, RunCleanup):
             self._publish_or_report("cleanup", lambda: run_cleanup(self.probe))
         elif isinstance(command, TakeSnapshot):
@@ -366,6 +382,28 @@ class TrainingWorker(threading.Thread):
 
     def _apply(self, changeset: ChangeSet) -> None:
         relative = self.project.relative(changeset.path)
+        reasons = self._rebuild_reasons(changeset)
+        if reasons and self.user_state is not None:
+            # Applying would leave live objects built by old code running new code: hold it back.
+            self._held[changeset.path] = changeset
+            self.reloader.forget_prepared(changeset.path)
+            self.bus.publish(
+                Reload(
+                    ok=True,
+                    file=relative,
+                    ms=(time.monotonic() - changeset.detected_at) * 1000,
+                    code_version=self.reloader.version,
+                    held=tuple(changeset.changed),
+                    needs_rebuild=tuple(reasons),
+                    notes=(
+                        "held back: press R (command `rebuild`) to run setup() again with the new code, carrying "
+                        "weights and optimizer state over, or keep going on the old code",
+                        *changeset.notes,
+                    ),
+                )
+            )
+            return
+        self._held.pop(changeset.path, None)
         try:
             version = self.reloader.commit(changeset)
         except ReloadError as exc:
@@ -383,9 +421,6 @@ class TrainingWorker(threading.Thread):
             return
         if changeset.changed:
             self.telemetry.record_version(self.step, version)
-        notes = list(changeset.notes)
-        if changeset.rollback_of is not None:
-            notes.append(f"rolled back version {changeset.rollback_of}; the file on disk still has the newer code")
         self.bus.publish(
             Reload(
                 ok=True,
@@ -393,15 +428,105 @@ class TrainingWorker(threading.Thread):
                 changed=tuple(changeset.changed),
                 ms=(time.monotonic() - changeset.detected_at) * 1000,
                 code_version=version,
-                notes=tuple(notes),
+                notes=tuple(changeset.notes),
             )
         )
-        if not changeset.changed:
-            return
+        if changeset.changed:
+            self._after_code_change()
+
+    def _rebuild_reasons(self, changeset: ChangeSet) -> list[str]:
+        reasons = list(changeset.needs_rebuild)
+        for cls, why in changeset.rebuild_if_live.items():
+            instances = find_instances(self.user_state, cls) if self.user_state is not None else []
+            if instances:
+                shown = ", ".join(instances[:5]) + (f" and {len(instances) - 5} more" if len(instances) > 5 else "")
+                reasons.append(f"{why}; live instances built by the old code: {shown}")
+        return reasons
+
+    def _after_code_change(self) -> None:
         if self.state is RunState.SETUP_FAILED:
             self._run_setup()
         elif self.state is RunState.PAUSED and self.pause_reason in AUTO_RESUME_REASONS:
             self._resume("reload")
+
+    def _rollback(self) -> None:
+        try:
+            undone, version = self.reloader.rollback()
+        except ReloadError as exc:
+            self._command_error(exc.message)
+            return
+        self._held.pop(undone.path, None)
+        self.telemetry.record_version(self.step, version)
+        self.bus.publish(
+            Reload(
+                ok=True,
+                file=self.project.relative(undone.path),
+                changed=undone.changed,
+                code_version=version,
+                notes=(
+                    f"rolled back version {undone.version}: the code before it runs again; "
+                    "the file on disk still has the newer code (save it again to re-apply)",
+                ),
+            )
+        )
+        self._after_code_change()
+
+    def _rebuild(self) -> None:
+        """Apply held changes, run setup() again, carry tensors and optimizer state over, free the old state."""
+        if self.user_state is None:
+            self._command_error("nothing to rebuild: setup() has not finished (fix it and save to run it again)")
+            return
+        started = time.monotonic()
+        held, self._held = list(self._held.values()), {}
+        committed: list[ChangeSet] = []
+        changed: list[str] = []
+        try:
+            for changeset in held:
+                self.reloader.commit(changeset)
+                committed.append(changeset)
+                changed.extend(changeset.changed)
+            new_state = self._call_setup_for_rebuild()
+        except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
+            for _ in committed:
+                self.reloader.undo_last_commit()
+            for changeset in held:
+                self.reloader.forget_prepared(changeset.path)
+            self._held = {c.path: c for c in held}
+            file, line = self._where(exc)
+            message = f"rebuild failed: {type(exc).__name__}: {exc}; the old state and code keep running"
+            self.bus.publish(Error(where="rebuild", message=message, file=file, line=line, traceback=self._format(exc)))
+            traceback.clear_frames(exc.__traceback__)
+            self.bus.publish(Rebuilt(ok=False, error=message, code_version=self.reloader.version))
+            return
+        report = carry_over(self.user_state, new_state)
+        self.user_state = new_state
+        del new_state
+        gc.collect()
+        self.probe.empty_cache()
+        version = self.reloader.version
+        if changed:
+            self.telemetry.record_version(self.step, version)
+        self.bus.publish(
+            Rebuilt(
+                ok=True,
+                seconds=time.monotonic() - started,
+                code_version=version,
+                changed=tuple(changed),
+                tensors_carried=report.tensors,
+                optimizer_states_carried=report.optimizer_states,
+                new=tuple(report.new),
+                mismatched=tuple(report.mismatched),
+                dropped=tuple(report.dropped),
+            )
+        )
+        if self.state is RunState.PAUSED and self.pause_reason in AUTO_RESUME_REASONS:
+            self._resume("rebuild")
+
+    def _call_setup_for_rebuild(self) -> Any:
+        setup = self.project.function("setup")
+        if setup is None:
+            raise NameError("setup(bench) is not defined in the project file")
+        return setup(self.bench)
 
     # Helpers -----------------------------------------------------------------------------
     def _pause(self, reason: str) -> None:

@@ -91,6 +91,36 @@ class SetAttribute(Patch):
             setattr(self.owner, self.attribute, self._saved)
 
 
+@dataclass
+class ReplaceReferences(Patch):
+    """After a name was defined again, point other modules' references to the old object at the new one.
+
+    `from model import Block` in train.py holds the class object itself; without this, code
+    there (setup() in a rebuild, say) would keep building the old class.
+    """
+
+    namespaces: list[dict[str, Any]]
+    old: Any
+    source: dict[str, Any]
+    name: str
+    _changed: list[tuple[dict[str, Any], str]] = field(default_factory=list, init=False)
+
+    def apply(self) -> None:
+        new = self.source.get(self.name, _MISSING)
+        self._changed = []
+        if new is _MISSING or new is self.old:
+            return
+        for namespace in self.namespaces:
+            for key, value in list(namespace.items()):
+                if value is self.old:
+                    namespace[key] = new
+                    self._changed.append((namespace, key))
+
+    def undo(self) -> None:
+        for namespace, key in self._changed:
+            namespace[key] = self.old
+
+
 DELETE = _MISSING
 
 

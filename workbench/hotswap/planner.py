@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import ContractError
-from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, RunInNamespace, SetAttribute
+from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute
 from workbench.hotswap.scopes import Scope, index_statements, label_for
 
 RESTART_HINT = "restart vram-bench to use it"
@@ -44,7 +44,10 @@ class ChangeSet:
     changed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     detected_at: float = 0.0
-    rollback_of: int | None = None
+    # Reasons the change cannot be applied to the live state: it needs a rebuild (re-run setup).
+    needs_rebuild: list[str] = field(default_factory=list)
+    # Classes whose change needs a rebuild only if instances of them are alive (checked at commit).
+    rebuild_if_live: dict[type, str] = field(default_factory=dict)
 
 
 def plan_reload(
@@ -54,6 +57,7 @@ def plan_reload(
     new_source: str,
     *,
     required: dict[str, tuple[str, ...]] | None = None,
+    other_namespaces: list[dict[str, Any]] | None = None,
 ) -> ChangeSet:
     """Diff `base_source` (what is live) against `new_source` and plan the patches."""
     filename = str(path)
@@ -81,7 +85,7 @@ def plan_reload(
         except ContractError as exc:
             raise ReloadError(exc.message, exc.line) from None
 
-    plan = _Planner(module, scratch, path, new_source)
+    plan = _Planner(module, scratch, path, new_source, other_namespaces or [])
     changeset = ChangeSet(path=path, module=module, base_source=base_source, new_source=new_source)
     for key, new in new_index.items():
         plan.statement(old_index.get(key), new)
@@ -89,8 +93,9 @@ def plan_reload(
         if key not in new_index and key[0] == "def":
             plan.notes.append(f"{key[1]}() was removed from the file but stays in the live module until restart")
     changeset.patches, changeset.changed, changeset.notes = plan.patches, plan.changed, plan.notes
+    changeset.rebuild_if_live = plan.rebuild_if_live
     if "setup" in plan.changed and required:
-        changeset.notes.append("setup() changed: it already ran, so the change applies the next time setup runs (restart)")
+        changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
     return changeset
 
 
@@ -181,8 +186,12 @@ def _same_freevars(pairs: list[tuple[types.FunctionType, types.FunctionType]]) -
 class _Planner:
     """Collects patches, changed names and notes for one file."""
 
-    def __init__(self, module: types.ModuleType, scratch: dict[str, Any], path: Path, source: str) -> None:
+    def __init__(
+        self, module: types.ModuleType, scratch: dict[str, Any], path: Path, source: str, others: list[dict[str, Any]]
+    ) -> None:
         self.live = module.__dict__
+        self.others = others
+        self.rebuild_if_live: dict[type, str] = {}
         self.scratch = scratch
         self.path = path
         self.source = source
@@ -246,42 +255,54 @@ class _Planner:
                     self.changed.append(name)
                 return
         # New function, or its decorators changed: define it afresh in the live module.
-        self.patches.append(RunInNamespace(compile_nodes(new.nodes, self.path), self.live, (name,)))
-        self.changed.append(name)
+        self.redefine(new)
         if old is not None and live_obj is not None:
-            self.notes.append(f"{name}: its decorators changed, so the name was re-bound; references held elsewhere keep the old function")
+            self.notes.append(
+                f"{name}: its decorators changed, so it was defined again (decorators re-run) and re-bound in the "
+                "project's modules; objects that stored the old function keep it"
+            )
+
+    def redefine(self, scope: Scope) -> None:
+        """Run a def/class statement again in the live module and point the project's other modules at the result."""
+        name = scope.name
+        self.patches.append(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, (name,)))
+        if name in self.live:
+            self.patches.append(ReplaceReferences(self.others, self.live[name], self.live, name))
+        self.changed.append(name)
 
     def klass(self, old: Scope | None, new: Scope, moved_only: bool) -> None:
         name = new.name
         live_cls, new_cls = self.live.get(name), self.scratch.get(name)
         if old is None or not isinstance(live_cls, type):
-            self.patches.append(RunInNamespace(compile_nodes(new.nodes, self.path), self.live, (name,)))
-            self.changed.append(name)
+            self.redefine(new)
             return
         old_node, new_node = old.node, new.node
         assert isinstance(old_node, ast.ClassDef) and isinstance(new_node, ast.ClassDef)
-        if _class_header(old_node) != _class_header(new_node) or not isinstance(new_cls, type):
-            self.notes.append(
-                f"class {name} (line {new.line}): its bases or decorators changed, which cannot be applied to live "
-                f"instances; {RESTART_HINT}"
-            )
-            return
         old_members = index_statements(old_node.body)
         new_members = index_statements(new_node.body)
         is_dataclass = "__dataclass_fields__" in live_cls.__dict__
+        fields_changed = is_dataclass and any(
+            scope.kind == "assign" and (key not in old_members or old_members[key].fingerprint != scope.fingerprint)
+            for key, scope in new_members.items()
+        ) | any(scope.kind == "assign" and key not in new_members for key, scope in old_members.items())
+        if _class_header(old_node) != _class_header(new_node) or not isinstance(new_cls, type) or fields_changed:
+            # The class object itself must be made again; objects built from the old one are not converted.
+            what = "dataclass fields or defaults changed" if fields_changed else "its bases or decorators changed"
+            self.redefine(new)
+            self.rebuild_if_live[live_cls] = f"class {name} (line {new.line}): {what}"
+            return
         for key, member in new_members.items():
-            self.member(live_cls, new_cls, old_members.get(key), member, is_dataclass)
+            self.member(live_cls, new_cls, old_members.get(key), member)
         for key, gone in old_members.items():
             if key in new_members or gone.kind not in ("def", "assign"):
                 continue
-            if is_dataclass and gone.kind == "assign":
-                self.notes.append(f"{name}: dataclass fields changed; {RESTART_HINT}")
-                continue
+            if gone.name == "__init__":
+                self.rebuild_if_live[live_cls] = f"{name}.__init__ was removed"
             for attr in gone.name.split(","):
                 self.patches.append(SetAttribute(live_cls, attr, DELETE))
                 self.changed.append(f"{name}.{attr} (removed)")
 
-    def member(self, live_cls: type, new_cls: type, old: Scope | None, new: Scope, is_dataclass: bool) -> None:
+    def member(self, live_cls: type, new_cls: type, old: Scope | None, new: Scope) -> None:
         if not _changed_or_moved(old, new):
             return
         moved_only = old is not None and old.fingerprint == new.fingerprint
@@ -296,9 +317,7 @@ class _Planner:
                 if not moved_only:
                     self.changed.append(qual)
                     if new.name == "__init__":
-                        self.notes.append(
-                            f"{qual} changed: objects that already exist were built by the old __init__; new ones use the new one"
-                        )
+                        self.rebuild_if_live[live_cls] = f"{qual} changed (line {new.line})"
                 return
             rebuilt = _rebind(new_attr, self.live, live_cls)
             if rebuilt is None:
@@ -306,12 +325,11 @@ class _Planner:
                 return
             self.patches.append(SetAttribute(live_cls, new.name, rebuilt))
             self.changed.append(qual)
+            if new.name == "__init__":
+                self.rebuild_if_live[live_cls] = f"{qual} changed (line {new.line})"
         elif moved_only or new.kind == "doc":
             return
         elif new.kind == "assign":
-            if is_dataclass:
-                self.notes.append(f"{cls_name}: dataclass fields changed (line {new.line}); {RESTART_HINT}")
-                return
             for attr in new.name.split(","):
                 self.patches.append(SetAttribute(live_cls, attr, new_cls.__dict__.get(attr, DELETE)))
                 self.changed.append(f"{cls_name}.{attr}")

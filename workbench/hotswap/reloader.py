@@ -1,19 +1,27 @@
 """Code versions: what source is live for each file, and the history to roll back through.
 
-`prepare` runs on the reload thread, `commit` on the training thread; the small
-bookkeeping they share is guarded by a lock.
+`prepare` runs on the reload thread; `commit` and `rollback` run on the
+training thread. The small bookkeeping they share is guarded by a lock.
+
+Each applied version keeps its patches, and a patch remembers what it
+replaced, so a rollback restores exactly the objects it changed. The history is
+bounded (`max_history`): older versions are forgotten, and with them the old
+code objects they hold.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.hotswap.patches import apply_all
+from workbench.hotswap.patches import Patch, apply_all, undo_all
 from workbench.hotswap.planner import ChangeSet, ReloadError, plan_reload
 from workbench.project import Project
+
+DEFAULT_MAX_HISTORY = 50
 
 
 @dataclass(frozen=True)
@@ -24,18 +32,19 @@ class AppliedVersion:
     previous_source: str
     source: str
     applied_at: float
+    patches: tuple[Patch, ...] = field(repr=False, default=())
 
 
 class Reloader:
-    """Turns saved files into change sets and applies them, keeping every applied version."""
+    """Turns saved files into change sets and applies them, keeping a bounded history of versions."""
 
-    def __init__(self, project: Project, required: dict[str, tuple[str, ...]]) -> None:
+    def __init__(self, project: Project, required: dict[str, tuple[str, ...]], max_history: int = DEFAULT_MAX_HISTORY) -> None:
         self.project = project
         self.required = required
         self.version = 0
         self._applied: dict[Path, str] = {}
         self._prepared: dict[Path, str] = {}
-        self._history: list[AppliedVersion] = []
+        self._history: deque[AppliedVersion] = deque(maxlen=max(max_history, 1))
         self._lock = threading.Lock()
 
     def track_loaded_modules(self) -> None:
@@ -60,6 +69,10 @@ class Reloader:
         self.track_loaded_modules()
         with self._lock:
             return sorted(self._applied)
+
+    def applied_source(self, path: Path) -> str | None:
+        with self._lock:
+            return self._applied.get(path)
 
     def prepare(self, path: Path, detected_at: float | None = None) -> ChangeSet | None:
         """Plan the patches for a saved file; None when its code did not change."""
@@ -90,7 +103,9 @@ class Reloader:
         if source == base:
             return None
         try:
-            changeset = plan_reload(module, path, base, source, required=self._required_for(path))
+            changeset = plan_reload(
+                module, path, base, source, required=self._required_for(path), other_namespaces=self._others(path)
+            )
         except ReloadError as exc:
             exc.source = source
             raise
@@ -103,22 +118,6 @@ class Reloader:
             self._prepared[path] = source
         return changeset
 
-    def prepare_rollback(self) -> ChangeSet:
-        """Plan going back to the code before the last applied version."""
-        with self._lock:
-            if not self._history:
-                raise ReloadError("nothing to roll back: no reload has been applied yet")
-            last = self._history[-1]
-            current = self._applied[last.path]
-        module = self.project.modules().get(last.path)
-        if module is None:
-            raise ReloadError(f"{last.path.name} is no longer imported; cannot roll back")
-        required = self.required if last.path == self.project.entry else None
-        changeset = plan_reload(module, last.path, current, last.previous_source, required=required)
-        changeset.rollback_of = last.version
-        changeset.detected_at = time.monotonic()
-        return changeset
-
     def commit(self, changeset: ChangeSet) -> int:
         """Apply on the training thread; all or nothing. Returns the code version now live."""
         path = changeset.path
@@ -127,31 +126,77 @@ class Reloader:
         with self._lock:
             applied = self._applied.get(path)
         if applied is not None and applied != changeset.base_source:
-            # An earlier change to this file failed after this one was planned: plan again from what is live.
-            fresh = plan_reload(changeset.module, path, applied, changeset.new_source, required=self._required_for(path))
-            fresh.detected_at, fresh.rollback_of = changeset.detected_at, changeset.rollback_of
+            # Something else changed this file's live code since this was planned
+            # (a failed change, a rollback): plan again from what is live.
+            fresh = plan_reload(
+                changeset.module,
+                path,
+                applied,
+                changeset.new_source,
+                required=self._required_for(path),
+                other_namespaces=self._others(path),
+            )
+            fresh.detected_at = changeset.detected_at
             changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
+            changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
+            changeset.base_source = applied
         try:
             apply_all(changeset.patches)
         except BaseException:
-            with self._lock:
-                self._prepared[path] = self._applied.get(path, "")
+            self.forget_prepared(path)
             raise
         with self._lock:
             previous = self._applied.get(path, "")
             self._applied[path] = changeset.new_source
             self._prepared[path] = changeset.new_source
-            if changeset.changed:
-                self.version += 1
-                if changeset.rollback_of is not None:
-                    self._history.pop()
-                else:
-                    self._history.append(
-                        AppliedVersion(
-                            self.version, path, tuple(changeset.changed), previous, changeset.new_source, time.time()
-                        )
+            if changeset.changed or changeset.patches:
+                if changeset.changed:
+                    self.version += 1
+                self._history.append(
+                    AppliedVersion(
+                        self.version,
+                        path,
+                        tuple(changeset.changed),
+                        previous,
+                        changeset.new_source,
+                        time.time(),
+                        tuple(changeset.patches),
                     )
+                )
             return self.version
+
+    def rollback(self) -> tuple[AppliedVersion, int]:
+        """Undo the last applied version (training thread). Versions only count up: the result is a new one."""
+        with self._lock:
+            while self._history and not self._history[-1].changed:
+                # Line-number-only updates are folded into the rollback of what came before them.
+                undo_all(list(self._history.pop().patches))
+            if not self._history:
+                raise ReloadError("nothing to roll back: no applied reload is left in the history")
+        last = self._undo_last()
+        with self._lock:
+            self.version += 1
+            return last, self.version
+
+    def undo_last_commit(self) -> None:
+        """Take back a commit that never ran a step (a rebuild whose setup() failed)."""
+        last = self._undo_last()
+        if last.changed:
+            with self._lock:
+                self.version = last.version - 1
+
+    def _undo_last(self) -> AppliedVersion:
+        with self._lock:
+            last = self._history.pop()
+        undo_all(list(last.patches))
+        with self._lock:
+            self._applied[last.path] = last.previous_source
+            self._prepared[last.path] = last.previous_source
+        return last
+
+    def _others(self, path: Path) -> list[dict]:
+        """The namespaces of the project's other modules (where `from x import y` copies live)."""
+        return [module.__dict__ for other, module in self.project.modules().items() if other != path]
 
     def _required_for(self, path: Path) -> dict[str, tuple[str, ...]] | None:
         return self.required if path == self.project.entry else None

@@ -1,6 +1,6 @@
 """The reload thread: prepares change sets off the training thread.
 
-Saves from the watcher, `reload` and `rollback` commands all arrive here.
+Saves from the watcher and `reload` commands arrive here.
 Failures are reported at once as `reload` events (the old code keeps running);
 successes are handed to the training thread, which applies them between steps.
 """
@@ -21,7 +21,6 @@ _STOP = object()
 _SETTLE_ATTEMPTS = 3
 _SETTLE_SECONDS = 0.05
 _RESCAN = object()
-_ROLLBACK = object()
 
 
 class ReloadService(threading.Thread):
@@ -39,9 +38,6 @@ class ReloadService(threading.Thread):
     def rescan(self) -> None:
         self._requests.put(_RESCAN)
 
-    def rollback(self) -> None:
-        self._requests.put(_ROLLBACK)
-
     def stop(self) -> None:
         self._requests.put(_STOP)
 
@@ -51,9 +47,6 @@ class ReloadService(threading.Thread):
             request = self._requests.get()
             if request is _STOP:
                 return
-            if request is _ROLLBACK:
-                self._prepare_rollback()
-                continue
             if request is _RESCAN:
                 paths, detected_at, manual = set(self._reloader.tracked_files()), time.monotonic(), True
             else:
@@ -113,11 +106,3 @@ class ReloadService(threading.Thread):
                 except OSError:
                     raise exc from None
         return None
-
-    def _prepare_rollback(self) -> None:
-        try:
-            changeset = self._reloader.prepare_rollback()
-        except ReloadError as exc:
-            self._publish(Reload(ok=False, file="", error=exc.message, code_version=self._reloader.version))
-            return
-        self._submit(changeset)

@@ -23,6 +23,7 @@ from workbench.events import (
     Paused,
     Print,
     Profile,
+    Rebuilt,
     Reload,
     Resumed,
     Setup,
@@ -31,7 +32,7 @@ from workbench.events import (
 )
 from workbench.tui.format import human_bytes
 
-LOGGED = (Reload, Evaluation, Error, Paused, Resumed, Setup, Snapshot, Cleanup, Profile, Print, Exit, Start)
+LOGGED = (Reload, Rebuilt, Evaluation, Error, Paused, Resumed, Setup, Snapshot, Cleanup, Profile, Print, Exit, Start)
 MAX_LINES = 2000
 
 
@@ -74,7 +75,10 @@ class ReloadLog(RichLog):
 
 def _describe(line: Text, event: Event, root: Path) -> None:
     if isinstance(event, Reload):
-        if event.ok and event.changed:
+        if event.needs_rebuild:
+            line.append("NEEDS REBUILD ", style="bold red")
+            line.append(f"{event.file}: held back {', '.join(event.held) or 'the change'}: {'; '.join(event.needs_rebuild)}")
+        elif event.ok and event.changed:
             line.append("RELOAD ", style="bold green")
             line.append(f"{event.file} -> code v{event.code_version}: {', '.join(event.changed)} ({event.ms:.0f} ms)")
         elif event.ok:
@@ -84,6 +88,19 @@ def _describe(line: Text, event: Event, root: Path) -> None:
             where = f"{event.file}:{event.line}" if event.line else event.file
             line.append("RELOAD FAILED ", style="bold red")
             line.append(f"{where}: {event.error}", style="red")
+    elif isinstance(event, Rebuilt):
+        if event.ok:
+            line.append("REBUILT ", style="bold green")
+            line.append(
+                f"setup() ran again in {event.seconds:.1f} s -> code v{event.code_version}; carried "
+                f"{event.tensors_carried} tensors and {event.optimizer_states_carried} optimizer states"
+            )
+            for label, names in (("new", event.new), ("shape changed", event.mismatched), ("dropped", event.dropped)):
+                if names:
+                    line.append(f"; {label}: {', '.join(names[:6])}" + (" ..." if len(names) > 6 else ""), style="yellow")
+        else:
+            line.append("REBUILD FAILED ", style="bold red")
+            line.append(event.error or "", style="red")
     elif isinstance(event, Error):
         where = f" ({event.file}:{event.line})" if event.file else ""
         line.append(f"ERROR in {event.where} ", style="bold red")

@@ -44,4 +44,6 @@ class StatusBar(Static):
         if s.profiling:
             text.append(" PROFILING", style="bold magenta")
         text.append(f" | code v{s.code_version}")
+        if s.needs_rebuild:
+            text.append(f" | REBUILD NEEDED ({', '.join(s.needs_rebuild)}): R", style="bold red")
         self.update(text)
