@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -592,8 +593,8 @@ class IPythonRunner(LoopRunner):
             out.crashed = f"ModuleReloader.check raised {type(exc).__name__}: {exc}"
         text = err.getvalue()
         if "[autoreload of" in text:
-            last = [line for line in text.strip().splitlines() if line.strip()][-1].strip()
-            out.reports.append(f"printed '[autoreload of ... failed]': {last}")
+            errors = [line.strip() for line in text.splitlines() if re.match(r"\s*\w*(Error|Exception)\b", line)]
+            out.reports.append(f"printed '[autoreload of {path.stem} failed: ...]': {errors[-1] if errors else text.strip()[-200:]}")
             out.report_kind = "reload failed"
         return out
 
@@ -701,7 +702,12 @@ class VramBenchRunner:
                     out.reports.append(text)
                     out.report_kind = "refused"
                 continue
-            out.log.append(f"Reload ok: changed={list(event.changed)}")
+            out.log.append(f"Reload ok: changed={list(event.changed)}, held={list(getattr(event, 'held', ()))}")
+            rebuild = list(getattr(event, "needs_rebuild", ()))  # newer vram-bench: held back until a rebuild
+            if rebuild:
+                out.reports.extend(f"needs rebuild: {r}" for r in rebuild)
+                if out.report_kind != "refused":
+                    out.report_kind = "needs rebuild"
             notes = [n for n in event.notes if n != "no code changes"]
             if notes:
                 out.reports.extend(f"note: {n}" for n in notes)
@@ -729,6 +735,8 @@ def classify(verdict: Verdict, problems: list[str], out: Outcome) -> tuple[str, 
     if out.crashed:
         return "error", "error", out.crashed
     wrong = ([verdict.reason] if verdict.kind == "wrong" else []) + problems
+    if problems and verdict.kind != "wrong":
+        wrong.insert(0, verdict.reason)
     if out.step_error:
         wrong.append(f"the next training step raises {out.step_error}")
     if wrong:
@@ -872,7 +880,8 @@ def render(cases: list[Case], tools: list[str], results: dict[str, dict[str, dic
     lines += ["", "| Total | " + " | ".join(_totals(results[t]) for t in tools) + " |", ""]
     lines += [
         "applied: live objects run the new code, state intact. reported: the tool refused or said what it did not "
-        "apply, nothing is wrong. silently stale: no report, (some) live objects run the old code. silently wrong: "
+        "apply, nothing is wrong. silently stale: no report, live objects run the old code ((partly): some ways of reaching "
+        "the code run the new one, others the old). silently wrong: "
         "no report, live state inconsistent. wrong, noted: inconsistent, but the tool logged a note. error: the tool crashed.",
         "",
         "## Why",

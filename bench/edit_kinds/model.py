@@ -60,4 +60,3 @@ class Net(Base):
 
 def forward_hook(module, inputs, output):
     module.hook_seen = "old"
-
