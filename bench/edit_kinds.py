@@ -377,7 +377,7 @@ def _remove_step(text: str) -> str:
 
 def _held_and_module(L: Live, name: str, *args: Any, module: str = "train") -> dict[str, Callable[[], Any]]:
     return {
-        f"{module}.{name}{args}": lambda: getattr(L.modules()[module], name)(*args),
+        f"{module}.{name}({', '.join(map(repr, args))})": lambda: getattr(L.modules()[module], name)(*args),
         "a reference held from before": lambda: L.held(module, name)(*args),
     }
 
@@ -877,7 +877,7 @@ def render(cases: list[Case], tools: list[str], results: dict[str, dict[str, dic
     for case in cases:
         cells = [results[t][case.id]["cell"] for t in tools]
         lines.append(f"| {_md(case.title)} | " + " | ".join(_md(c) for c in cells) + " |")
-    lines += ["", "| Total | " + " | ".join(_totals(results[t]) for t in tools) + " |", ""]
+    lines += ["| **Total** | " + " | ".join(_totals(results[t]) for t in tools) + " |", ""]
     lines += [
         "applied: live objects run the new code, state intact. reported: the tool refused or said what it did not "
         "apply, nothing is wrong. silently stale: no report, live objects run the old code ((partly): some ways of reaching "

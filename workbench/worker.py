@@ -405,7 +405,7 @@ class TrainingWorker(threading.Thread):
             return
         self._held.pop(changeset.path, None)
         try:
-            version = self.reloader.commit(changeset)
+            version = self.reloader.commit(changeset, roots=[("state", self.user_state)])
         except ReloadError as exc:
             self.bus.publish(Reload(ok=False, file=relative, error=exc.message, line=exc.line, code_version=self.reloader.version))
             return

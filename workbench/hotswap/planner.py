@@ -10,6 +10,7 @@ old code keeps running.
 from __future__ import annotations
 
 import ast
+import inspect
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 from workbench.errors import ContractError
 from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute
+from workbench.hotswap.live_objects import UpdateLiveCopies, nested_code_pairs
 from workbench.hotswap.scopes import Scope, index_statements, label_for
 
 RESTART_HINT = "restart vram-bench to use it"
@@ -92,11 +94,33 @@ def plan_reload(
     for key, old in old_index.items():
         if key not in new_index and key[0] == "def":
             plan.notes.append(f"{key[1]}() was removed from the file but stays in the live module until restart")
+    live_copies = _live_copies_patch(plan.patches)
+    if live_copies is not None:
+        plan.patches.append(live_copies)
     changeset.patches, changeset.changed, changeset.notes = plan.patches, plan.changed, plan.notes
     changeset.rebuild_if_live = plan.rebuild_if_live
     if "setup" in plan.changed and required:
         changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
     return changeset
+
+
+def _live_copies_patch(patches: list[Patch]) -> UpdateLiveCopies | None:
+    """A last patch that finds closures, generators and optimizers still holding the old code or values."""
+    codes: dict[types.CodeType, types.CodeType] = {}
+    generators: dict[types.CodeType, str] = {}
+    for patch in patches:
+        if not isinstance(patch, ReplaceCode):
+            continue
+        old, new = patch.target.__code__, patch.source_of_truth.__code__
+        nested = nested_code_pairs(old, new)
+        codes.update(nested)
+        for code in (old, *nested):
+            if code.co_flags & inspect.CO_GENERATOR:
+                generators[code] = getattr(code, "co_qualname", code.co_name)
+    rebinds = [p for p in patches if isinstance(p, RunInNamespace) and p.binds]
+    if not (codes or generators or rebinds):
+        return None
+    return UpdateLiveCopies(codes, generators, rebinds)
 
 
 def _changed_or_moved(old: Scope | None, new: Scope) -> bool:
@@ -213,6 +237,8 @@ class _Planner:
             self.klass(old, new, moved_only)
         elif moved_only or new.kind == "doc":
             return
+        elif new.is_rerunnable() and self.lambda_in_place(new):
+            return
         elif new.is_rerunnable():
             self.rerun(new)
         else:
@@ -220,6 +246,20 @@ class _Planner:
                 f"line {new.line}: `{label_for(new.node, self.source)}` was not re-run: module statements that call "
                 f"code run once at import; {RESTART_HINT}"
             )
+
+    def lambda_in_place(self, scope: Scope) -> bool:
+        """`ACT = lambda x: ...` edited: give the live lambda the new code (the state may hold it)."""
+        node = scope.node
+        live, new = self.live.get(scope.name), self.scratch.get(scope.name)
+        if not (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Lambda)):
+            return False
+        if not (isinstance(live, types.FunctionType) and isinstance(new, types.FunctionType)):
+            return False
+        if live.__name__ != "<lambda>" or live.__code__.co_freevars != new.__code__.co_freevars:
+            return False
+        self.patches.append(ReplaceCode(live, new))
+        self.changed.append(scope.name)
+        return True
 
     def rerun(self, scope: Scope) -> None:
         """Run an import or a plain constant again in the live module."""

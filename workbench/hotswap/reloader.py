@@ -16,7 +16,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.patches import Patch, apply_all, undo_all
 from workbench.hotswap.planner import ChangeSet, ReloadError, plan_reload
 from workbench.project import Project
@@ -118,8 +120,11 @@ class Reloader:
             self._prepared[path] = source
         return changeset
 
-    def commit(self, changeset: ChangeSet) -> int:
-        """Apply on the training thread; all or nothing. Returns the code version now live."""
+    def commit(self, changeset: ChangeSet, roots: list[Any] | None = None) -> int:
+        """Apply on the training thread; all or nothing. Returns the code version now live.
+
+        `roots` (the session state) is where closures and generators holding old code are looked for.
+        """
         path = changeset.path
         if changeset.module is None:
             return self.version
@@ -140,11 +145,17 @@ class Reloader:
             changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
             changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
             changeset.base_source = applied
+        live_copies = [p for p in changeset.patches if isinstance(p, UpdateLiveCopies)]
+        for patch in live_copies:
+            patch.roots = [*(roots or []), *((f"module {m.__name__}", m.__dict__) for m in self.project.modules().values())]
         try:
             apply_all(changeset.patches)
         except BaseException:
             self.forget_prepared(path)
             raise
+        for patch in live_copies:
+            changeset.notes.extend(patch.notes)
+            patch.roots = []  # do not keep the state alive from the history
         with self._lock:
             previous = self._applied.get(path, "")
             self._applied[path] = changeset.new_source

@@ -1,0 +1,174 @@
+"""Find the copies of old code that live objects still hold, at commit time.
+
+Replacing a function's `__code__` updates every reference to that function.
+But closures made from a nested `def` or `lambda` (a loss function built by a
+factory in setup(), a forward hook, an activation stored in the state) are
+separate function objects holding the old nested code, and a running generator
+(a data iterator) keeps its old frame. This walks the session state, the
+project's modules and nn.Module hooks, patches the closures it can, and says
+what it cannot.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workbench.hotswap.patches import Patch, RunInNamespace
+
+_MAX_DEPTH = 6
+_MAX_OBJECTS = 20_000
+
+
+def nested_code_pairs(old: types.CodeType, new: types.CodeType) -> dict[types.CodeType, types.CodeType]:
+    """Old → new code of the functions defined inside a function, matched by qualified name."""
+    def collect(code: types.CodeType, out: dict[str, types.CodeType]) -> None:
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                out[getattr(const, "co_qualname", const.co_name)] = const
+                collect(const, out)
+
+    olds: dict[str, types.CodeType] = {}
+    news: dict[str, types.CodeType] = {}
+    collect(old, olds)
+    collect(new, news)
+    return {code: news[name] for name, code in olds.items() if name in news and news[name] != code}
+
+
+def iter_live(roots: list[Any]) -> Iterator[tuple[str, Any]]:
+    """(path, object) for every function and generator reachable from the roots, within bounds."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, str, int]] = [(root, name, 0) for name, root in reversed(list(_named(roots)))]
+    while stack and len(seen) < _MAX_OBJECTS:
+        obj, path, depth = stack.pop()
+        if id(obj) in seen or depth > _MAX_DEPTH:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, types.FunctionType):
+            yield path, obj
+            for cell in obj.__closure__ or ():
+                try:
+                    contents = cell.cell_contents
+                except ValueError:
+                    continue
+                if callable(contents):
+                    stack.append((contents, f"{path}.<closure>", depth + 1))
+            if hasattr(obj, "__wrapped__"):
+                stack.append((obj.__wrapped__, path, depth + 1))
+        elif isinstance(obj, types.GeneratorType):
+            yield path, obj
+        elif isinstance(obj, (types.MethodType, functools.partial)):
+            stack.append((getattr(obj, "__func__", None) or getattr(obj, "func", None), path, depth + 1))
+        elif isinstance(obj, torch.nn.Module):
+            for name, sub in obj.named_modules(prefix=path):
+                seen.add(id(sub))
+                for key, value in vars(sub).items():
+                    if "hook" in key and isinstance(value, dict):
+                        for hook in value.values():
+                            stack.append((hook, f"{name}.{key}", depth + 1))
+                    elif not key.startswith("_") and callable(value) and not isinstance(value, torch.nn.Module):
+                        stack.append((value, f"{name}.{key}", depth + 1))
+        elif isinstance(obj, dict):
+            for key, value in list(obj.items()):
+                stack.append((value, f"{path}[{key!r}]", depth + 1))
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            for i, value in enumerate(list(obj)):
+                stack.append((value, f"{path}[{i}]", depth + 1))
+        elif isinstance(obj, (type, types.ModuleType, torch.Tensor, str, bytes, int, float)):
+            continue
+        elif hasattr(obj, "__dict__"):
+            for key, value in list(vars(obj).items()):
+                stack.append((value, f"{path}.{key}", depth + 1))
+
+
+def _named(roots: list[Any]) -> Iterator[tuple[str, Any]]:
+    for root in roots:
+        if isinstance(root, tuple) and len(root) == 2 and isinstance(root[0], str):
+            yield root
+        else:
+            yield "state", root
+
+
+@dataclass
+class UpdateLiveCopies(Patch):
+    """Give closures the new nested code; note generators and optimizers still holding old values.
+
+    `roots` is filled in by the training thread just before commit: the session state,
+    and the project's module namespaces.
+    """
+
+    codes: dict[types.CodeType, types.CodeType]
+    generator_codes: dict[types.CodeType, str]
+    rebinds: list[RunInNamespace]
+    roots: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    _patched: list[tuple[types.FunctionType, types.CodeType]] = field(default_factory=list)
+
+    def apply(self) -> None:
+        self.notes, self._patched = [], []
+        held_back: list[str] = []
+        for path, obj in iter_live(self.roots):
+            if isinstance(obj, types.FunctionType):
+                new = self.codes.get(obj.__code__)
+                if new is None:
+                    continue
+                if new.co_freevars != obj.__code__.co_freevars:
+                    held_back.append(f"{path} ({obj.__qualname__})")
+                    continue
+                self._patched.append((obj, obj.__code__))
+                obj.__code__ = new
+            elif isinstance(obj, types.GeneratorType) and obj.gi_frame is not None:
+                owner = self.generator_codes.get(obj.gi_code)
+                if owner is not None:
+                    self.notes.append(
+                        f"{path} is a running generator made by the old {owner}(): it keeps the old code until it "
+                        "is created again (R rebuilds)"
+                    )
+        if self._patched:
+            self.notes.append(f"updated {len(self._patched)} live closure(s) made from the changed code")
+        if held_back:
+            self.notes.append(
+                "the variables these closures capture changed, so their live copies keep the old code (R rebuilds "
+                f"them): {', '.join(held_back[:5])}"
+            )
+        self._note_optimizers()
+
+    def _note_optimizers(self) -> None:
+        """An optimizer built from a constant keeps the value it was built with."""
+        changes = {}
+        for rebind in self.rebinds:
+            for name, old in rebind._saved.items():
+                new = rebind.namespace.get(name)
+                if isinstance(old, (int, float)) and not isinstance(old, bool) and isinstance(new, (int, float)) and old != new:
+                    changes[name] = (old, new)
+        if not changes:
+            return
+        for path, opt in _optimizers(self.roots):
+            for i, group in enumerate(opt.param_groups):
+                for key, value in group.items():
+                    for name, (old, new) in changes.items():
+                        if isinstance(value, float) and value == old:
+                            self.notes.append(
+                                f"{path} was built with {name} = {old!r} (param_groups[{i}][{key!r}]): it keeps "
+                                f"that value unless your code sets it to the new {new!r}"
+                            )
+
+    def undo(self) -> None:
+        for fn, code in reversed(self._patched):
+            fn.__code__ = code
+        self._patched = []
+
+
+def _optimizers(roots: list[Any]) -> Iterator[tuple[str, torch.optim.Optimizer]]:
+    from workbench.state_walk import find_modules_and_optimizers
+
+    for name, root in _named(roots):
+        if name != "state":
+            continue
+        _, optimizers = find_modules_and_optimizers(root)
+        yield from optimizers.items()
