@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -217,6 +218,7 @@ class Case:
     edits: tuple[Edit, ...]
     check: Callable[[Live], Verdict]
     before: tuple[tuple[str, str, str], ...] = ()  # (file, old, new): the starting point, when not the fixture
+    about: tuple[str, ...] = ()  # a tool's note counts as reporting this edit only if it names one of these
 
 
 def apply_edits(text: str, edits: tuple[Edit, ...], where: str) -> str:
@@ -465,6 +467,20 @@ CASES: tuple[Case, ...] = (
          (('    x, y, tag = next(state["data"])\n', '    x, y, tag = next(state["data"])\n    loss = = 1\n'),), check_syntax_error),
     Case("step_removed", "`step` removed", "train", (_remove_step,), check_step_removed),
 )
+# What a tool's note has to name to count as reporting the edit: a note about something else the save
+# touched (a moved function, a generator elsewhere) does not make a stale result "reported".
+ABOUT: dict[str, tuple[str, ...]] = {
+    "function": ("helper",), "default": ("scaled",), "kwdefault": ("kw_only",), "moved": ("boom",),
+    "method": ("label",), "forward": ("forward",), "super": ("label_super",), "staticmethod": ("smethod",),
+    "classmethod": ("cmethod",), "property": ("prop",), "added_method": ("added",), "removed_method": ("legacy",),
+    "class_attr": ("KIND",), "no_grad": ("no_grad_fn",), "wraps": ("wrapped_fn",), "decorators": ("greet",),
+    "nested": ("outer", "inner"), "closure_vars": ("schedule",), "closure_body": ("scaler",), "imported": ("shared",),
+    "lambda": ("ACT", "state['act']"), "hook": ("hook",), "constant": ("LR",), "new_function": ("brand_new",),
+    "model_statement": ("MODEL",), "env_statement": ("EDIT_KINDS_N",), "init_forward": ("__init__", "forward", "gate"),
+    "bases": ("class Net", "Mixin"), "dataclass": ("Config", "cfg"), "setup": ("setup",), "generator": ("batches",),
+    "syntax_error": (), "step_removed": ("step",),
+}
+CASES = tuple(dataclasses.replace(c, about=ABOUT[c.id]) for c in CASES)
 CASE_BY_ID = {c.id: c for c in CASES}
 
 
@@ -501,7 +517,7 @@ class Outcome:
     log: list[str] = field(default_factory=list)  # what it says it applied (informational)
     crashed: str | None = None  # the tool itself failed
     step_error: str | None = None  # the first training step after the save that raised
-    report_kind: str = ""  # short label for the cell: refused / note / reload failed / exception logged
+    report_kind: str = ""  # short label for the cell when not derived from the reports: reload failed / exception logged
 
 
 class FakeBench:
@@ -524,29 +540,26 @@ class LoopRunner:
     def run(self, case: Case, root: Path) -> tuple[Live, Outcome]:
         sys.path.insert(0, str(root))
         importlib.invalidate_caches()
-        try:
-            self.before_import()
-            train = importlib.import_module("train")
-            bench = FakeBench(root)
-            state = train.setup(bench)
-            live = Live(root, state, lambda: {n: sys.modules[n] for n in PROJECT_MODULES if n in sys.modules})
-            self.attach(live)
-            for _ in range(STEPS_AFTER):
+        self.before_import()
+        train = importlib.import_module("train")
+        bench = FakeBench(root)
+        state = train.setup(bench)
+        live = Live(root, state, lambda: {n: sys.modules[n] for n in PROJECT_MODULES if n in sys.modules})
+        self.attach(live)
+        for _ in range(STEPS_AFTER):
+            sys.modules["train"].step(state, bench)
+        live.before = capture(live)
+        live.before["step_code"] = train.step.__code__
+        path = root / f"{case.file}.py"
+        save(path, edited_source(case, root))
+        outcome = self.apply(path)
+        for _ in range(STEPS_AFTER):  # the loop looks step up on the module each time, as vram-bench does
+            try:
                 sys.modules["train"].step(state, bench)
-            live.before = capture(live)
-            live.before["step_code"] = train.step.__code__
-            path = root / f"{case.file}.py"
-            save(path, edited_source(case, root))
-            outcome = self.apply(path)
-            for _ in range(STEPS_AFTER):
-                try:
-                    sys.modules["train"].step(state, bench)
-                except Exception as exc:  # noqa: BLE001
-                    outcome.step_error = f"{type(exc).__name__}: {exc}"
-                    break
-            return live, outcome
-        finally:
-            self.detach()
+            except Exception as exc:  # noqa: BLE001
+                outcome.step_error = f"{type(exc).__name__}: {exc}"
+                break
+        return live, outcome
 
     def cleanup(self, root: Path) -> None:
         for name in PROJECT_MODULES:
@@ -562,9 +575,6 @@ class LoopRunner:
 
     def apply(self, path: Path) -> Outcome:
         raise NotImplementedError
-
-    def detach(self) -> None:
-        pass
 
 
 class IPythonRunner(LoopRunner):
@@ -700,18 +710,12 @@ class VramBenchRunner:
                     out.crashed = text
                 else:
                     out.reports.append(text)
-                    out.report_kind = "refused"
                 continue
             out.log.append(f"Reload ok: changed={list(event.changed)}, held={list(getattr(event, 'held', ()))}")
             rebuild = list(getattr(event, "needs_rebuild", ()))  # newer vram-bench: held back until a rebuild
-            if rebuild:
-                out.reports.extend(f"needs rebuild: {r}" for r in rebuild)
-                if out.report_kind != "refused":
-                    out.report_kind = "needs rebuild"
+            out.reports.extend(f"needs rebuild: {r}" for r in rebuild)
             notes = [n for n in event.notes if n != "no code changes"]
-            if notes:
-                out.reports.extend(f"note: {n}" for n in notes)
-                out.report_kind = out.report_kind or "note"
+            out.reports.extend(f"note: {n}" for n in notes)
         for event in of(Error, mark):
             if event.where == "step" and out.step_error is None:
                 out.step_error = event.message
@@ -729,9 +733,27 @@ class VramBenchRunner:
 RUNNERS: dict[str, Callable[[], Any]] = {"vram-bench": VramBenchRunner, "ipython": IPythonRunner, "jurigged": JuriggedRunner}
 
 
-def classify(verdict: Verdict, problems: list[str], out: Outcome) -> tuple[str, str, str]:
+def relevant_reports(out: Outcome, about: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(reports about this edit, other notes). A refusal or a failed reload is always about it; a note
+    ("note: ...", "needs rebuild: ...") only when it names something the edit touched (case.about)."""
+    mine, other = [], []
+    for report in out.reports:
+        is_note = report.startswith(("note:", "needs rebuild:"))
+        (mine if not is_note or not about or any(word in report for word in about) else other).append(report)
+    return mine, other
+
+
+def _report_kind(reports: list[str], fallback: str) -> str:
+    for prefix, kind in (("Reload ok=False", "refused"), ("needs rebuild:", "needs rebuild"), ("note:", "note")):
+        if any(r.startswith(prefix) for r in reports):
+            return kind
+    return fallback
+
+
+def classify(verdict: Verdict, problems: list[str], out: Outcome, about: tuple[str, ...] = ()) -> tuple[str, str, str]:
     """(category, cell, reason) from what the live objects showed and what the tool said."""
-    said = "; ".join(out.reports)
+    reports, unrelated = relevant_reports(out, about)
+    said = "; ".join(reports + ([f"notes about other things: {'; '.join(unrelated)}"] if unrelated else []))
     if out.crashed:
         return "error", "error", out.crashed
     wrong = ([verdict.reason] if verdict.kind == "wrong" else []) + problems
@@ -741,15 +763,16 @@ def classify(verdict: Verdict, problems: list[str], out: Outcome) -> tuple[str, 
         wrong.append(f"the next training step raises {out.step_error}")
     if wrong:
         reason = "; ".join(wrong)
-        if out.reports:
+        if reports:
             return "wrong, noted", "wrong, noted", f"{reason} [tool: {said}]"
-        return "silently wrong", "silently wrong (step raises)" if out.step_error else "silently wrong", reason
+        cell = "silently wrong (step raises)" if out.step_error else "silently wrong"
+        return "silently wrong", cell, reason + (f" [tool: {said}]" if said else "")
     if verdict.kind == "new":
         return "applied", "applied", verdict.reason + (f" [tool: {said}]" if said else "")
-    if out.reports:
-        return "reported", f"reported: {out.report_kind}", f"{verdict.reason} [tool: {said}]"
+    if reports:
+        return "reported", f"reported: {_report_kind(reports, out.report_kind)}", f"{verdict.reason} [tool: {said}]"
     cell = "silently stale (partly)" if verdict.kind == "partial" else "silently stale"
-    return "silently stale", cell, verdict.reason
+    return "silently stale", cell, verdict.reason + (f" [tool: {said}]" if said else "")
 
 
 def run_one(tool: str, case: Case) -> dict[str, Any]:
@@ -766,7 +789,7 @@ def run_one(tool: str, case: Case) -> dict[str, Any]:
             verdict = Verdict("wrong", f"harness check raised {type(exc).__name__}: {exc}")
             result["harness_error"] = traceback.format_exc()
         problems = integrity(live)
-        category, cell, reason = classify(verdict, problems, out)
+        category, cell, reason = classify(verdict, problems, out, case.about)
         result.update(
             category=category, cell=cell, reason=reason, verdict=verdict.kind, verdict_reason=verdict.reason,
             problems=problems, step_error=out.step_error, reports=out.reports, tool_log=out.log, crashed=out.crashed,

@@ -263,13 +263,20 @@ class Rebuild(Command):
 
 
 @dataclass(frozen=True)
+class RunStatements(Command):
+    word: ClassVar[str] = "run-statements"
+
+
+@dataclass(frozen=True)
 class Quit(Command):
     word: ClassVar[str] = "quit"
 
 
 COMMANDS: dict[str, type[Command]] = {
     c.word: c
-    for c in (Pause, Resume, StepOnce, ReloadNow, Rollback, Rebuild, RunCleanup, TakeSnapshot, RunProfile, Evaluate, Quit)
+    for c in (
+        Pause, Resume, StepOnce, ReloadNow, Rollback, Rebuild, RunStatements, RunCleanup, TakeSnapshot, RunProfile, Evaluate, Quit
+    )
 }
 
 

@@ -187,12 +187,18 @@ def _evict_other_projects(root: Path) -> None:
 
 
 def is_project_file(path: Path, root: Path) -> bool:
-    """Inside the project folder, but not in hidden folders (.vram-bench, .venv) or installed packages."""
+    """Inside the project folder, but not in hidden folders (.vram-bench, .venv), installed packages, or vram-bench."""
+    resolved = path.resolve()
     try:
-        rel = path.resolve().relative_to(root)
+        rel = resolved.relative_to(root)
     except ValueError:
         return False
+    if resolved.is_relative_to(_WORKBENCH_DIR):
+        return False  # running from a checkout of vram-bench itself: never patch the workbench
     return not any(part.startswith(".") or part in _NOT_PROJECT_DIRS for part in rel.parts[:-1])
+
+
+_WORKBENCH_DIR = Path(__file__).resolve().parent
 
 
 _NOT_PROJECT_DIRS = {"site-packages", "dist-packages", "__pycache__", "node_modules"}

@@ -46,11 +46,14 @@ from workbench.events import (
     Rollback,
     RunCleanup,
     RunProfile,
+    RunStatements,
     Setup,
     Step,
     StepOnce,
     TakeSnapshot,
 )
+from workbench.hotswap.compiled import reset_compiled_code
+from workbench.hotswap.patches import RunInNamespace, apply_all
 from workbench.hotswap.planner import ChangeSet, ReloadError
 from workbench.hotswap.reloader import Reloader
 from workbench.memory.device import DeviceProbe
@@ -152,6 +155,7 @@ class TrainingWorker(threading.Thread):
         self._profile: ProfileRun | None = None
         self._module_count = len(sys.modules)
         self._held: dict[Path, ChangeSet] = {}
+        self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
 
     def held_paths(self) -> list[Path]:
         """Files with saved changes held back until a rebuild (read from other threads: a copy)."""
@@ -324,6 +328,8 @@ class TrainingWorker(threading.Thread):
             self._rollback()
         elif isinstance(command, Rebuild):
             self._rebuild()
+        elif isinstance(command, RunStatements):
+            self._run_statements()
         elif isinstance(command, RunCleanup):
             self._publish_or_report("cleanup", lambda: run_cleanup(self.probe))
         elif isinstance(command, TakeSnapshot):
@@ -419,8 +425,15 @@ class TrainingWorker(threading.Thread):
                 )
             )
             return
+        notes = list(changeset.notes)
+        if changeset.statements:
+            self._statements[changeset.path] = changeset.statements
+        else:
+            self._statements.pop(changeset.path, None)
         if changeset.changed:
             self.telemetry.record_version(self.step, version)
+            if reset_compiled_code():
+                notes.append("torch.compile caches were reset: compiled code recompiles on its next call")
         self.bus.publish(
             Reload(
                 ok=True,
@@ -428,11 +441,38 @@ class TrainingWorker(threading.Thread):
                 changed=tuple(changeset.changed),
                 ms=(time.monotonic() - changeset.detected_at) * 1000,
                 code_version=version,
-                notes=tuple(changeset.notes),
+                notes=tuple(notes),
             )
         )
         if changeset.changed:
             self._after_code_change()
+
+    def _run_statements(self) -> None:
+        """Run the changed module statements that a reload did not re-run, because the user asked."""
+        if not self._statements:
+            self._command_error("no held-back module statements to run")
+            return
+        for path, statements in list(self._statements.items()):
+            try:
+                apply_all([patch for _, patch in statements])
+            except Exception as exc:  # noqa: BLE001 - undone by apply_all; the old values stay
+                file, line = self._where(exc)
+                self.bus.publish(
+                    Error(where="reload", message=f"running the statements failed: {type(exc).__name__}: {exc}; "
+                          "nothing was changed", file=file, line=line, traceback=self._format(exc))
+                )
+                traceback.clear_frames(exc.__traceback__)
+                continue
+            del self._statements[path]
+            self.bus.publish(
+                Reload(
+                    ok=True,
+                    file=self.project.relative(path),
+                    changed=tuple(name for _, patch in statements for name in patch.binds),
+                    code_version=self.reloader.version,
+                    notes=tuple(f"ran {label}" for label, _ in statements),
+                )
+            )
 
     def _rebuild_reasons(self, changeset: ChangeSet) -> list[str]:
         reasons = list(changeset.needs_rebuild)
@@ -457,6 +497,7 @@ class TrainingWorker(threading.Thread):
             return
         self._held.pop(undone.path, None)
         self.telemetry.record_version(self.step, version)
+        reset_compiled_code()
         self.bus.publish(
             Reload(
                 ok=True,
@@ -498,6 +539,7 @@ class TrainingWorker(threading.Thread):
             traceback.clear_frames(exc.__traceback__)
             self.bus.publish(Rebuilt(ok=False, error=message, code_version=self.reloader.version))
             return
+        reset_compiled_code()
         report = carry_over(self.user_state, new_state)
         self.user_state = new_state
         del new_state

@@ -50,6 +50,8 @@ class ChangeSet:
     needs_rebuild: list[str] = field(default_factory=list)
     # Classes whose change needs a rebuild only if instances of them are alive (checked at commit).
     rebuild_if_live: dict[type, str] = field(default_factory=dict)
+    # Changed module statements with calls: not run unless the user asks (`run-statements`).
+    statements: list[tuple[str, RunInNamespace]] = field(default_factory=list)
 
 
 def plan_reload(
@@ -99,6 +101,7 @@ def plan_reload(
         plan.patches.append(live_copies)
     changeset.patches, changeset.changed, changeset.notes = plan.patches, plan.changed, plan.notes
     changeset.rebuild_if_live = plan.rebuild_if_live
+    changeset.statements = plan.statements
     if "setup" in plan.changed and required:
         changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
     return changeset
@@ -223,6 +226,7 @@ class _Planner:
         self.changed: list[str] = []
         self.notes: list[str] = []
         self.dirty: set[str] = set()  # constants re-bound so far, in source order
+        self.statements: list[tuple[str, RunInNamespace]] = []  # not re-run; the user may ask for it
 
     def statement(self, old: Scope | None, new: Scope) -> None:
         moved_only = old is not None and old.fingerprint == new.fingerprint
@@ -242,9 +246,12 @@ class _Planner:
         elif new.is_rerunnable():
             self.rerun(new)
         else:
+            label = f"line {new.line}: `{label_for(new.node, self.source)}`"
+            binds = tuple(new.name.split(",")) if new.kind == "assign" else ()
+            self.statements.append((label, RunInNamespace(compile_nodes(new.nodes, self.path), self.live, binds)))
             self.notes.append(
-                f"line {new.line}: `{label_for(new.node, self.source)}` was not re-run: module statements that call "
-                f"code run once at import; {RESTART_HINT}"
+                f"{label} was not re-run: module statements that call code run once at import, and running it "
+                "could rebuild what is live; press x (command `run-statements`) to run it now"
             )
 
     def lambda_in_place(self, scope: Scope) -> bool:

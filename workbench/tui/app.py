@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
-from workbench.events import Evaluate, Pause, Rebuild, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
+from workbench.events import Evaluate, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
 from workbench.session import Session
 from workbench.tui.screens.help import HelpScreen
 from workbench.tui.widgets.loss_chart import LossChart
@@ -34,6 +34,7 @@ class VramBenchApp(App[None]):
         Binding("r", "reload", "Reload", id="reload"),
         Binding("u", "rollback", "Undo reload", id="rollback", show=False),
         Binding("R", "rebuild", "Rebuild", id="rebuild", show=False),
+        Binding("x", "run_statements", "Run held statements", id="run_statements", show=False),
         Binding("e", "evaluate", "Eval", id="evaluate"),
         Binding("c", "cleanup", "Cleanup", id="cleanup"),
         Binding("s", "snapshot", "Snapshot", id="snapshot"),
@@ -48,6 +49,7 @@ class VramBenchApp(App[None]):
         ("r", "reload now: re-read every project file and apply what changed"),
         ("u", "undo the last reload (roll back to the previous code version)"),
         ("R", "rebuild: run setup() again with held-back changes, carrying weights and optimizer state over"),
+        ("x", "run the changed module statements a reload held back (e.g. MODEL = Net())"),
         ("e", "run evaluate(state, bench) now; its scalars join the chart"),
         ("c", "cleanup: gc.collect + torch.cuda.empty_cache, and what it freed"),
         ("s", "snapshot: checkpoint of every module and optimizer to .vram-bench/snapshots/"),
@@ -102,6 +104,9 @@ class VramBenchApp(App[None]):
 
     def action_rebuild(self) -> None:
         self.session.send(Rebuild())
+
+    def action_run_statements(self) -> None:
+        self.session.send(RunStatements())
 
     def action_evaluate(self) -> None:
         self.session.send(Evaluate())
