@@ -296,7 +296,7 @@ def test_constants_are_rebound_but_statements_with_calls_are_not_rerun(start_ses
     note = next((n for n in reload.notes if "MODEL_SIZE" in n), None)
     assert note is not None, reload.notes
     assert note.startswith(f"line {line_of(edited, 'MODEL_SIZE')}: `MODEL_SIZE = int(\"5\")` was not re-run")
-    assert "restart" in note
+    assert "run-statements" in note
     steps = live.events.steps(3, lambda e: e.code_version == 1)
     assert all(e.scalars["scale"] == 2.0 and e.scalars["size"] == 3.0 for e in steps)
     module = live.session.project.module
