@@ -29,6 +29,7 @@ class ReplaceCode(Patch):
 
     target: types.FunctionType
     source_of_truth: types.FunctionType
+    moved_only: bool = False  # same code at new line numbers (tracebacks stay right)
     _saved: tuple[Any, ...] = field(default=(), init=False)
 
     def apply(self) -> None:

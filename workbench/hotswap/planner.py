@@ -116,7 +116,9 @@ def _live_copies_patch(patches: list[Patch]) -> UpdateLiveCopies | None:
             continue
         old, new = patch.target.__code__, patch.source_of_truth.__code__
         nested = nested_code_pairs(old, new)
-        codes.update(nested)
+        codes.update(nested)  # moved code too: live closures get the right line numbers
+        if patch.moved_only:
+            continue
         for code in (old, *nested):
             if code.co_flags & inspect.CO_GENERATOR:
                 generators[code] = getattr(code, "co_qualname", code.co_name)
@@ -297,7 +299,7 @@ class _Planner:
         if old is not None and live_obj is not None and _decorators(old.node) == _decorators(new.node):
             pairs = _function_pairs(live_obj, new_obj)
             if pairs and _same_freevars(pairs):
-                self.patches.extend(ReplaceCode(o, n) for o, n in pairs)
+                self.patches.extend(ReplaceCode(o, n, moved_only=moved_only) for o, n in pairs)
                 if not moved_only:
                     self.changed.append(name)
                 return
@@ -360,7 +362,7 @@ class _Planner:
             new_attr = new_cls.__dict__.get(new.name)
             pairs = _function_pairs(live_attr, new_attr) if old is not None and live_attr is not None else None
             if pairs and _same_freevars(pairs) and _decorators(old.node) == _decorators(new.node):  # type: ignore[union-attr]
-                self.patches.extend(ReplaceCode(o, n) for o, n in pairs)
+                self.patches.extend(ReplaceCode(o, n, moved_only=moved_only) for o, n in pairs)
                 if not moved_only:
                     self.changed.append(qual)
                     if new.name == "__init__":
