@@ -32,6 +32,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=_positive_int, metavar="N", help="stop after N steps (headless: exit 0)")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where bench.device points (default: auto)")
     parser.add_argument("--eval-every", type=_positive_int, metavar="N", help="run evaluate(state, bench) every N steps")
+    parser.add_argument("--history", type=_positive_int, metavar="N", default=50, help="code versions kept for rollback (default 50)")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
     parser.add_argument("--no-mouse", action="store_true", help="TUI: keyboard only, no mouse capture")
@@ -114,6 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         watch=not args.no_watch,
         write_event_log=not args.headless,
         eval_every=args.eval_every,
+        max_history=args.history,
     )
     if args.headless:
         from workbench.headless import run_headless

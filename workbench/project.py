@@ -12,7 +12,7 @@ import inspect
 import os
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -32,6 +32,7 @@ class Project:
     entry: Path
     root: Path
     module: ModuleType
+    _modules_cache: tuple[tuple[int, str | None], dict[Path, ModuleType]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -52,8 +53,17 @@ class Project:
         return is_project_file(Path(path), self.root)
 
     def modules(self) -> dict[Path, ModuleType]:
-        """Every imported module whose file lives in the project folder."""
-        return {path: module for path, module in _modules_under(self.root)}
+        """Every imported module whose file lives in the project folder.
+
+        Scanning sys.modules (thousands of entries once torch is in) is cached until it
+        changes: its length and newest key tell, in O(1).
+        """
+        key = (len(sys.modules), next(reversed(sys.modules), None))
+        cached = self._modules_cache
+        if cached is None or cached[0] != key:
+            cached = (key, {path: module for path, module in _modules_under(self.root)})
+            self._modules_cache = cached
+        return dict(cached[1])
 
 
 def load_project(path: Path | str) -> Project:

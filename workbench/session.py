@@ -20,7 +20,7 @@ from workbench.bench import Bench
 from workbench.eventbus import EventBus
 from workbench.eventlog import EventLogWriter
 from workbench.events import Command, Error, Quit, ReloadNow, Start
-from workbench.hotswap.reloader import Reloader
+from workbench.hotswap.reloader import DEFAULT_MAX_HISTORY, Reloader
 from workbench.hotswap.service import ReloadService
 from workbench.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
 from workbench.memory.device import DeviceProbe, TorchNvmlProbe
@@ -45,6 +45,7 @@ class SessionConfig:
     capture_output: bool = True
     write_event_log: bool = False
     eval_every: int | None = None
+    max_history: int = DEFAULT_MAX_HISTORY  # code versions kept for rollback (each holds its old code)
     memory_interval: float = 0.25
     memory_event_interval: float = 2.0
     debounce_ms: int = DEBOUNCE_MS
@@ -107,7 +108,7 @@ class Session:
         self.probe: DeviceProbe = probe or TorchNvmlProbe()
         self.run_dir = project.root / ".vram-bench"
         self.bench = Bench(config.device, self.run_dir)
-        self.reloader = Reloader(project, REQUIRED_FUNCTIONS)
+        self.reloader = Reloader(project, REQUIRED_FUNCTIONS, config.max_history)
         self.router = (
             OutputRouter(self.bus.publish, stdout=stdout_passthrough) if config.capture_output else None
         )

@@ -7,11 +7,13 @@ path (`model`, `state.opt`), and count each object once.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 
 _MAX_DEPTH = 4
+_MAX_ITEMS = 256  # models and optimizers sit near the top of a state, not deep inside a dataset list
 
 
 def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
@@ -31,10 +33,10 @@ def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module],
             optimizers[path or "optimizer"] = obj
             return
         if isinstance(obj, dict):
-            for key, value in obj.items():
+            for key, value in itertools.islice(obj.items(), _MAX_ITEMS):
                 visit(value, f"{path}.{key}" if path else str(key), depth + 1)
         elif isinstance(obj, (list, tuple)):
-            for i, value in enumerate(obj):
+            for i, value in enumerate(itertools.islice(obj, _MAX_ITEMS)):
                 visit(value, f"{path}[{i}]" if path else f"[{i}]", depth + 1)
         elif hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.Tensor)) and not callable(obj):
             for key, value in vars(obj).items():
@@ -67,10 +69,10 @@ def find_instances(state: Any, cls: type, limit: int = 50) -> list[str]:
         if isinstance(obj, cls):
             found.append(path or "state")
         if isinstance(obj, dict):
-            for key, value in list(obj.items()):
+            for key, value in list(itertools.islice(obj.items(), _MAX_ITEMS)):
                 visit(value, f"{path}.{key}" if path else str(key), depth + 1)
         elif isinstance(obj, (list, tuple)):
-            for i, value in enumerate(obj):
+            for i, value in enumerate(itertools.islice(obj, _MAX_ITEMS)):
                 visit(value, f"{path}[{i}]" if path else f"[{i}]", depth + 1)
         elif hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.Tensor)) and not callable(obj):
             for key, value in list(vars(obj).items()):

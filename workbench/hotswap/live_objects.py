@@ -12,6 +12,7 @@ what it cannot.
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ import torch
 from workbench.hotswap.patches import Patch, RunInNamespace
 
 _MAX_DEPTH = 6
-_MAX_OBJECTS = 20_000
+_MAX_OBJECTS = 5_000
+# Closures sit near the top of a state, not at item 50,000 of a dataset list: look at the first items only.
+_MAX_ITEMS = 256
 
 
 def nested_code_pairs(old: types.CodeType, new: types.CodeType) -> dict[types.CodeType, types.CodeType]:
@@ -74,13 +77,14 @@ def iter_live(roots: list[Any]) -> Iterator[tuple[str, Any]]:
                     elif not key.startswith("_") and callable(value) and not isinstance(value, torch.nn.Module):
                         stack.append((value, f"{name}.{key}", depth + 1))
         elif isinstance(obj, dict):
-            for key, value in list(obj.items()):
-                stack.append((value, f"{path}[{key!r}]", depth + 1))
+            for key, value in list(itertools.islice(obj.items(), _MAX_ITEMS)):
+                label = repr(key) if isinstance(key, (str, int)) else type(key).__name__
+                stack.append((value, f"{path}[{label}]", depth + 1))
         elif isinstance(obj, (list, tuple, set, frozenset)):
-            for i, value in enumerate(list(obj)):
+            for i, value in enumerate(itertools.islice(obj, _MAX_ITEMS)):
                 stack.append((value, f"{path}[{i}]", depth + 1))
-        elif isinstance(obj, (type, types.ModuleType, torch.Tensor, str, bytes, int, float)):
-            continue
+        elif isinstance(obj, (type, types.ModuleType, torch.Tensor, torch.optim.Optimizer, str, bytes, int, float)):
+            continue  # nothing in these holds user closures worth the walk (optimizers: only tensors)
         elif hasattr(obj, "__dict__"):
             for key, value in list(vars(obj).items()):
                 stack.append((value, f"{path}.{key}", depth + 1))
