@@ -84,17 +84,19 @@ def edit_latencies(session: Session, events, path: Path, saves: int) -> list[flo
     out = []
     for i in range(1, saves + 1):
         text = original.replace("def probe():\n    return 0\n", f"def probe():\n    return {i}\n")
+        events.drain()
         written = time.time()
         path.write_text(text)
         deadline = time.monotonic() + 10
         got = None
         while got is None and time.monotonic() < deadline:
-            got = next((e for e in events.wait(0.05) if isinstance(e, Reload) and e.ok and e.changed), None)
+            got = next((e for e in events.wait(0.05) if isinstance(e, Reload) and e.file == path.name and e.changed), None)
         if got is None:
             raise RuntimeError(f"save {i} of {path.name} was not applied within 10 s")
         out.append((got.time - written) * 1000)
         time.sleep(0.2)
     path.write_text(original)
+    time.sleep(0.5)
     return out
 
 

@@ -47,6 +47,29 @@ class ReplaceCode(Patch):
 
 
 @dataclass
+class ShiftLines(Patch):
+    """Code that only moved: same code at new line numbers, nested functions included."""
+
+    targets: list[types.FunctionType]
+    shift: int
+    _saved: list[types.CodeType] = field(default_factory=list, init=False)
+
+    def apply(self) -> None:
+        self._saved = [t.__code__ for t in self.targets]
+        for target in self.targets:
+            target.__code__ = shift_code(target.__code__, self.shift)
+
+    def undo(self) -> None:
+        for target, code in zip(self.targets, self._saved):
+            target.__code__ = code
+
+
+def shift_code(code: types.CodeType, shift: int) -> types.CodeType:
+    consts = tuple(shift_code(c, shift) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_firstlineno=max(code.co_firstlineno + shift, 1), co_consts=consts)
+
+
+@dataclass
 class RunInNamespace(Patch):
     """Run one precompiled statement in the live module (new defs, constants, imports)."""
 

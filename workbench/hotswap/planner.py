@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import ContractError
-from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute
+from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute, ShiftLines
 from workbench.hotswap.live_objects import UpdateLiveCopies, nested_code_pairs
 from workbench.hotswap.scopes import Scope, index_statements, label_for
+from workbench.hotswap.source_index import SourceIndex, diff_source
 
 RESTART_HINT = "restart vram-bench to use it"
 
@@ -52,35 +53,42 @@ class ChangeSet:
     rebuild_if_live: dict[type, str] = field(default_factory=dict)
     # Changed module statements with calls: not run unless the user asks (`run-statements`).
     statements: list[tuple[str, RunInNamespace]] = field(default_factory=list)
+    index: SourceIndex | None = None  # statement positions of new_source, the base of the next diff
 
 
 def plan_reload(
     module: types.ModuleType,
     path: Path,
-    base_source: str,
+    base: SourceIndex | str,
     new_source: str,
     *,
     required: dict[str, tuple[str, ...]] | None = None,
     other_namespaces: list[dict[str, Any]] | None = None,
 ) -> ChangeSet:
-    """Diff `base_source` (what is live) against `new_source` and plan the patches."""
+    """Diff `base` (what is live) against `new_source` and plan the patches.
+
+    Only the top-level statements that overlap the edited lines are parsed and compared;
+    the ones after them just moved (their functions get new line numbers).
+    """
     filename = str(path)
+    base_index = base if isinstance(base, SourceIndex) else SourceIndex.parse(base, filename)
     try:
-        new_tree = ast.parse(new_source, filename)
-        compile(new_tree, filename, "exec")
+        diff = diff_source(base_index, new_source, filename)
+        compile(ast.Module(body=list(diff.new_region), type_ignores=[]), filename, "exec")
     except SyntaxError as exc:
         raise ReloadError(f"syntax error: {exc.msg}", exc.lineno) from None
-    old_tree = ast.parse(base_source, filename)
-    old_index = index_statements(old_tree.body)
-    new_index = index_statements(new_tree.body)
+    old_index = index_statements(diff.old_region)
+    new_index = index_statements(diff.new_region)
 
-    for name in required or {}:
-        if not any(key[1] == name and key[0] in ("def", "assign", "class") for key in new_index):
-            raise ReloadError(
-                f"{name}() is no longer defined in {path.name}; the old {name}() keeps running. Put it back and save."
-            )
+    if required:
+        defined = defined_names(s.node for s in diff.new_index.statements)
+        for name in required:
+            if name not in defined:
+                raise ReloadError(
+                    f"{name}() is no longer defined in {path.name}; the old {name}() keeps running. Put it back and save."
+                )
 
-    scratch = _run_in_scratch(module, path, new_tree, old_index, new_index)
+    scratch = _run_in_scratch(module, path, diff.new_region, old_index, new_index)
     if required:
         try:
             from workbench.project import check_contract
@@ -90,12 +98,19 @@ def plan_reload(
             raise ReloadError(exc.message, exc.line) from None
 
     plan = _Planner(module, scratch, path, new_source, other_namespaces or [])
-    changeset = ChangeSet(path=path, module=module, base_source=base_source, new_source=new_source)
+    changeset = ChangeSet(path=path, module=module, base_source=base_index.source, new_source=new_source)
+    changeset.index = diff.new_index
     for key, new in new_index.items():
         plan.statement(old_index.get(key), new)
     for key, old in old_index.items():
         if key not in new_index and key[0] == "def":
             plan.notes.append(f"{key[1]}() was removed from the file but stays in the live module until restart")
+    for statement in diff.after:
+        if plan.dirty and isinstance(statement.node, (ast.Assign, ast.AnnAssign)):
+            for scope in index_statements([statement.current_node()]).values():
+                plan.dependent_constant(scope)
+        if diff.shift:
+            plan.shift_lines(statement.node, diff.shift)
     live_copies = _live_copies_patch(plan.patches)
     if live_copies is not None:
         plan.patches.append(live_copies)
@@ -105,6 +120,21 @@ def plan_reload(
     if "setup" in plan.changed and required:
         changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
     return changeset
+
+
+def defined_names(nodes: Any) -> set[str]:
+    """Names that top-level statements bind (defs, classes, plain assignments), without dumping ASTs."""
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
 
 
 def _live_copies_patch(patches: list[Patch]) -> UpdateLiveCopies | None:
@@ -135,7 +165,7 @@ def _changed_or_moved(old: Scope | None, new: Scope) -> bool:
 def _run_in_scratch(
     module: types.ModuleType,
     path: Path,
-    new_tree: ast.Module,
+    new_body: list[ast.stmt],
     old_index: dict[tuple[str, str], Scope],
     new_index: dict[tuple[str, str], Scope],
 ) -> dict[str, Any]:
@@ -146,7 +176,7 @@ def _run_in_scratch(
             keep.update(id(n) for n in scope.nodes)
         elif scope.kind in ("def", "class") and _changed_or_moved(old_index.get(key), scope):
             keep.update(id(n) for n in scope.nodes)
-    body = [node for node in new_tree.body if id(node) in keep]
+    body = [node for node in new_body if id(node) in keep]
     scratch = dict(module.__dict__)
     try:
         exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), scratch)  # noqa: S102
@@ -180,6 +210,14 @@ def innermost(obj: Any) -> Any:
 
 def _decorators(node: ast.stmt) -> str:
     return "\n".join(ast.dump(d) for d in getattr(node, "decorator_list", []))
+
+
+def _function_parts(attr: Any) -> list[Any]:
+    if isinstance(attr, (staticmethod, classmethod)):
+        return [attr.__func__]
+    if isinstance(attr, property):
+        return [f for f in (attr.fget, attr.fset, attr.fdel) if f is not None]
+    return [attr] if isinstance(attr, types.FunctionType) else []
 
 
 def _class_header(node: ast.ClassDef) -> str:
@@ -255,6 +293,20 @@ class _Planner:
                 f"{label} was not re-run: module statements that call code run once at import, and running it "
                 "could rebuild what is live; press x (command `run-statements`) to run it now"
             )
+
+    def shift_lines(self, node: ast.stmt, shift: int) -> None:
+        """A def or class that only moved: its live functions get their new line numbers (tracebacks)."""
+        functions: list[types.FunctionType] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append(innermost(self.live.get(node.name)))
+        elif isinstance(node, ast.ClassDef) and isinstance(self.live.get(node.name), type):
+            for attr in vars(self.live[node.name]).values():
+                for part in _function_parts(attr):
+                    functions.append(innermost(part))
+        filename = str(self.path)
+        targets = [f for f in functions if isinstance(f, types.FunctionType) and f.__code__.co_filename == filename]
+        if targets:
+            self.patches.append(ShiftLines(targets, shift))
 
     def lambda_in_place(self, scope: Scope) -> bool:
         """`ACT = lambda x: ...` edited: give the live lambda the new code (the state may hold it)."""

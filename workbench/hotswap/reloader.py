@@ -21,6 +21,7 @@ from typing import Any
 from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.patches import Patch, apply_all, undo_all
 from workbench.hotswap.planner import ChangeSet, ReloadError, plan_reload
+from workbench.hotswap.source_index import SourceIndex
 from workbench.project import Project
 
 DEFAULT_MAX_HISTORY = 50
@@ -47,6 +48,7 @@ class Reloader:
         self._applied: dict[Path, str] = {}
         self._prepared: dict[Path, str] = {}
         self._history: deque[AppliedVersion] = deque(maxlen=max(max_history, 1))
+        self._indexes: dict[Path, dict[str, SourceIndex]] = {}  # statement positions of applied/prepared sources
         self._lock = threading.Lock()
 
     def track_loaded_modules(self) -> None:
@@ -61,6 +63,31 @@ class Reloader:
                 continue
             with self._lock:
                 self._applied.setdefault(path, source)
+
+    def warm_up(self) -> None:
+        """Index every tracked file now (off the training thread), so the first save parses only its edit."""
+        for path in self.tracked_files():
+            source = self.applied_source(path)
+            if source is not None:
+                try:
+                    self._index(path, source)
+                except SyntaxError:
+                    pass
+
+    def _index(self, path: Path, source: str) -> SourceIndex:
+        with self._lock:
+            cached = self._indexes.get(path, {}).get(source)
+        if cached is not None:
+            return cached
+        index = SourceIndex.parse(source, str(path))
+        self._remember_index(path, index)
+        return index
+
+    def _remember_index(self, path: Path, index: SourceIndex) -> None:
+        with self._lock:
+            keep = {self._applied.get(path), self._prepared.get(path), index.source}
+            self._indexes[path] = {src: i for src, i in self._indexes.get(path, {}).items() if src in keep}
+            self._indexes[path][index.source] = index
 
     @property
     def history(self) -> list[AppliedVersion]:
@@ -106,7 +133,12 @@ class Reloader:
             return None
         try:
             changeset = plan_reload(
-                module, path, base, source, required=self._required_for(path), other_namespaces=self._others(path)
+                module,
+                path,
+                self._index(path, base),
+                source,
+                required=self._required_for(path),
+                other_namespaces=self._others(path),
             )
         except ReloadError as exc:
             exc.source = source
@@ -118,6 +150,8 @@ class Reloader:
         changeset.detected_at = detected_at or time.monotonic()
         with self._lock:
             self._prepared[path] = source
+        if changeset.index is not None:
+            self._remember_index(path, changeset.index)
         return changeset
 
     def commit(self, changeset: ChangeSet, roots: list[Any] | None = None) -> int:
@@ -136,7 +170,7 @@ class Reloader:
             fresh = plan_reload(
                 changeset.module,
                 path,
-                applied,
+                self._index(path, applied),
                 changeset.new_source,
                 required=self._required_for(path),
                 other_namespaces=self._others(path),
@@ -144,7 +178,7 @@ class Reloader:
             fresh.detected_at = changeset.detected_at
             changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
             changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
-            changeset.base_source = applied
+            changeset.base_source, changeset.index = applied, fresh.index
         live_copies = [p for p in changeset.patches if isinstance(p, UpdateLiveCopies)]
         for patch in live_copies:
             patch.roots = [*(roots or []), *((f"module {m.__name__}", m.__dict__) for m in self.project.modules().values())]

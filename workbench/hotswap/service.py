@@ -43,6 +43,7 @@ class ReloadService(threading.Thread):
 
     # The reload thread ------------------------------------------------------------------
     def run(self) -> None:
+        self._reloader.warm_up()
         while True:
             request = self._requests.get()
             if request is _STOP:
