@@ -85,3 +85,22 @@ def test_only_project_files_are_ever_patched(tmp_path):
     assert not is_project_file(tmp_path / "elsewhere.py", root)
     package = Path(workbench.__file__).resolve().parent
     assert not is_project_file(package / "worker.py", package.parent), "vram-bench must never patch itself"
+
+
+def test_quick_successive_saves_coalesce_and_the_last_one_wins(start_session):
+    live = start_session({"train.py": TRAIN_PY})
+    live.wait_running(2)
+    for value in range(3, 9):
+        save(live.entry, TRAIN_PY.replace("return x * 2", f"return x * {value}"))
+    live.events.steps(5, lambda e: e.scalars["doubled"] == 8.0, timeout=15)
+    reloads = [e for e in live.events.of("reload") if e.changed]
+    assert 1 <= len(reloads) <= 3, f"six saves within milliseconds gave {len(reloads)} reloads"
+    assert live.session.reloader.version == len(reloads)
+
+
+def test_a_save_with_unchanged_code_changes_nothing(start_session):
+    live = start_session({"train.py": TRAIN_PY})
+    live.wait_running(2)
+    save(live.entry, TRAIN_PY + "\n# just a comment\n")
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.ok and reload.changed == () and live.session.reloader.version == 0
