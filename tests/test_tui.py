@@ -234,3 +234,22 @@ def test_main_screen_snapshot(tmp_path, snap_compare):
         assert snap_compare(app, terminal_size=(100, 30), run_before=settle)
     finally:
         session.close()
+
+
+async def test_held_change_shows_rebuild_needed_and_R_rebuilds(tmp_path, session_factory):
+    entry = write_project(tmp_path / "proj")
+    session = session_factory(entry)
+    app = make_app(session)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await until(pilot, lambda: session.status().step > 3, what="training")
+        assert session.wait_until_watching()
+        entry.write_text(TRAIN.replace("model = torch.nn.Linear(4, 1)", "model = torch.nn.Linear(4, 1, bias=False)"))
+        await until(pilot, lambda: "NEEDS REBUILD" in log_text(app), what="held change in the log")
+        assert "setup() changed" in log_text(app)
+        await until(pilot, lambda: "REBUILD NEEDED" in str(app.query_one(StatusBar).render()), what="status bar hint")
+
+        await pilot.press("R")
+        await until(pilot, lambda: "REBUILT" in log_text(app), what="rebuild line")
+        assert "carried 1 tensors" in log_text(app) and "dropped: model.bias" in log_text(app)
+        await until(pilot, lambda: "REBUILD NEEDED" not in str(app.query_one(StatusBar).render()), what="hint cleared")
+        assert session.worker.user_state["model"].bias is None
