@@ -64,3 +64,129 @@ def frozen_host() -> HostMemory:
         system_available=20 * GiB,
         swap_used=0,
     )
+
+
+# --------------------------------------------------------------------------- a driver-level fake
+# FakeCuda and FakeNvml stand in for `torch.cuda` and the `pynvml` module, so the real
+# TorchNvmlProbe (UUID mapping, error handling) runs against them.
+
+
+class NVMLError(Exception):
+    pass
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str = "Fake A100"
+    total: int = 40 * GiB
+    used: int = 6 * GiB
+    utilization: int = 87
+    temperature: int = 61
+    power_mw: int = 250_000
+    processes: dict[int, int] = field(default_factory=dict)  # pid -> bytes
+    lost: bool = False
+
+
+class FakeCuda:
+    """torch.cuda for the GPUs that are visible to this process, in torch's order."""
+
+    def __init__(self, gpus: list[FakeGpu], stats: dict[int, dict[str, int]] | None = None, with_uuid: bool = True) -> None:
+        self.visible = gpus
+        self.stats = stats or {}
+        self.with_uuid = with_uuid
+        self.empty_cache_calls = 0
+
+    def is_available(self) -> bool:
+        return bool(self.visible)
+
+    def device_count(self) -> int:
+        return len(self.visible)
+
+    def get_device_name(self, index: int) -> str:
+        return self.visible[index].name
+
+    def get_device_properties(self, index: int):
+        if not self.with_uuid:
+            raise AttributeError("uuid")
+
+        class Props:
+            uuid = self.visible[index].uuid.removeprefix("GPU-")
+
+        return Props()
+
+    def memory_stats(self, index: int) -> dict[str, int]:
+        return self.stats.get(index, {})
+
+    def empty_cache(self) -> None:
+        self.empty_cache_calls += 1
+
+    def reset_peak_memory_stats(self, index: int) -> None:
+        pass
+
+
+class FakeNvml:
+    """The parts of pynvml that the probe uses; `unsupported` names functions this 'driver' lacks."""
+
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self, gpus: list[FakeGpu], unsupported: set[str] = frozenset(), init_error: str | None = None) -> None:
+        self.all = gpus
+        self.unsupported = set(unsupported)
+        self.init_error = init_error
+
+    def _check(self, name: str, handle: FakeGpu | None = None) -> None:
+        if name in self.unsupported:
+            raise NVMLError(f"{name}: Not Supported")
+        if handle is not None and handle.lost:
+            raise NVMLError("GPU is lost")
+
+    def nvmlInit(self) -> None:
+        if self.init_error:
+            raise NVMLError(self.init_error)
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.all)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGpu:
+        return self.all[i]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
+        return next(g for g in self.all if g.uuid == uuid)
+
+    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> bytes:
+        return handle.uuid.encode()
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu):
+        self._check("nvmlDeviceGetMemoryInfo", handle)
+
+        class Info:
+            used = handle.used
+            total = handle.total
+
+        return Info()
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu):
+        self._check("nvmlDeviceGetUtilizationRates", handle)
+
+        class Rates:
+            gpu = handle.utilization
+
+        return Rates()
+
+    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
+        self._check("nvmlDeviceGetTemperature", handle)
+        return handle.temperature
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
+        self._check("nvmlDeviceGetPowerUsage", handle)
+        return handle.power_mw
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu):
+        self._check("nvmlDeviceGetComputeRunningProcesses", handle)
+
+        class Proc:
+            def __init__(self, pid: int, used: int) -> None:
+                self.pid, self.usedGpuMemory = pid, used
+
+        return [Proc(pid, used) for pid, used in handle.processes.items()]

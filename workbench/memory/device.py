@@ -1,15 +1,19 @@
 """The one seam between vram-bench and the GPU driver (NVML and torch.cuda).
 
 Every device query goes through a `DeviceProbe`. Driver errors become "not
-available" values, never exceptions, so a machine without a GPU, an old driver
-or a lost GPU never takes the session down. Tests drive the app with a fake
-probe (see tests/fakes.py).
+available" values (None), never exceptions, so a machine without a GPU, an old
+driver missing an NVML function, or a lost GPU never takes the session down;
+`unavailable_reason()` says once, plainly, what cannot be shown.
+
+`TorchNvmlProbe` takes its `torch.cuda` and its NVML module as arguments, so
+tests drive the real mapping and error handling with fakes (tests/fakes.py).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -18,19 +22,37 @@ import torch
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """One GPU as torch and NVML see it. Fields are None when not available."""
+    """One GPU as torch's allocator and NVML see it. A field is None when it is not available."""
 
     index: int
     name: str
+    uuid: str | None = None
+    # torch's caching allocator (this process)
     allocated: int | None = None
     reserved: int | None = None
     peak_allocated: int | None = None
     peak_reserved: int | None = None
+    inactive_split: int | None = None  # cached but split: memory empty_cache() cannot return
+    alloc_retries: int | None = None  # cudaMalloc failed, cache flushed, retried: a sign of pressure
+    ooms: int | None = None
+    allocations: int | None = None  # cumulative count of device allocations
+    # NVML (the whole device)
     device_used: int | None = None
     device_total: int | None = None
+    process_used: int | None = None  # this process, from the compute process list
+    utilization: int | None = None  # percent
+    temperature: int | None = None  # Celsius
+    power_watts: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def fragmentation(self) -> float | None:
+        """Share of reserved memory that is split and inactive (cannot be returned by empty_cache)."""
+        if self.inactive_split is None or not self.reserved:
+            return None
+        return self.inactive_split / self.reserved
 
 
 class DeviceProbe(Protocol):
@@ -38,10 +60,10 @@ class DeviceProbe(Protocol):
         """True when torch can use a CUDA device."""
 
     def unavailable_reason(self) -> str | None:
-        """A plain sentence saying why GPU figures are missing (None when they are not)."""
+        """A plain sentence saying what GPU figures are missing and why (None when nothing is)."""
 
     def gpus(self) -> list[GpuMemory]:
-        """Current memory of every visible GPU."""
+        """Current figures for every visible GPU."""
 
     def empty_cache(self) -> None:
         """Return torch's cached-but-free blocks to the driver."""
@@ -50,110 +72,171 @@ class DeviceProbe(Protocol):
         """Start peak tracking afresh."""
 
 
-class TorchNvmlProbe:
-    """The real probe: torch.cuda for the allocator, NVML (nvidia-ml-py) for the device."""
+def _import_pynvml() -> Any:
+    import pynvml  # provided by nvidia-ml-py; imported lazily: it may be absent or shadowed
 
-    def __init__(self) -> None:
+    return pynvml
+
+
+class TorchNvmlProbe:
+    """The real probe: torch.cuda for the allocator, NVML for the device."""
+
+    def __init__(self, cuda: Any = None, load_nvml: Callable[[], Any] = _import_pynvml, pid: int | None = None) -> None:
+        self._cuda = cuda if cuda is not None else torch.cuda
+        self._load_nvml = load_nvml
+        self._pid = pid if pid is not None else os.getpid()
         self._lock = threading.Lock()
         self._nvml: Any = None
-        self._nvml_handles: dict[int, Any] = {}
         self._nvml_note: str | None = None
         self._nvml_started = False
+        self._handles: dict[int, Any] = {}
+        self._missing: set[str] = set()  # NVML readings this driver cannot give
 
+    # DeviceProbe -----------------------------------------------------------------------
     def available(self) -> bool:
-        try:
-            return bool(torch.cuda.is_available())
-        except Exception:  # noqa: BLE001
-            return False
+        return bool(_safe(self._cuda.is_available, False))
 
     def unavailable_reason(self) -> str | None:
         if not self.available():
-            if torch.version.cuda is None:
+            if getattr(torch.version, "cuda", None) is None and self._cuda is torch.cuda:
                 return "No GPU: this torch build is CPU-only, so only host memory is shown."
             return "No GPU: torch.cuda.is_available() is False (no NVIDIA driver or no visible device), so only host memory is shown."
         self._start_nvml()
-        return self._nvml_note
+        notes = [self._nvml_note] if self._nvml_note else []
+        if self._missing:
+            notes.append(f"Not available from this driver: {', '.join(sorted(self._missing))}.")
+        return " ".join(notes) or None
 
     def gpus(self) -> list[GpuMemory]:
         if not self.available():
             return []
         self._start_nvml()
-        out = []
-        for index in range(_safe(torch.cuda.device_count, 0)):
-            used, total = self._nvml_memory(index)
-            out.append(
-                GpuMemory(
-                    index=index,
-                    name=_safe(lambda: torch.cuda.get_device_name(index), f"cuda:{index}"),
-                    allocated=_safe(lambda: torch.cuda.memory_allocated(index)),
-                    reserved=_safe(lambda: torch.cuda.memory_reserved(index)),
-                    peak_allocated=_safe(lambda: torch.cuda.max_memory_allocated(index)),
-                    peak_reserved=_safe(lambda: torch.cuda.max_memory_reserved(index)),
-                    device_used=used,
-                    device_total=total,
-                )
-            )
-        return out
+        return [self._gpu(index) for index in range(_safe(self._cuda.device_count, 0))]
 
     def empty_cache(self) -> None:
         if self.available():
-            _safe(torch.cuda.empty_cache)
+            _safe(self._cuda.empty_cache)
 
     def reset_peaks(self) -> None:
         if self.available():
-            for index in range(_safe(torch.cuda.device_count, 0)):
-                _safe(lambda: torch.cuda.reset_peak_memory_stats(index))
+            for index in range(_safe(self._cuda.device_count, 0)):
+                _safe(lambda: self._cuda.reset_peak_memory_stats(index))
 
-    # NVML ----------------------------------------------------------------------------
+    # torch.cuda ------------------------------------------------------------------------
+    def _gpu(self, index: int) -> GpuMemory:
+        stats = _safe(lambda: self._cuda.memory_stats(index), {}) or {}
+        uuid = self._torch_uuid(index)
+        handle = self._handle_for(index, uuid)
+        used, total = self._nvml_memory(handle)
+        return GpuMemory(
+            index=index,
+            name=_safe(lambda: self._cuda.get_device_name(index), f"cuda:{index}"),
+            uuid=uuid,
+            allocated=stats.get("allocated_bytes.all.current"),
+            reserved=stats.get("reserved_bytes.all.current"),
+            peak_allocated=stats.get("allocated_bytes.all.peak"),
+            peak_reserved=stats.get("reserved_bytes.all.peak"),
+            inactive_split=stats.get("inactive_split_bytes.all.current"),
+            alloc_retries=stats.get("num_alloc_retries"),
+            ooms=stats.get("num_ooms"),
+            allocations=stats.get("allocation.all.allocated"),
+            device_used=used,
+            device_total=total,
+            process_used=self._nvml_reading("process memory", handle, self._process_memory),
+            utilization=self._nvml_reading("utilization", handle, lambda h: int(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu)),
+            temperature=self._nvml_reading(
+                "temperature", handle, lambda h: int(self._nvml.nvmlDeviceGetTemperature(h, self._nvml.NVML_TEMPERATURE_GPU))
+            ),
+            power_watts=self._nvml_reading("power", handle, lambda h: self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+        )
+
+    def _torch_uuid(self, index: int) -> str | None:
+        uuid = _safe(lambda: self._cuda.get_device_properties(index).uuid)
+        return _normal_uuid(str(uuid)) if uuid is not None else None
+
+    # NVML --------------------------------------------------------------------------------
     def _start_nvml(self) -> None:
         with self._lock:
             if self._nvml_started:
                 return
             self._nvml_started = True
             try:
-                import pynvml  # provided by nvidia-ml-py; imported lazily, it may be absent or shadowed
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
+                nvml = self._load_nvml()
+                nvml.nvmlInit()
+                self._nvml = nvml
             except Exception as exc:  # noqa: BLE001
-                self._nvml_note = f"NVML is not available ({exc}); device-wide memory is not shown, torch's allocator figures are."
+                self._nvml_note = (
+                    f"NVML is not available ({exc}): device-wide memory, utilization, temperature and power are not "
+                    "shown; torch's allocator figures are."
+                )
 
-    def _nvml_memory(self, torch_index: int) -> tuple[int | None, int | None]:
-        nvml = self._nvml
-        if nvml is None:
-            return None, None
-        handle = self._nvml_handles.get(torch_index)
-        if handle is None:
-            handle = self._handle_for(torch_index)
-            if handle is None:
-                return None, None
-            self._nvml_handles[torch_index] = handle
-        try:
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            return int(info.used), int(info.total)
-        except Exception:  # noqa: BLE001 - a lost GPU or an old driver: not available
-            return None, None
-
-    def _handle_for(self, torch_index: int) -> Any:
-        """Match torch's device to NVML's by UUID, so CUDA_VISIBLE_DEVICES reordering is respected."""
-        nvml = self._nvml
-        try:
-            uuid = str(torch.cuda.get_device_properties(torch_index).uuid)
-        except Exception:  # noqa: BLE001
-            uuid = None
-        try:
-            count = nvml.nvmlDeviceGetCount()
-            for i in range(count):
-                handle = nvml.nvmlDeviceGetHandleByIndex(i)
-                nvml_uuid = nvml.nvmlDeviceGetUUID(handle)
-                nvml_uuid = nvml_uuid.decode() if isinstance(nvml_uuid, bytes) else str(nvml_uuid)
-                if uuid and nvml_uuid.removeprefix("GPU-") == uuid.removeprefix("GPU-"):
-                    return handle
-            if uuid is None and "CUDA_VISIBLE_DEVICES" not in os.environ:
-                return nvml.nvmlDeviceGetHandleByIndex(torch_index)
-        except Exception:  # noqa: BLE001
+    def _handle_for(self, torch_index: int, uuid: str | None) -> Any:
+        """NVML's handle for torch's device: matched by UUID, so CUDA_VISIBLE_DEVICES reordering is respected."""
+        if self._nvml is None:
             return None
+        if torch_index in self._handles:
+            return self._handles[torch_index]
+        handle = None
+        try:
+            if uuid is not None:
+                for i in range(self._nvml.nvmlDeviceGetCount()):
+                    candidate = self._nvml.nvmlDeviceGetHandleByIndex(i)
+                    if _normal_uuid(_text(self._nvml.nvmlDeviceGetUUID(candidate))) == uuid:
+                        handle = candidate
+                        break
+            else:
+                handle = self._handle_from_visible_devices(torch_index)
+        except Exception:  # noqa: BLE001 - a lost GPU or an old driver: not available
+            handle = None
+        if handle is not None:
+            self._handles[torch_index] = handle
+        return handle
+
+    def _handle_from_visible_devices(self, torch_index: int) -> Any:
+        """Without a UUID from torch: follow CUDA_VISIBLE_DEVICES (indices or UUIDs), else the same index."""
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        if not visible:
+            return self._nvml.nvmlDeviceGetHandleByIndex(torch_index)
+        if torch_index >= len(visible):
+            return None
+        entry = visible[torch_index]
+        if entry.isdigit():
+            return self._nvml.nvmlDeviceGetHandleByIndex(int(entry))
+        return self._nvml.nvmlDeviceGetHandleByUUID(entry)
+
+    def _nvml_memory(self, handle: Any) -> tuple[int | None, int | None]:
+        if handle is None:
+            return None, None
+        try:
+            info = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            return int(info.used), int(info.total)
+        except Exception:  # noqa: BLE001
+            self._missing.add("device memory")
+            return None, None
+
+    def _process_memory(self, handle: Any) -> int | None:
+        for process in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == self._pid:
+                used = getattr(process, "usedGpuMemory", None)
+                return int(used) if used is not None else None
         return None
+
+    def _nvml_reading(self, what: str, handle: Any, read: Callable[[Any], Any]) -> Any:
+        if handle is None or what in self._missing:
+            return None
+        try:
+            return read(handle)
+        except Exception:  # noqa: BLE001 - not supported by this driver/GPU: say so once, stop asking
+            self._missing.add(what)
+            return None
+
+
+def _normal_uuid(text: str) -> str:
+    return text.strip().lower().removeprefix("gpu-")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _safe(fn: Any, default: Any = None) -> Any:
