@@ -54,6 +54,9 @@ class FakeDevice:
     def reset_peaks(self) -> None:
         self.gpus_now = [replace(g, peak_allocated=g.allocated, peak_reserved=g.reserved) for g in self.gpus_now]
 
+    def peak_allocated(self, index: int) -> int | None:
+        return self.gpus_now[index].peak_allocated if index < len(self.gpus_now) else None
+
 
 def frozen_host() -> HostMemory:
     return HostMemory(
@@ -123,6 +126,9 @@ class FakeCuda:
 
     def reset_peak_memory_stats(self, index: int) -> None:
         pass
+
+    def max_memory_allocated(self, index: int) -> int | None:
+        return self.stats.get(index, {}).get("allocated_bytes.all.peak")
 
 
 class FakeNvml:

@@ -33,6 +33,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where bench.device points (default: auto)")
     parser.add_argument("--eval-every", type=_positive_int, metavar="N", help="run evaluate(state, bench) every N steps")
     parser.add_argument("--history", type=_positive_int, metavar="N", default=50, help="code versions kept for rollback (default 50)")
+    parser.add_argument("--record-memory", action="store_true", help="record CUDA allocation history for memory snapshots (m)")
+    parser.add_argument("--sample-hz", type=float, default=10.0, metavar="HZ", help="memory sampling rate (default 10)")
+    parser.add_argument("--memory-window", type=float, default=300.0, metavar="SECONDS", help="memory history shown (default 300)")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
     parser.add_argument("--no-mouse", action="store_true", help="TUI: keyboard only, no mouse capture")
@@ -116,6 +119,9 @@ def _run(args: argparse.Namespace) -> int:
         write_event_log=not args.headless,
         eval_every=args.eval_every,
         max_history=args.history,
+        record_memory=args.record_memory,
+        memory_interval=1.0 / max(args.sample_hz, 0.1),
+        memory_window=args.memory_window,
     )
     if args.headless:
         from workbench.headless import run_headless

@@ -161,6 +161,39 @@ class Profile(Event):
 
 
 @dataclass(frozen=True)
+class MemorySnapshotTaken(Event):
+    """A CUDA memory snapshot for pytorch.org/memory_viz, and a text summary of it."""
+
+    name: ClassVar[str] = "memory_snapshot"
+    path: str
+    bytes: int
+    reason: str = "requested"
+    summary: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BreakdownReady(Event):
+    """Where the session's memory goes, per device (see workbench/memory/breakdown.py)."""
+
+    name: ClassVar[str] = "breakdown"
+    step: int
+    devices: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class LeaksFound(Event):
+    """A census of live tensors by owner, and the largest unowned ones with what keeps them alive."""
+
+    name: ClassVar[str] = "leaks"
+    step: int
+    total_bytes: int
+    unowned_bytes: int
+    seconds: float
+    groups: tuple[dict[str, Any], ...] = ()
+    suspects: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class Memory(Event):
     name: ClassVar[str] = "memory"
     rss_bytes: int
@@ -268,6 +301,21 @@ class RunStatements(Command):
 
 
 @dataclass(frozen=True)
+class DumpMemorySnapshot(Command):
+    word: ClassVar[str] = "memory-snapshot"
+
+
+@dataclass(frozen=True)
+class ShowBreakdown(Command):
+    word: ClassVar[str] = "breakdown"
+
+
+@dataclass(frozen=True)
+class FindLeaks(Command):
+    word: ClassVar[str] = "leaks"
+
+
+@dataclass(frozen=True)
 class Quit(Command):
     word: ClassVar[str] = "quit"
 
@@ -275,7 +323,8 @@ class Quit(Command):
 COMMANDS: dict[str, type[Command]] = {
     c.word: c
     for c in (
-        Pause, Resume, StepOnce, ReloadNow, Rollback, Rebuild, RunStatements, RunCleanup, TakeSnapshot, RunProfile, Evaluate, Quit
+        Pause, Resume, StepOnce, ReloadNow, Rollback, Rebuild, RunStatements, RunCleanup, TakeSnapshot,
+        DumpMemorySnapshot, ShowBreakdown, FindLeaks, RunProfile, Evaluate, Quit
     )
 }
 

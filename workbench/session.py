@@ -45,8 +45,10 @@ class SessionConfig:
     capture_output: bool = True
     write_event_log: bool = False
     eval_every: int | None = None
+    record_memory: bool = False  # CUDA allocation history for memory snapshots (python stacks)
     max_history: int = DEFAULT_MAX_HISTORY  # code versions kept for rollback (each holds its old code)
-    memory_interval: float = 0.25
+    memory_interval: float = 0.1  # 10 Hz
+    memory_window: float = 300.0  # seconds of memory history the gauges draw
     memory_event_interval: float = 2.0
     debounce_ms: int = DEBOUNCE_MS
     step_ms: int = STEP_MS
@@ -104,7 +106,7 @@ class Session:
         self.project = project
         self.config = config
         self.bus = EventBus()
-        self.telemetry = Telemetry()
+        self.telemetry = Telemetry(memory_history=int(config.memory_window / max(config.memory_interval, 0.01)) + 1)
         self.probe: DeviceProbe = probe or TorchNvmlProbe()
         self.run_dir = project.root / ".vram-bench"
         self.bench = Bench(config.device, self.run_dir)
@@ -125,6 +127,7 @@ class Session:
             exit_on_setup_failure=config.exit_on_setup_failure,
             start_paused=config.start_paused,
             eval_every=config.eval_every,
+            record_memory=config.record_memory,
         )
         self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
         self.watcher = (
@@ -145,6 +148,7 @@ class Session:
             interval=config.memory_interval,
             event_interval=config.memory_event_interval,
             read_host=host_reader,
+            step_count=lambda: self.worker.step,
         )
         self.event_log = EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log else None
         self._started = False

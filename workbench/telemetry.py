@@ -24,8 +24,10 @@ class Series:
 
 
 class Telemetry:
-    def __init__(self, points: int = SERIES_POINTS) -> None:
+    def __init__(self, points: int = SERIES_POINTS, memory_history: int = 3000) -> None:
         self._points = points
+        self._memory_history: deque[MemorySample] = deque(maxlen=memory_history)
+        self.step_peaks: dict[int, int] = {}  # GPU index -> peak allocated during the last step
         self._series: dict[str, deque[tuple[int, float]]] = {}
         self._step_times: deque[float] = deque(maxlen=512)
         self._version_starts: deque[tuple[int, int]] = deque(maxlen=1000)
@@ -49,6 +51,15 @@ class Telemetry:
 
     def store_memory(self, sample: MemorySample) -> None:
         self.memory = sample
+        self._memory_history.append(sample)
+
+    def memory_history(self, seconds: float) -> tuple[MemorySample, ...]:
+        """Samples of the last `seconds` (oldest first) for the gauges' history lines."""
+        samples = tuple(self._memory_history)
+        if not samples:
+            return ()
+        cutoff = samples[-1].time - seconds
+        return tuple(s for s in samples if s.time >= cutoff)
 
     # Reader side (UI timers) -------------------------------------------------------------
     def series(self, max_points: int | None = None) -> list[Series]:

@@ -7,6 +7,7 @@ leave through the bus. Nothing here ever waits for a front end.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import gc
 import math
@@ -24,16 +25,22 @@ import torch
 
 import workbench
 from workbench.actions.cleanup import run_cleanup
+from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_recording
 from workbench.actions.profile import ProfileRun
 from workbench.actions.snapshot import write_snapshot
 from workbench.bench import Bench, to_scalar
 from workbench.eventbus import EventBus
 from workbench.events import (
+    BreakdownReady,
     Command,
+    DumpMemorySnapshot,
     Error,
     Evaluate,
     Evaluation,
     Exit,
+    FindLeaks,
+    LeaksFound,
+    MemorySnapshotTaken,
     Pause,
     Paused,
     Profile,
@@ -48,6 +55,7 @@ from workbench.events import (
     RunProfile,
     RunStatements,
     Setup,
+    ShowBreakdown,
     Step,
     StepOnce,
     TakeSnapshot,
@@ -56,7 +64,9 @@ from workbench.hotswap.compiled import reset_compiled_code
 from workbench.hotswap.patches import RunInNamespace, apply_all
 from workbench.hotswap.planner import ChangeSet, ReloadError
 from workbench.hotswap.reloader import Reloader
+from workbench.memory.breakdown import session_breakdown, session_breakdown_for_gpus
 from workbench.memory.device import DeviceProbe
+from workbench.memory.leaks import find_leaks
 from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
@@ -123,6 +133,7 @@ class TrainingWorker(threading.Thread):
         exit_on_setup_failure: bool,
         start_paused: bool,
         eval_every: int | None = None,
+        record_memory: bool = False,
     ) -> None:
         super().__init__(name="vram-bench-training", daemon=True)
         self.project = project
@@ -138,6 +149,8 @@ class TrainingWorker(threading.Thread):
         self.exit_on_setup_failure = exit_on_setup_failure
         self.start_paused = start_paused
         self.eval_every = eval_every
+        self.record_memory = record_memory
+        self._recording = False
 
         self.state = RunState.SETUP
         self.pause_reason: str | None = None
@@ -154,6 +167,8 @@ class TrainingWorker(threading.Thread):
         self._step_once = False
         self._profile: ProfileRun | None = None
         self._module_count = len(sys.modules)
+        device = bench.device
+        self._gpu_index = (device.index or 0) if device.type == "cuda" and probe.available() else None
         self._held: dict[Path, ChangeSet] = {}
         self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
 
@@ -170,6 +185,7 @@ class TrainingWorker(threading.Thread):
         if self.router is not None:
             self.router.capture_thread()
         try:
+            self._start_memory_recording()
             self._run_setup()
             while not self._quit:
                 idle = self.state is not RunState.RUNNING and not self._step_once
@@ -246,6 +262,9 @@ class TrainingWorker(threading.Thread):
     def _run_step(self) -> None:
         step_fn = self.project.function("step")
         self.bench.step = self.step
+        gpu = self._gpu_index
+        if gpu is not None:
+            self.probe.reset_peaks()  # so the peak read after the step is this step's
         started = time.perf_counter()
         try:
             if step_fn is None:
@@ -257,6 +276,10 @@ class TrainingWorker(threading.Thread):
             self._step_failed(exc)
             return
         ms = (time.perf_counter() - started) * 1000
+        if gpu is not None:
+            peak = self.probe.peak_allocated(gpu)
+            if peak is not None:
+                self.telemetry.step_peaks[gpu] = peak
         self._track_new_modules()
         self.step += 1
         self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
@@ -294,6 +317,8 @@ class TrainingWorker(threading.Thread):
         self.bus.publish(Error(where="step", message=message, file=file, line=line, traceback=self._format(exc)))
         traceback.clear_frames(exc.__traceback__)  # the frames pin the step's tensors
         if isinstance(exc, torch.OutOfMemoryError):
+            if self._recording:
+                self._publish_or_report("memory snapshot", lambda: self._dump_memory("oom"))
             self.probe.empty_cache()
         self._pause("error")
 
@@ -341,6 +366,23 @@ class TrainingWorker(threading.Thread):
                 )
         elif isinstance(command, RunProfile):
             self._start_profile(command.steps)
+        elif isinstance(command, ShowBreakdown):
+            if self.user_state is None:
+                self._command_error("no breakdown yet: setup() has not finished")
+            else:
+                self._publish_or_report("breakdown", self._breakdown)
+        elif isinstance(command, FindLeaks):
+            if self.user_state is None:
+                self._command_error("no leak census yet: setup() has not finished")
+            else:
+                self._publish_or_report("leaks", self._find_leaks)
+        elif isinstance(command, DumpMemorySnapshot):
+            try:
+                self.bus.publish(self._dump_memory("requested"))
+            except NeedsCuda as exc:
+                self._command_error(str(exc))
+            except Exception as exc:  # noqa: BLE001
+                self.bus.publish(Error(where="memory snapshot", message=f"memory snapshot failed: {exc}"))
         elif isinstance(command, Evaluate):
             if self.user_state is None:
                 self._command_error("nothing to evaluate yet: setup() has not finished")
@@ -368,6 +410,41 @@ class TrainingWorker(threading.Thread):
             return
         self.telemetry.record_step(self.step, scalars, 0.0, count=False)
         self.bus.publish(Evaluation(step=self.step, scalars=scalars, ms=(time.perf_counter() - started) * 1000))
+
+    def _breakdown(self) -> BreakdownReady:
+        gpus = self.probe.gpus() if self._gpu_index is not None else []
+        if gpus:
+            devices = session_breakdown_for_gpus(self.user_state, gpus, dict(self.telemetry.step_peaks))
+        else:
+            devices = session_breakdown(self.user_state)
+        return BreakdownReady(step=self.step, devices=tuple(d.to_dict() for d in devices))
+
+    def _find_leaks(self) -> LeaksFound:
+        namespaces = {m.__name__: m.__dict__ for m in self.project.modules().values()}
+        report = find_leaks(self.user_state, namespaces=namespaces)
+        return LeaksFound(
+            step=self.step,
+            total_bytes=report.total_bytes,
+            unowned_bytes=report.unowned_bytes,
+            seconds=report.seconds,
+            groups=tuple(dataclasses.asdict(g) for g in report.groups[:20]),
+            suspects=tuple(dataclasses.asdict(s) for s in report.suspects),
+        )
+
+    def _start_memory_recording(self) -> None:
+        if not self.record_memory:
+            return
+        if self._gpu_index is None:
+            self.bus.publish(Error(where="memory snapshot", message="--record-memory needs a CUDA device; not recording"))
+            return
+        try:
+            start_recording()
+            self._recording = True
+        except Exception as exc:  # noqa: BLE001
+            self.bus.publish(Error(where="memory snapshot", message=f"could not record CUDA memory history: {exc}"))
+
+    def _dump_memory(self, reason: str) -> MemorySnapshotTaken:
+        return dump_snapshot(self.bench.run_dir, self._gpu_index is not None, self._recording, reason)
 
     def _start_profile(self, steps: int) -> None:
         if self._profile is not None:

@@ -71,6 +71,9 @@ class DeviceProbe(Protocol):
     def reset_peaks(self) -> None:
         """Start peak tracking afresh."""
 
+    def peak_allocated(self, index: int) -> int | None:
+        """Peak bytes allocated by torch on a GPU since the last reset (cheap: called every step)."""
+
 
 def _import_pynvml() -> Any:
     import pynvml  # provided by nvidia-ml-py; imported lazily: it may be absent or shadowed
@@ -121,6 +124,9 @@ class TorchNvmlProbe:
         if self.available():
             for index in range(_safe(self._cuda.device_count, 0)):
                 _safe(lambda: self._cuda.reset_peak_memory_stats(index))
+
+    def peak_allocated(self, index: int) -> int | None:
+        return _safe(lambda: self._cuda.max_memory_allocated(index))
 
     # torch.cuda ------------------------------------------------------------------------
     def _gpu(self, index: int) -> GpuMemory:

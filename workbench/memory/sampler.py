@@ -1,4 +1,4 @@
-"""A thread that samples memory a few times a second, so nothing on the training path does."""
+"""A thread that samples memory (10 Hz by default), so nothing on the training path does."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ class MemorySample:
     host: HostMemory
     gpus: tuple[GpuMemory, ...] = field(default_factory=tuple)
     gpu_note: str | None = None
+    allocations_per_step: tuple[float | None, ...] = ()  # per GPU, over the last sampling window with steps
 
     def to_event(self) -> Memory:
         return Memory(
@@ -26,7 +27,10 @@ class MemorySample:
             rss_file_bytes=self.host.rss_file,
             system_total_bytes=self.host.system_total,
             system_available_bytes=self.host.system_available,
-            gpus=tuple(g.to_dict() for g in self.gpus),
+            gpus=tuple(
+                {**g.to_dict(), "allocations_per_step": rate}
+                for g, rate in zip(self.gpus, self.allocations_per_step or (None,) * len(self.gpus))
+            ),
             gpu_note=self.gpu_note,
         )
 
@@ -50,6 +54,7 @@ class MemorySampler(threading.Thread):
         interval: float = 0.25,
         event_interval: float = 2.0,
         read_host: HostReader = read_host_memory,
+        step_count: Callable[[], int] = lambda: 0,
     ) -> None:
         super().__init__(name="vram-bench-memory", daemon=True)
         self._probe = probe
@@ -58,18 +63,34 @@ class MemorySampler(threading.Thread):
         self._interval = interval
         self._event_interval = event_interval
         self._read_host = read_host
+        self._step_count = step_count
+        self._last_counts: tuple[int, tuple[int | None, ...]] | None = None
+        self._rates: tuple[float | None, ...] = ()
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         last_event = 0.0
         while not self._stop_event.is_set():
-            sample = take_sample(self._probe, self._read_host)
+            sample = self._with_rates(take_sample(self._probe, self._read_host))
             self._store(sample)
             now = time.monotonic()
             if self._event_interval > 0 and now - last_event >= self._event_interval:
                 self._publish(sample.to_event())
                 last_event = now
             self._stop_event.wait(self._interval)
+
+    def _with_rates(self, sample: MemorySample) -> MemorySample:
+        """Device allocations per training step, from the allocator's cumulative count."""
+        step, counts = self._step_count(), tuple(g.allocations for g in sample.gpus)
+        if self._last_counts is not None and step > self._last_counts[0] and len(counts) == len(self._last_counts[1]):
+            steps = step - self._last_counts[0]
+            self._rates = tuple(
+                (now - before) / steps if now is not None and before is not None else None
+                for now, before in zip(counts, self._last_counts[1])
+            )
+        if self._last_counts is None or step != self._last_counts[0]:
+            self._last_counts = (step, counts)
+        return MemorySample(sample.time, sample.host, sample.gpus, sample.gpu_note, self._rates)
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -12,9 +12,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
-from workbench.events import Evaluate, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
+from workbench.events import DumpMemorySnapshot, Evaluate, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
 from workbench.session import Session
+from workbench.tui.screens.breakdown import BreakdownScreen
 from workbench.tui.screens.help import HelpScreen
+from workbench.tui.screens.leaks import LeaksScreen
 from workbench.tui.widgets.loss_chart import LossChart
 from workbench.tui.widgets.memory_gauges import MemoryGauges
 from workbench.tui.widgets.reload_log import ReloadLog
@@ -37,6 +39,9 @@ class VramBenchApp(App[None]):
         Binding("x", "run_statements", "Run held statements", id="run_statements", show=False),
         Binding("e", "evaluate", "Eval", id="evaluate"),
         Binding("c", "cleanup", "Cleanup", id="cleanup"),
+        Binding("b", "breakdown", "Breakdown", id="breakdown"),
+        Binding("t", "leaks", "Leaks", id="leaks", show=False),
+        Binding("m", "memory_snapshot", "Memory snapshot", id="memory_snapshot", show=False),
         Binding("s", "snapshot", "Snapshot", id="snapshot"),
         Binding("p", "profile", "Profile", id="profile"),
         Binding("question_mark,f1", "help", "Help", id="help", key_display="?"),
@@ -52,6 +57,9 @@ class VramBenchApp(App[None]):
         ("x", "run the changed module statements a reload held back (e.g. MODEL = Net())"),
         ("e", "run evaluate(state, bench) now; its scalars join the chart"),
         ("c", "cleanup: gc.collect + torch.cuda.empty_cache, and what it freed"),
+        ("b", "memory breakdown: parameters, gradients, optimizer state, buffers, activations, cache; with advice"),
+        ("t", "leak finder: every live tensor by owner; the largest unowned ones and what keeps them alive"),
+        ("m", "CUDA memory snapshot for pytorch.org/memory_viz (to .vram-bench/memory/; --record-memory for stacks)"),
         ("s", "snapshot: checkpoint of every module and optimizer to .vram-bench/snapshots/"),
         ("p", f"profile the next {PROFILE_STEPS} steps with torch.profiler (trace to .vram-bench/traces/)"),
         ("? / F1", "this help"),
@@ -70,7 +78,7 @@ class VramBenchApp(App[None]):
                 chart_pane.border_title = "Loss"
                 yield SetupPanel(self.session, id="setup")
                 yield LossChart(self.session.telemetry, id="chart")
-            gauges = MemoryGauges(self.session.telemetry, id="memory")
+            gauges = MemoryGauges(self.session.telemetry, window=self.session.config.memory_window, id="memory")
             gauges.border_title = "Memory"
             yield gauges
         log = ReloadLog(self.session.bus, self.session.project.root, timestamps=self._timestamps, id="log")
@@ -107,6 +115,15 @@ class VramBenchApp(App[None]):
 
     def action_run_statements(self) -> None:
         self.session.send(RunStatements())
+
+    def action_breakdown(self) -> None:
+        self.push_screen(BreakdownScreen(self.session))
+
+    def action_leaks(self) -> None:
+        self.push_screen(LeaksScreen(self.session))
+
+    def action_memory_snapshot(self) -> None:
+        self.session.send(DumpMemorySnapshot())
 
     def action_evaluate(self) -> None:
         self.session.send(Evaluate())

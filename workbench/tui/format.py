@@ -4,20 +4,7 @@ from __future__ import annotations
 
 import math
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in _UNITS:
-        if n < 1024 or unit == _UNITS[-1]:
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.2f} TiB"
-
+from workbench.units import human_bytes  # noqa: F401 - re-exported for the widgets
 
 def short_number(x: float) -> str:
     """Compact but exact enough for a status line: 2.3456, 3.00e-04, 12345."""

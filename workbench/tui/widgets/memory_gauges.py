@@ -1,10 +1,14 @@
-"""Memory gauges: host process and system RAM always; per GPU when there is one.
+"""Memory gauges: host process and system RAM always; per GPU when there is one; history lines.
 
 A GPU bar is stacked: other processes and CUDA context (device used minus our
-reserved) | cached but free (reserved minus allocated) | live tensors (allocated).
+reserved) | cached but free (reserved minus allocated) | live tensors
+(allocated). Allocator retries and OOMs turn red when they move.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Sequence
 
 from rich.text import Text
 from textual.widgets import Static
@@ -13,14 +17,18 @@ from workbench.memory.device import GpuMemory
 from workbench.memory.sampler import MemorySample
 from workbench.telemetry import Telemetry
 from workbench.tui.format import bar, human_bytes
+from workbench.tui.widgets.loss_chart import sparkline
 
 BAR_WIDTH = 20
+HIGHLIGHT_SECONDS = 30.0  # how long a moved retry/OOM counter stays red
 
 
 class MemoryGauges(Static):
-    def __init__(self, telemetry: Telemetry, *, id: str | None = None) -> None:
+    def __init__(self, telemetry: Telemetry, *, window: float = 300.0, id: str | None = None) -> None:
         super().__init__(id=id)
         self._telemetry = telemetry
+        self._window = window
+        self._counters: dict[tuple[int, str], tuple[int, float]] = {}  # (gpu, name) -> (value, when it last moved)
 
     def on_mount(self) -> None:
         self.redraw()
@@ -28,10 +36,49 @@ class MemoryGauges(Static):
 
     def redraw(self) -> None:
         sample = self._telemetry.memory
-        self.update(render_memory(sample, self.size.width - 18) if sample else Text("sampling memory...", style="dim"))
+        if sample is None:
+            self.update(Text("sampling memory...", style="dim"))
+            return
+        width = max(self.size.width - 18, 6)
+        history = self._telemetry.memory_history(self._window)
+        self.update(
+            render_memory(
+                sample,
+                width,
+                history=history,
+                window=self._window,
+                step_peaks=self._telemetry.step_peaks,
+                moved=self._moved(sample),
+            )
+        )
+
+    def _moved(self, sample: MemorySample) -> set[tuple[int, str]]:
+        now = time.monotonic()
+        moved = set()
+        for gpu in sample.gpus:
+            for name in ("alloc_retries", "ooms"):
+                value = getattr(gpu, name)
+                if value is None:
+                    continue
+                previous = self._counters.get((gpu.index, name))
+                if previous is None:
+                    self._counters[(gpu.index, name)] = (value, 0.0)
+                elif value != previous[0]:
+                    self._counters[(gpu.index, name)] = (value, now)
+                if now - self._counters[(gpu.index, name)][1] < HIGHLIGHT_SECONDS:
+                    moved.add((gpu.index, name))
+        return moved
 
 
-def render_memory(sample: MemorySample, bar_width: int = BAR_WIDTH) -> Text:
+def render_memory(
+    sample: MemorySample,
+    bar_width: int = BAR_WIDTH,
+    *,
+    history: Sequence[MemorySample] = (),
+    window: float = 300.0,
+    step_peaks: dict[int, int] | None = None,
+    moved: set[tuple[int, str]] | None = None,
+) -> Text:
     bar_width = min(max(bar_width, 6), 40)
     host = sample.host
     text = Text(overflow="fold")
@@ -47,30 +94,63 @@ def render_memory(sample: MemorySample, bar_width: int = BAR_WIDTH) -> Text:
     text.append(f"     of {human_bytes(host.system_total)} in use\n", style="dim")
     if host.swap_used:
         text.append(f"     swap in use {human_bytes(host.swap_used)}\n", style="yellow")
+    if len(history) > 1:
+        _history_line(text, "RSS", [s.host.rss for s in history], bar_width, window)
     text.append("GPU\n", style="bold underline")
     if not sample.gpus:
         text.append(f" {sample.gpu_note or 'No GPU visible.'}\n", style="dim")
-    for gpu in sample.gpus:
-        _render_gpu(text, gpu, bar_width)
+    for i, gpu in enumerate(sample.gpus):
+        rate = sample.allocations_per_step[i] if i < len(sample.allocations_per_step) else None
+        _render_gpu(text, gpu, bar_width, (step_peaks or {}).get(gpu.index), rate, moved or set())
+        gpu_history = [s.gpus[i] for s in history if i < len(s.gpus)]
+        if len(gpu_history) > 1:
+            _history_line(text, "live", [g.allocated or 0 for g in gpu_history], bar_width, window)
+            _history_line(text, "rsvd", [g.reserved or 0 for g in gpu_history], bar_width, window)
     if sample.gpus and sample.gpu_note:
         text.append(f" {sample.gpu_note}\n", style="dim")
     text.rstrip()
     return text
 
 
-def _render_gpu(text: Text, gpu: GpuMemory, bar_width: int) -> None:
+def _history_line(text: Text, label: str, values: list[int], width: int, window: float) -> None:
+    """A sparkline over the history window, right-aligned: the newest sample is always at the right edge."""
+    line = sparkline(tuple(float(v) for v in _downsample(values, width + 4)), width + 4)
+    text.append(f" {label:<5}", style="bold")
+    text.append(line.rjust(width + 4), style="green")
+    text.append(f" {_ago(window)}\n", style="dim")
+
+
+def _downsample(values: list[int], points: int) -> list[int]:
+    if len(values) <= points:
+        return values
+    stride = len(values) / points
+    return [max(values[int(i * stride) : int((i + 1) * stride)] or [values[-1]]) for i in range(points)]
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def _render_gpu(text: Text, gpu: GpuMemory, bar_width: int, step_peak: int | None, rate: float | None, moved: set) -> None:
     text.append(f" cuda:{gpu.index} {gpu.name}\n", style="bold")
-    bar_width += 4
+    facts = [
+        f"util {gpu.utilization}%" if gpu.utilization is not None else None,
+        f"{gpu.temperature}°C" if gpu.temperature is not None else None,
+        f"{gpu.power_watts:.0f} W" if gpu.power_watts is not None else None,
+    ]
+    if any(facts):
+        text.append("   " + " · ".join(f for f in facts if f) + "\n", style="dim")
+    width = bar_width + 4
     allocated, reserved = gpu.allocated or 0, gpu.reserved or 0
     total = gpu.device_total or reserved or 1
     other = max((gpu.device_used or reserved) - reserved, 0)
     cached = max(reserved - allocated, 0)
-    cells = [round(other / total * bar_width), round(cached / total * bar_width), round(allocated / total * bar_width)]
+    cells = [round(other / total * width), round(cached / total * width), round(allocated / total * width)]
     text.append("   ")
     text.append("█" * cells[0], style="grey50")
     text.append("█" * cells[1], style="yellow")
     text.append("█" * cells[2], style="green")
-    text.append("░" * max(bar_width - sum(cells), 0))
+    text.append("░" * max(width - sum(cells), 0))
     used = gpu.device_used if gpu.device_used is not None else reserved
     text.append(f"\n   {human_bytes(used)} of {human_bytes(gpu.device_total)} used\n")
     text.append("   live   ", style="green")
@@ -79,4 +159,22 @@ def _render_gpu(text: Text, gpu: GpuMemory, bar_width: int) -> None:
     text.append(f"{human_bytes(cached)}\n")
     text.append("   other  ", style="grey50")
     text.append(f"{human_bytes(other) if gpu.device_used is not None else 'n/a (no NVML)'}\n")
-    text.append(f"   peak live {human_bytes(gpu.peak_allocated)}\n", style="dim")
+    if gpu.process_used is not None:
+        text.append(f"   this process (NVML) {human_bytes(gpu.process_used)}\n", style="dim")
+    peak = f"peak this step {human_bytes(step_peak)}" if step_peak is not None else f"peak live {human_bytes(gpu.peak_allocated)}"
+    text.append(f"   {peak}\n", style="dim")
+    if gpu.fragmentation is not None:
+        style = "yellow" if gpu.fragmentation > 0.2 else "dim"
+        text.append(f"   fragmentation {gpu.fragmentation:.0%} ({human_bytes(gpu.inactive_split)})\n", style=style)
+    counters = []
+    if rate is not None:
+        counters.append((f"allocs/step {rate:.0f}", "dim"))
+    for name, label in (("alloc_retries", "retries"), ("ooms", "OOMs")):
+        value = getattr(gpu, name)
+        if value is not None:
+            counters.append((f"{label} {value}", "bold red" if (gpu.index, name) in moved else "dim"))
+    if counters:
+        text.append("  ")
+        for label, style in counters:
+            text.append(f" {label}", style=style)
+        text.append("\n")

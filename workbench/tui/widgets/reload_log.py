@@ -19,6 +19,7 @@ from workbench.events import (
     Error,
     Evaluation,
     Event,
+    MemorySnapshotTaken,
     Exit,
     Paused,
     Print,
@@ -32,7 +33,7 @@ from workbench.events import (
 )
 from workbench.tui.format import human_bytes
 
-LOGGED = (Reload, Rebuilt, Evaluation, Error, Paused, Resumed, Setup, Snapshot, Cleanup, Profile, Print, Exit, Start)
+LOGGED = (Reload, Rebuilt, MemorySnapshotTaken, Evaluation, Error, Paused, Resumed, Setup, Snapshot, Cleanup, Profile, Print, Exit, Start)
 MAX_LINES = 2000
 
 
@@ -68,6 +69,9 @@ class ReloadLog(RichLog):
         if isinstance(event, Reload):
             for note in event.notes:
                 self.write(Text(f"         note: {note}", style="dim"))
+        if isinstance(event, MemorySnapshotTaken):
+            for line in event.summary:
+                self.write(Text(f"         {line}", style="dim"))
         if isinstance(event, Profile) and event.top_ops:
             for op in event.top_ops[:5]:
                 self.write(Text(f"         {op['self_cpu_ms']:>9.2f} ms  {op['calls']:>6}x  {op['name']}", style="dim"))
@@ -140,6 +144,9 @@ def _describe(line: Text, event: Event, root: Path) -> None:
         style = "yellow" if event.stream == "stderr" else ""
         line.append(f"[{event.stream}] ", style="dim")
         line.append(event.text, style=style)
+    elif isinstance(event, MemorySnapshotTaken):
+        line.append("MEMORY SNAPSHOT ", style="bold blue")
+        line.append(f"{_relative(event.path, root)} ({human_bytes(event.bytes)}, {event.reason})")
     elif isinstance(event, Evaluation):
         line.append("EVALUATE ", style="bold cyan")
         line.append(f"at step {event.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in event.scalars.items()))

@@ -1,0 +1,215 @@
+"""The leak finder on real tensors, real modules and the real garbage collector.
+
+Each test builds what a user would: a model and optimizer in the state, and a
+leak planted in a module written to a tmp dir and imported for real.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from workbench.memory.leaks import MODEL, OPTIMIZER, STATE, UNOWNED, LeakReport, Suspect, TensorGroup, find_leaks
+
+# Shapes no other test or library is likely to hold, so groups can be matched exactly.
+IN, HIDDEN, OUT = 37, 53, 3
+
+
+@pytest.fixture
+def make_module(tmp_path: Path) -> Iterator[Callable[[str, str], ModuleType]]:
+    """Write `name.py` into a tmp dir and import it; forget it (and what it holds) afterwards."""
+    made: list[str] = []
+
+    def make(name: str, source: str) -> ModuleType:
+        path = tmp_path / f"{name}.py"
+        path.write_text(textwrap.dedent(source))
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        made.append(name)
+        spec.loader.exec_module(module)
+        return module
+
+    yield make
+    for name in made:
+        module = sys.modules.pop(name, None)
+        if module is not None:
+            module.__dict__.clear()
+
+
+def make_state() -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT))
+    return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=1e-3)}
+
+
+def train(state: dict, steps: int, keep: Callable[[torch.Tensor], None] | None = None) -> None:
+    """Real steps; `keep` receives a second loss per step, with its graph (the planted bug)."""
+    model, opt = state["model"], state["opt"]
+    for _ in range(steps):
+        x = torch.randn(256, IN)
+        loss = (model(x) - x[:, :OUT]).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if keep is not None:
+            keep((model(torch.randn(256, IN)) ** 2).mean())
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def owned_bytes(report: LeakReport, owner: str) -> int:
+    return sum(g.bytes for g in report.groups if g.owner == owner)
+
+
+def group(report: LeakReport, shape: tuple[int, ...], owner: str, dtype: str = "float32") -> TensorGroup:
+    found = [g for g in report.groups if g.shape == shape and g.owner == owner and g.dtype == dtype and g.device == "cpu"]
+    assert len(found) == 1, f"no single {owner} group {dtype}{list(shape)} in {report.groups}"
+    return found[0]
+
+
+def suspect_for(report: LeakReport, shape: tuple[int, ...]) -> Suspect:
+    found = [s for s in report.suspects if s.description.startswith(f"float64 {list(shape)} ")]
+    assert len(found) == 1, f"no suspect float64 {list(shape)} in {report.suspects}"
+    return found[0]
+
+
+def test_model_and_optimizer_are_owned_with_exact_bytes() -> None:
+    state = make_state()
+    train(state, steps=3)
+    params = list(state["model"].parameters())
+    param_bytes = nbytes(params)
+    step_bytes = len(params) * torch.tensor(0.0).element_size()  # AdamW keeps one float32 step per parameter
+
+    report = find_leaks(state)
+
+    assert owned_bytes(report, MODEL) == 2 * param_bytes  # parameters and their grads
+    assert owned_bytes(report, OPTIMIZER) == 2 * param_bytes + step_bytes  # exp_avg, exp_avg_sq, step
+    weight = group(report, (HIDDEN, IN), MODEL)
+    assert (weight.count, weight.bytes) == (2, 2 * HIDDEN * IN * 4)
+    moments = group(report, (HIDDEN, IN), OPTIMIZER)
+    assert (moments.count, moments.bytes) == (2, 2 * HIDDEN * IN * 4)
+    steps = group(report, (), OPTIMIZER)
+    assert (steps.count, steps.bytes) == (len(params), step_bytes)
+    assert report.total_bytes == sum(g.bytes for g in report.groups)
+    assert report.unowned_bytes == owned_bytes(report, UNOWNED)
+    assert [g.bytes for g in report.groups] == sorted((g.bytes for g in report.groups), reverse=True)
+    assert 0 < report.seconds < 5
+
+
+def test_a_loss_list_holding_graphs_is_the_top_suspect(make_module) -> None:
+    leaky = make_module("leaky", "LOSSES = []\n")
+    state = make_state()
+    train(state, steps=50, keep=leaky.LOSSES.append)
+
+    report = find_leaks(state)
+
+    top = report.suspects[0]
+    assert top.count >= 50
+    assert "requires_grad" in top.description and "grad_fn=MeanBackward0" in top.description
+    assert top.referrers == ("list (50 items)", "module global leaky.LOSSES")
+    # The graphs' saved activations (256 x HIDDEN per step) count with the losses, not as suspects of their own.
+    assert top.bytes >= 50 * 256 * HIDDEN * 4
+    assert not any(f"[256, {HIDDEN}]" in s.description for s in report.suspects)
+
+
+def test_an_attribute_of_an_object_in_a_global_is_named(make_module) -> None:
+    holder = make_module(
+        "holder",
+        """\
+        class Helper:
+            def __init__(self):
+                self.store = None
+                self.cache = {}
+
+
+        HELPER = Helper()
+        """,
+    )
+    holder.HELPER.store = torch.zeros(301, 211, dtype=torch.float64)
+    holder.HELPER.cache["cache"] = torch.zeros(307, 199, dtype=torch.float64)
+
+    report = find_leaks(make_state(), max_suspects=50)
+
+    assert suspect_for(report, (301, 211)).referrers == ("attribute Helper.store", "module global holder.HELPER")
+    assert suspect_for(report, (307, 199)).referrers == ("dict key 'cache'", "attribute Helper.cache", "module global holder.HELPER")
+    assert suspect_for(report, (301, 211)).bytes == 301 * 211 * 8
+
+
+def test_a_closure_and_a_caller_local_are_named(make_module) -> None:
+    closure = make_module(
+        "closure",
+        """\
+        import torch
+
+
+        def make():
+            buffer = torch.zeros(313, 5, dtype=torch.float64)
+
+            def read():
+                return buffer
+
+            return read
+
+
+        READ = make()
+        """,
+    )
+    held_here = torch.zeros(317, 3, dtype=torch.float64)
+
+    report = find_leaks(make_state(), max_suspects=50)
+
+    assert suspect_for(report, (313, 5)).referrers == (
+        "closure variable 'buffer' of closure.make.<locals>.read",
+        "module global closure.READ",
+    )
+    (local,) = suspect_for(report, (317, 3)).referrers
+    assert local.startswith("local 'held_here' in test_a_closure_and_a_caller_local_are_named at ")
+    assert closure.READ() is not None and held_here is not None
+
+
+def test_views_count_once_and_state_tensors_are_not_suspects(make_module) -> None:
+    views = make_module("views", "SLICE = None\nLEAK = None\nLEAK_FLAT = None\n")
+    state = make_state()
+    cache = torch.zeros(311, 17, dtype=torch.float64)
+    state["cache"] = cache
+    state["views"] = [cache.view(-1), cache[:5]]
+    views.SLICE = cache[3:7]  # a view of a state tensor belongs to the state, wherever it is held
+    leak = torch.zeros(101, 13, dtype=torch.float64)
+    views.LEAK, views.LEAK_FLAT = leak, leak.view(-1)
+    del cache, leak
+
+    report = find_leaks(state, max_suspects=50)
+
+    state_groups = [group(report, shape, STATE, "float64") for shape in [(311, 17), (311 * 17,), (5, 17), (4, 17)]]
+    assert sum(g.bytes for g in state_groups) == 311 * 17 * 8
+    leak_groups = [group(report, shape, UNOWNED, "float64") for shape in [(101, 13), (101 * 13,)]]
+    assert sum(g.bytes for g in leak_groups) == 101 * 13 * 8
+    assert not any(s.description.startswith(("float64 [311, 17]", "float64 [4, 17]")) for s in report.suspects)
+    assert report.total_bytes == sum(g.bytes for g in report.groups)
+
+
+def test_the_census_never_shows_up_as_a_referrer(make_module) -> None:
+    leaky = make_module("leaky", "LOSSES = []\n")
+    state = make_state()
+    train(state, steps=50, keep=leaky.LOSSES.append)
+    census_size = sum(g.count for g in find_leaks(state).groups)
+
+    report = find_leaks(state, max_suspects=50)
+
+    chains = [label for s in report.suspects for label in s.referrers]
+    assert chains
+    assert not [label for label in chains if re.search(r"_Link|_Census|_Pending|_Bucket|leaks\.py|find_leaks", label)]
+    sizes = [int(n) for label in chains for n in re.findall(r"^(?:list|tuple|dict) \((\d+) items?\)", label)]
+    assert not [n for n in sizes if abs(n - census_size) <= 5 or n > 10_000], sizes
