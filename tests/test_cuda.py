@@ -37,3 +37,38 @@ def test_cleanup_returns_cached_blocks_to_the_driver():
     event = run_cleanup(probe)
     assert event.freed_bytes >= 256 * 2**20
     assert event.after["cuda:0.reserved"] < event.before["cuda:0.reserved"]
+
+
+def test_memory_snapshot_writes_a_protocol_4_pickle_with_a_summary(tmp_path):
+    import pickle
+
+    from workbench.actions.memory_snapshot import dump_snapshot, start_recording
+
+    start_recording(max_entries=10_000)
+    try:
+        keep = torch.empty(32 * 2**20, dtype=torch.uint8, device="cuda:0")
+        event = dump_snapshot(tmp_path, cuda_available=True, recording=True)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    data = open(event.path, "rb").read()
+    assert data[:2] == b"\x80\x04", "memory_viz reads pickle protocol 4"
+    snapshot = pickle.loads(data)
+    assert snapshot["segments"] and event.bytes == len(data)
+    assert any("allocation" in line for line in event.summary)
+    del keep
+
+
+def test_breakdown_activations_come_from_the_step_peak_on_cuda():
+    from workbench.memory.breakdown import session_breakdown_for_gpus
+
+    model = torch.nn.Linear(1024, 1024).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    torch.cuda.reset_peak_memory_stats()
+    loss = model(torch.randn(4096, 1024, device="cuda")).pow(2).mean()
+    loss.backward()
+    opt.step()
+    peak = torch.cuda.max_memory_allocated()
+    breakdowns = session_breakdown_for_gpus({"model": model, "opt": opt}, TorchNvmlProbe().gpus(), {0: peak})
+    cuda = next(b for b in breakdowns if b.device.startswith("cuda"))
+    activations = next(p for p in cuda.parts if p.name == "activations")
+    assert activations.bytes is not None and activations.bytes > 0

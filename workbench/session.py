@@ -47,6 +47,7 @@ class SessionConfig:
     eval_every: int | None = None
     record_memory: bool = False  # CUDA allocation history for memory snapshots (python stacks)
     max_history: int = DEFAULT_MAX_HISTORY  # code versions kept for rollback (each holds its old code)
+    sample_memory: bool = True
     memory_interval: float = 0.1  # 10 Hz
     memory_window: float = 300.0  # seconds of memory history the gauges draw
     memory_event_interval: float = 2.0
@@ -175,7 +176,8 @@ class Session:
         )
         if self.event_log is not None:
             self.event_log.start()
-        self.sampler.start()
+        if self.config.sample_memory:
+            self.sampler.start()
         self.reload_service.start()
         if self.watcher is not None:
             self.watcher.start()
@@ -205,7 +207,8 @@ class Session:
             if self.watcher is not None:
                 self.watcher.join(2.0)
             self.reload_service.join(2.0)
-            self.sampler.join(2.0)
+            if self.sampler.is_alive():
+                self.sampler.join(2.0)
             if self.event_log is not None:
                 self.event_log.stop()
                 self.event_log.join(2.0)

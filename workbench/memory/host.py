@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -20,21 +21,29 @@ class HostMemory:
 
 
 _process = psutil.Process()
+_SYSTEM_EVERY = 1.0  # seconds: the machine-wide figures move slowly and cost more to read than ours
+_system: tuple[float, int, int, int] | None = None  # (when, total, available, swap used)
 
 
 def read_host_memory() -> HostMemory:
+    """This process's memory every call (about 15 us); system RAM and swap at most once a second."""
+    global _system
     info = _process.memory_info()
     shared = getattr(info, "shared", 0)  # Linux: resident file-backed + shmem pages
-    vm = psutil.virtual_memory()
-    try:
-        swap_used = psutil.swap_memory().used
-    except (RuntimeError, OSError):
-        swap_used = 0
+    now = time.monotonic()
+    if _system is None or now - _system[0] >= _SYSTEM_EVERY:
+        vm = psutil.virtual_memory()
+        try:
+            swap_used = psutil.swap_memory().used
+        except (RuntimeError, OSError):
+            swap_used = 0
+        _system = (now, vm.total, vm.available, swap_used)
+    _, total, available, swap = _system
     return HostMemory(
         rss=info.rss,
         rss_anon=max(info.rss - shared, 0),
         rss_file=shared,
-        system_total=vm.total,
-        system_available=vm.available,
-        swap_used=swap_used,
+        system_total=total,
+        system_available=available,
+        swap_used=swap,
     )

@@ -14,12 +14,17 @@ groups names the chain of referrers that keeps one of them alive, e.g.
 `("list (142 items)", "module global train.LOSSES")`.
 
 Bytes are counted once per storage, so views do not double count, and ownership
-is by storage, so a view of a parameter belongs to the model. Tensors that only
-C++ holds (the tensors an autograd graph saved for backward) have no Python
-object and so are not in the census; for unowned tensors that carry a graph we
-walk it and add the unique, unowned saved tensors to the suspect's bytes.
+is by storage, so a view of a parameter belongs to the model.
 
-It runs on the training thread between steps, on demand: one `gc.collect()`,
+A loss kept with its graph keeps the graph's saved tensors alive from C++. Those
+that once had a Python object still have it (PyTorch preserves it), with no
+Python referrer; those that never had one are invisible to gc. Either way the
+user must let go of the graph's root, so we walk the autograd graphs of unowned
+tensors, add the unique unowned storages each graph saved to its root's bytes,
+and do not report the saved tensors as suspects of their own.
+
+It runs on the training thread between steps, on demand: one `gc.collect()` (so
+garbage awaiting collection is not mistaken for a leak),
 one pass over `gc.get_objects()`, and one `gc.get_referrers` scan per level of
 referrer chain for all suspects together. The census's own lists are never
 reported: they are dropped before the referrer walk, the walk's bookkeeping is
@@ -51,9 +56,9 @@ UNOWNED = "unowned"
 _STATE_MAX_DEPTH = 6
 _STATE_MAX_NODES = 100_000  # objects visited while walking the user's state
 _GRAPH_MAX_NODES = 20_000  # autograd nodes visited while estimating graph bytes, all suspects together
-_CHAIN_MAX_LEVELS = 6
+_CHAIN_MAX_LEVELS = 8
 _CHAIN_MAX_FRONTIER = 64  # referrers followed per level, all suspects together
-_NO_REFERRERS = "no Python referrers: held from C++ (an autograd graph, a hook or an extension)"
+_NO_REFERRERS = "no referrer that gc can see: a running function's local variable, or C++ (an autograd graph, a hook)"
 
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__.removesuffix("c")))
 
@@ -91,6 +96,8 @@ class Suspect:
 
 @dataclass(frozen=True)
 class LeakReport:
+    """What `find_leaks` found; sizes are of tensors that have a Python object."""
+
     groups: tuple[TensorGroup, ...]  # largest first
     suspects: tuple[Suspect, ...]  # largest first
     total_bytes: int  # every storage of a live Python tensor, once
@@ -106,13 +113,15 @@ def find_leaks(state: Any, *, max_suspects: int = 5, namespaces: dict[str, dict]
     """
     start = time.perf_counter()
     gc.collect()
-    owners = _owned_storages(state)
+    owners, state_graphs = _owned_storages(state)
     census = _Census(owners)
     census.add_all(_live_tensors())
+    census.add_all(state_graphs.unpacked())
+    del state_graphs
+    census.add_graphs()
     groups, total, unowned = census.groups()
     pending = census.top_suspects(max_suspects)
     del census  # it holds every tensor; nothing of it may be alive for the referrer walk
-    _materialize_frames()
     chains = _referrer_chains([p.root for p in pending], _global_names(namespaces))
     suspects = tuple(
         Suspect(description=p.description, bytes=p.bytes, referrers=chain, count=p.count) for p, chain in zip(pending, chains)
@@ -158,8 +167,9 @@ def _sparse_parts(t: torch.Tensor, layout: torch.layout) -> list[torch.Tensor]:
 # --------------------------------------------------------------------------- ownership
 
 
-def _owned_storages(state: Any) -> dict[StorageKey, str]:
-    """Storage key -> owner for everything the user's state reaches; model beats optimizer beats state."""
+def _owned_storages(state: Any) -> tuple[dict[StorageKey, str], _Graphs]:
+    """Storage key -> owner for everything the user's state reaches; model beats optimizer beats state.
+    Also the graphs of the state's tensors, whose saved tensors the census must count."""
     owners: dict[StorageKey, str] = {}
     modules, optimizers = find_modules_and_optimizers(state)
     for module in modules.values():
@@ -168,8 +178,7 @@ def _owned_storages(state: Any) -> dict[StorageKey, str]:
         _own_optimizer(optimizer, owners)
     walk = _StateWalk(owners)
     walk.visit(state, 0)
-    walk.own_graphs()
-    return owners
+    return owners, walk.own_graphs()
 
 
 def _own(t: torch.Tensor, owner: str, owners: dict[StorageKey, str]) -> None:
@@ -245,12 +254,13 @@ class _StateWalk:
         for child in self._children(obj):
             self.visit(child, depth + 1)
 
-    def own_graphs(self) -> None:
+    def own_graphs(self) -> _Graphs:
         """What the graphs of the state's tensors saved for backward is the state's too (a kept loss)."""
         graphs = _Graphs({})
         graphs.explore(self.grad_fns)
         for key in graphs.saved_below(graphs.starts):
             self.owners.setdefault(key, STATE)
+        return graphs
 
     def _children(self, obj: Any) -> Iterable[Any]:
         if isinstance(obj, torch.nn.Module):
@@ -297,7 +307,8 @@ def _live_tensors() -> list[torch.Tensor]:
     """Every live torch.Tensor Python object. Compares types against a set: `isinstance` would call `__class__`
     on every object, which wakes lazy and deprecated module attributes."""
     tensor_types = _subclasses(torch.Tensor)
-    return [obj for obj in gc.get_objects() if type(obj) in tensor_types]
+    objects = gc.get_objects()
+    return list(itertools.compress(objects, map(tensor_types.__contains__, map(type, objects))))
 
 
 def _subclasses(cls: type) -> frozenset[type]:
@@ -311,12 +322,39 @@ def _subclasses(cls: type) -> frozenset[type]:
     return frozenset(found)
 
 
-@dataclass
-class _Bucket:
-    """Unowned tensors alike enough to be one suspect."""
+@dataclass(frozen=True)
+class _Facts:
+    device: str
+    dtype: str
+    shape: tuple[int, ...]
+    view_bytes: int
+    is_base: bool  # not a view: on a tie, a storage's bytes go to its base tensor's group
+    requires_grad: bool
+    grad_fn: str
 
-    tensors: list[torch.Tensor]
-    storages: dict[StorageKey, int]
+
+def _facts(t: torch.Tensor) -> _Facts | None:
+    """None where a tensor subclass or layout will not say (a nested tensor has no shape)."""
+    try:
+        grad_fn = t.grad_fn
+        return _Facts(
+            device=str(t.device),
+            dtype=str(t.dtype).removeprefix("torch."),
+            shape=tuple(int(n) for n in t.shape),
+            view_bytes=t.numel() * t.element_size(),
+            is_base=not t._is_view(),
+            requires_grad=bool(t.requires_grad),
+            grad_fn=type(grad_fn).__name__ if grad_fn is not None else "",
+        )
+    except Exception:  # noqa: BLE001 - leave out what we cannot describe rather than fail the census
+        return None
+
+
+@dataclass
+class _Unowned:
+    tensor: torch.Tensor
+    storages: list[tuple[StorageKey, int]]
+    bucket: BucketKey  # unowned tensors alike in device, dtype, shape and autograd node make one suspect
 
 
 @dataclass
@@ -330,35 +368,43 @@ class _Pending:
 
 
 class _Census:
+    """Live tensors by group, each storage counted once; unowned ones kept for the suspects."""
+
     def __init__(self, owners: dict[StorageKey, str]) -> None:
         self.owners = owners
+        self.seen: dict[int, torch.Tensor] = {}  # keeps what we count alive, so ids stay unique
         self.counts: dict[GroupKey, int] = collections.Counter()
-        self.storage_home: dict[StorageKey, tuple[int, GroupKey, int]] = {}  # key -> (view bytes, group, nbytes)
-        self.buckets: dict[BucketKey, _Bucket] = {}
+        self.storage_home: dict[StorageKey, tuple[tuple[int, bool], GroupKey, int]] = {}  # key -> (rank, group, nbytes)
+        self.unowned: list[_Unowned] = []
+        self.graphs = _Graphs(owners)
 
-    def add_all(self, tensors: list[torch.Tensor]) -> None:
+    def add_all(self, tensors: Iterable[torch.Tensor]) -> None:
         for t in tensors:
-            self.add(t)
+            if id(t) not in self.seen:
+                self.seen[id(t)] = t
+                self._add(t)
 
-    def add(self, t: torch.Tensor) -> None:
-        storages = _storages(t)
-        if not storages:
+    def _add(self, t: torch.Tensor) -> None:
+        facts, storages = _facts(t), _storages(t)
+        if facts is None or not storages:
             return
-        device, dtype, shape = str(t.device), str(t.dtype).removeprefix("torch."), tuple(t.shape)
         owner = self.owners.get(storages[0][0], UNOWNED)
-        group = (device, dtype, shape, owner)
+        group = (facts.device, facts.dtype, facts.shape, owner)
         self.counts[group] += 1
-        view_bytes = t.numel() * t.element_size()
+        rank = (facts.view_bytes, facts.is_base)
         for key, nbytes in storages:
             home = self.storage_home.get(key)
-            if home is None or view_bytes > home[0]:
-                self.storage_home[key] = (view_bytes, group, nbytes)
+            if home is None or rank > home[0]:
+                self.storage_home[key] = (rank, group, nbytes)
         if owner == UNOWNED:
-            grad_fn = t.grad_fn
-            bucket_key = (device, dtype, shape, t.requires_grad, type(grad_fn).__name__ if grad_fn is not None else "")
-            bucket = self.buckets.setdefault(bucket_key, _Bucket([], {}))
-            bucket.tensors.append(t)
-            bucket.storages.update(storages)
+            bucket = (facts.device, facts.dtype, facts.shape, facts.requires_grad, facts.grad_fn)
+            self.unowned.append(_Unowned(t, storages, bucket))
+
+    def add_graphs(self) -> None:
+        """Walk the graphs of unowned tensors, and count what they saved for backward. Unpacking a saved
+        tensor gives it a Python object that PyTorch then keeps: counting them now keeps later reports equal."""
+        self.graphs.explore(u.tensor.grad_fn for u in self.unowned)
+        self.add_all(self.graphs.unpacked())
 
     def groups(self) -> tuple[tuple[TensorGroup, ...], int, int]:
         group_bytes: dict[GroupKey, int] = collections.Counter()
@@ -372,32 +418,30 @@ class _Census:
         return tuple(groups), total, sum(g.bytes for g in groups if g.owner == UNOWNED)
 
     def top_suspects(self, limit: int) -> list[_Pending]:
-        """Largest buckets first, counting each graph root's saved tensors with it; tensors that only
-        sit inside those graphs (a ReLU output saved for backward) are left to their root."""
-        graphs = _Graphs(self.owners)
-        graphs.explore(t.grad_fn for bucket in self.buckets.values() for t in bucket.tensors)
-        held_by_graphs = graphs.saved_below(node for node in graphs.starts if id(node) not in graphs.interior)
+        """Largest buckets first. A graph root (the loss in a list) counts what its graph saved; a tensor
+        that only sits inside such a graph (a ReLU output saved for backward) is left to its root."""
+        graphs = self.graphs
+        buckets: dict[BucketKey, list[_Unowned]] = {}
+        inner: list[_Unowned] = []
+        for u in self.unowned:
+            grad_fn = u.tensor.grad_fn
+            is_root = grad_fn is not None and id(grad_fn) not in graphs.interior
+            (buckets.setdefault(u.bucket, []) if is_root else inner).append(u)
+        saved = {key: graphs.saved_below(u.tensor.grad_fn for u in members) for key, members in buckets.items()}
+        held = {k for found in saved.values() for k in found}
+        for u in inner:
+            if not all(key in held for key, _ in u.storages):
+                buckets.setdefault(u.bucket, []).append(u)
         ranked = []
-        for key, bucket in self.buckets.items():
-            if _inside_graphs(bucket, graphs, held_by_graphs):
-                continue
-            saved = graphs.saved_below(t.grad_fn for t in bucket.tensors)
-            graph_bytes = sum(nbytes for k, nbytes in saved.items() if k not in bucket.storages)
-            ranked.append((sum(bucket.storages.values()) + graph_bytes, graph_bytes, key, bucket))
-        ranked.sort(key=lambda r: (-r[0], -len(r[3].tensors)))
+        for key, members in buckets.items():
+            storages = {k: n for u in members for k, n in u.storages}
+            graph_bytes = sum(n for k, n in saved.get(key, {}).items() if k not in storages)
+            ranked.append((sum(storages.values()) + graph_bytes, graph_bytes, key, members))
+        ranked.sort(key=lambda r: (-r[0], -len(r[3])))
         return [
-            _Pending(_describe(key, graph_bytes, graphs.truncated), total, len(bucket.tensors), _Link(bucket.tensors[0], None))
-            for total, graph_bytes, key, bucket in ranked[: max(limit, 0)]
+            _Pending(_describe(key, graph_bytes, graphs.truncated), total, len(members), _Link(members[0].tensor, None))
+            for total, graph_bytes, key, members in ranked[: max(limit, 0)]
         ]
-
-
-def _inside_graphs(bucket: _Bucket, graphs: _Graphs, held: dict[StorageKey, int]) -> bool:
-    """Every tensor is saved by an unowned graph and is no graph's root (PyTorch keeps the Python object of a
-    saved tensor alive after its last Python reference goes, so these show up in the census)."""
-    return all(
-        (t.grad_fn is None or id(t.grad_fn) in graphs.interior) and all(key in held for key, _ in _storages(t))
-        for t in bucket.tensors
-    )
 
 
 def _describe(key: BucketKey, graph_bytes: int, truncated: bool) -> str:
@@ -413,14 +457,21 @@ def _describe(key: BucketKey, graph_bytes: int, truncated: bool) -> str:
 
 
 def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024 or unit == "GiB":
+            break
+    return f"{size:.1f} {unit}"
 
 
 # --------------------------------------------------------------------------- autograd graphs
+
+
+_NEVER_TENSORS = (int, float, bool, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_NEVER_TENSORS += (torch.SymInt, torch.SymFloat)
 
 
 class _Graphs:
@@ -428,8 +479,8 @@ class _Graphs:
 
     C++ holds saved tensors, so no Python referrer leads to them: the graph's root
     (a loss in a list) is what the user must let go of. Owned storages (a saved
-    weight) are left out. Bounded: past `_GRAPH_MAX_NODES` nodes the figures are
-    lower bounds and `truncated` is set.
+    weight) are left out of `saved`. Bounded: past `_GRAPH_MAX_NODES` nodes the
+    figures are lower bounds and `truncated` is set.
     """
 
     def __init__(self, owners: dict[StorageKey, str]) -> None:
@@ -440,7 +491,8 @@ class _Graphs:
         self.starts: list[Any] = []
         self.interior: set[int] = set()  # nodes some other node leads to
         self.truncated = False
-        self._saved_names: dict[type, tuple[str, ...]] = {}
+        self._unpacked: dict[int, torch.Tensor] = {}
+        self._names: dict[type, list[str]] = {}  # per node type, the attributes that may hold tensors
         self._keep: list[Any] = []  # every wrapper seen, so no id is reused while we compare ids
 
     def explore(self, starts: Iterable[Any]) -> None:
@@ -454,15 +506,22 @@ class _Graphs:
                 self.truncated = True
                 return
             self.nodes[id(node)] = node
-            self.saved[id(node)] = [(k, n) for k, n in self._saved_storages(node) if k not in self.owners]
+            saved = []
+            for t in self._saved_tensors(node):
+                self._unpacked.setdefault(id(t), t)
+                saved.extend((k, n) for k, n in _storages(t) if k not in self.owners)
+            self.saved[id(node)] = saved
             kids = [kid for kid, _ in getattr(node, "next_functions", ()) if kid is not None]
             self.children[id(node)] = [id(kid) for kid in kids]
             self.interior.update(id(kid) for kid in kids)
             self._keep.extend(kids)
             stack.extend(kids)
 
+    def unpacked(self) -> list[torch.Tensor]:
+        return list(self._unpacked.values())
+
     def saved_below(self, starts: Iterable[Any]) -> dict[StorageKey, int]:
-        """Unique storages saved by the explored nodes reachable from these."""
+        """Unique unowned storages saved by the explored nodes reachable from these."""
         found: dict[StorageKey, int] = {}
         seen: set[int] = set()
         stack = [id(node) for node in starts if node is not None]
@@ -475,18 +534,31 @@ class _Graphs:
             stack.extend(self.children[node_id])
         return found
 
-    def _saved_storages(self, node: Any) -> Iterator[tuple[StorageKey, int]]:
-        names = self._saved_names.get(type(node))
+    def _saved_tensors(self, node: Any) -> list[torch.Tensor]:
+        names = self._names.get(type(node))
+        learning = names is None
         if names is None:
-            names = tuple(n for n in dir(type(node)) if n.startswith("_saved_") or n == "saved_tensors")
-            self._saved_names[type(node)] = names
+            names = [n for n in dir(type(node)) if n.startswith("_saved_") or n == "saved_tensors"]
+        tensors: list[torch.Tensor] = []
+        useful: list[str] = []
         for name in names:
             try:
                 value = getattr(node, name)
             except Exception:  # noqa: BLE001 - freed by backward, or a custom Function without saved tensors
+                useful.append(name)
                 continue
-            for t in _tensors_in(value, depth=1):
-                yield from _storages(t)
+            if not _never_tensor(value):
+                useful.append(name)
+                tensors.extend(_tensors_in(value, depth=1))
+        if learning:  # sizes, strides and scalars: skip them on the next node of this type
+            self._names[type(node)] = useful
+        return tensors
+
+
+def _never_tensor(value: Any) -> bool:
+    if isinstance(value, _NEVER_TENSORS):
+        return True
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(isinstance(v, _NEVER_TENSORS) for v in value)
 
 
 # --------------------------------------------------------------------------- referrer chains
@@ -506,7 +578,7 @@ class _Link:
 
 def _referrer_chains(roots: list[_Link], names: dict[int, str]) -> list[tuple[str, ...]]:
     """Breadth-first up the referrers of every root together, one `gc.get_referrers` scan per level,
-    until each reaches a module global or a frame."""
+    until each reaches a module global."""
     for i, root in enumerate(roots):
         root.root = i
     done: dict[int, _Link] = {}
@@ -544,17 +616,9 @@ def _next_level(
             deepest[link.root] = new
             (terminals if _is_terminal(referrer, names) else found).append(new)
     del referrers
-    for link in sorted(terminals, key=lambda l: not isinstance(l.obj, dict)):  # a module global beats a frame
+    for link in terminals:
         done.setdefault(link.root, link)
     return [link for link in found if link.root not in done][:_CHAIN_MAX_FRONTIER]
-
-
-def _materialize_frames() -> None:
-    """Since Python 3.11 a running function's locals are invisible to gc until its frame object exists;
-    asking for the frames creates them (they live as long as the calls), so the walk can name a caller's local."""
-    for frame in sys._current_frames().values():
-        while frame is not None:
-            frame = frame.f_back
 
 
 def _is_own_bookkeeping(obj: Any) -> bool:
@@ -566,7 +630,7 @@ def _is_own_bookkeeping(obj: Any) -> bool:
 
 
 def _is_terminal(obj: Any, names: dict[int, str]) -> bool:
-    return isinstance(obj, types.FrameType) or (type(obj) is dict and id(obj) in names)
+    return type(obj) is dict and id(obj) in names
 
 
 def _global_names(namespaces: dict[str, dict] | None) -> dict[int, str]:
@@ -590,8 +654,16 @@ def _render(top: _Link, names: dict[int, str]) -> tuple[str, ...]:
         path.append(link.obj)
         link = link.child
     path.reverse()  # path[0] is the tensor, each next one holds the previous
-    labels = [_label(path, i, names) for i in range(1, len(path))]
+    labels = [_safe_label(path, i, names) for i in range(1, len(path))]
     return tuple(label for label in labels if label)
+
+
+def _safe_label(path: list[Any], i: int, names: dict[int, str]) -> str | None:
+    """User objects can misbehave when asked (a dict changed by another thread, a broken __len__)."""
+    try:
+        return _label(path, i, names)
+    except Exception:  # noqa: BLE001
+        return f"{type(path[i]).__qualname__} object"
 
 
 def _label(path: list[Any], i: int, names: dict[int, str]) -> str | None:
@@ -602,7 +674,7 @@ def _label(path: list[Any], i: int, names: dict[int, str]) -> str | None:
         key = _key_of(holder, child)
         if id(holder) in names:
             return f"module global {names[id(holder)]}.{key}"
-        if above is not None and _dict_of(above) is holder:
+        if above is not None and (_dict_of(above) is holder or _is_class_dict(above, holder, key, child)):
             return None
         return f"dict key {key!r}" if key is not None else f"dict ({len(holder)} items)"
     if isinstance(holder, (list, tuple, set, frozenset, collections.deque)):
@@ -612,6 +684,10 @@ def _label(path: list[Any], i: int, names: dict[int, str]) -> str | None:
     if isinstance(holder, types.CellType):
         function = path[i + 2] if i + 2 < len(path) else None
         return _closure_label(holder, above, function)
+    if isinstance(holder, types.TracebackType):
+        return None  # the frame below and the exception above say it
+    if isinstance(holder, BaseException):
+        return f"{type(holder).__qualname__} exception"
     if isinstance(holder, types.FrameType):
         name = next((k for k, v in holder.f_locals.items() if v is child), None)
         where = f"{holder.f_code.co_name} at {holder.f_code.co_filename}:{holder.f_lineno}"
@@ -621,7 +697,10 @@ def _label(path: list[Any], i: int, names: dict[int, str]) -> str | None:
     if isinstance(holder, types.MethodType):
         return f"bound method {holder.__qualname__}"
     if isinstance(holder, (types.GeneratorType, types.CoroutineType)):
-        return f"{type(holder).__name__} {holder.__qualname__}"
+        frame = holder.gi_frame if isinstance(holder, types.GeneratorType) else holder.cr_frame
+        name = next((k for k, v in frame.f_locals.items() if v is child), None) if frame is not None else None
+        where = f"{type(holder).__name__} {holder.__qualname__}"
+        return f"local {name!r} in {where}" if name else where
     return _attribute_label(holder, child, path[i - 2] if i >= 2 else None)
 
 
@@ -633,8 +712,8 @@ def _attribute_label(holder: Any, child: Any, grandchild: Any) -> str:
         key = _key_of(attrs, grandchild)
         if key is not None:
             return f"{prefix} {owner}.{key}"
-    if isinstance(holder, type):
-        key = next((k for k, v in vars(holder).items() if v is child), None)
+    if isinstance(holder, type):  # holder -> its class dict -> value, or holder -> value
+        key = next((k for k, v in vars(holder).items() if v is child or (type(child) is dict and v is grandchild)), None)
     else:
         key = _key_of(attrs, child) if attrs is not None else None
         key = key or next((n for n in _slot_names(type(holder)) if _slot_value(holder, n) is child), None)
@@ -660,6 +739,10 @@ def _dict_of(obj: Any) -> dict | None:
     return attrs if type(attrs) is dict else None
 
 
+def _is_class_dict(cls: Any, holder: dict, key: Any, value: Any) -> bool:
+    return isinstance(cls, type) and key is not None and vars(cls).get(key) is value
+
+
 def _slot_value(obj: Any, name: str) -> Any:
     try:
         return object.__getattribute__(obj, name)
@@ -667,8 +750,9 @@ def _slot_value(obj: Any, name: str) -> Any:
         return None
 
 
-def _key_of(mapping: dict, value: Any) -> Any:
-    for key, candidate in mapping.items():
+def _key_of(mapping: Any, value: Any) -> Any:
+    items = dict.items(mapping) if isinstance(mapping, dict) else mapping.items()
+    for key, candidate in list(items):
         if candidate is value:
             return key
     return None
