@@ -70,10 +70,18 @@ def main() -> None:
             for sample, into in ((False, off), (True, on)) if i % 2 == 0 else ((True, on), (False, off)):
                 into.append(steps_per_second(folder / "train.py", args.steps, sample, args.hz))
     ratio = statistics.median(on) / statistics.median(off)
+    from workbench.memory.device import TorchNvmlProbe
+    from workbench.memory.sampler import take_sample
+
+    probe, started = TorchNvmlProbe(), time.perf_counter()
+    for _ in range(1000):
+        take_sample(probe)
+    per_sample = (time.perf_counter() - started) / 1000
     print(f"tiny_gpt, {args.rounds} rounds x {args.steps} steps each way, sampler at {args.hz:g} Hz")
     print(f"  sampler off: median {statistics.median(off):.2f} steps/s  {[round(x, 2) for x in off]}")
     print(f"  sampler on:  median {statistics.median(on):.2f} steps/s  {[round(x, 2) for x in on]}")
     print(f"  on / off: {ratio:.1%}  (target >= 99%)")
+    print(f"  one sample costs {per_sample * 1e6:.0f} us: {per_sample * args.hz:.3%} of a core at {args.hz:g} Hz")
     print(f"  {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
 
 

@@ -29,6 +29,14 @@ class FakeDevice:
                 peak_reserved=15 * GiB,
                 device_used=16 * GiB,
                 device_total=80 * GiB,
+                inactive_split=1 * GiB,
+                alloc_retries=0,
+                ooms=0,
+                allocations=1000,
+                process_used=15 * GiB,
+                utilization=87,
+                temperature=61,
+                power_watts=250.0,
             )
         ]
     )

@@ -223,11 +223,15 @@ DETERMINISTIC = textwrap.dedent(
 
 def test_main_screen_snapshot(tmp_path, snap_compare):
     entry = write_project(tmp_path / "snapshot_demo", DETERMINISTIC)
-    session = new_session(entry, max_steps=40, probe=FakeDevice(), host_reader=frozen_host, watch=False)
+    session = new_session(
+        entry, max_steps=40, probe=FakeDevice(), host_reader=frozen_host, watch=False, memory_interval=0.02
+    )
     app = make_app(session, timestamps=False)
 
     async def settle(pilot) -> None:
         await until(pilot, lambda: session.status().state == "paused" and session.status().step == 40, what="40 steps")
+        # History lines are as wide as the samples they have: wait until they are full.
+        await until(pilot, lambda: len(session.telemetry.memory_history(300)) >= 100, what="memory history")
         await pilot.pause(1.0)  # every widget timer has fired since
 
     try:
@@ -253,3 +257,22 @@ async def test_held_change_shows_rebuild_needed_and_R_rebuilds(tmp_path, session
         assert "carried 1 tensors" in log_text(app) and "dropped: model.bias" in log_text(app)
         await until(pilot, lambda: "REBUILD NEEDED" not in str(app.query_one(StatusBar).render()), what="hint cleared")
         assert session.worker.user_state["model"].bias is None
+
+
+def test_memory_gauges_snapshot_with_a_fake_gpu(tmp_path, snap_compare):
+    entry = write_project(tmp_path / "snapshot_demo", DETERMINISTIC)
+    session = new_session(
+        entry, max_steps=40, probe=FakeDevice(), host_reader=frozen_host, watch=False, memory_interval=0.02
+    )
+    app = make_app(session, timestamps=False)
+
+    async def settle(pilot) -> None:
+        await until(pilot, lambda: session.status().state == "paused" and session.status().step == 40, what="40 steps")
+        # History lines are as wide as the samples they have: wait until they are full.
+        await until(pilot, lambda: len(session.telemetry.memory_history(300)) >= 100, what="memory history")
+        await pilot.pause(1.0)
+
+    try:
+        assert snap_compare(app, terminal_size=(120, 44), run_before=settle)
+    finally:
+        session.close()
