@@ -107,8 +107,31 @@ async def test_panes_present_space_toggles_pause_and_q_exits(tmp_path, session_f
         await until(pilot, lambda: session.status().step > paused_at + 3, what="resume")
         assert session.status().state == "running"
 
+        await pilot.press("q")  # unsaved progress: it asks first
+        await until(pilot, lambda: type(app.screen).__name__ == "ConfirmQuitScreen", what="quit question")
+        await pilot.press("escape")
+        await until(pilot, lambda: type(app.screen).__name__ != "ConfirmQuitScreen", what="stay")
+        assert app.is_running
+        await pilot.press("q")
+        await until(pilot, lambda: type(app.screen).__name__ == "ConfirmQuitScreen", what="quit question")
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, what="app exit", timeout=5)
+
+
+async def test_quit_with_a_snapshot_first(tmp_path, session_factory):
+    entry = write_project(tmp_path / "proj")
+    session = session_factory(entry)
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: session.status().step > 3, what="training")
+        await pilot.press("q")
+        await until(pilot, lambda: type(app.screen).__name__ == "ConfirmQuitScreen", what="quit question")
+        await pilot.press("s")
+        await until(pilot, lambda: not app.is_running, what="app exit", timeout=5)
+    session.close()
+    snapshots = sorted((tmp_path / "proj" / ".vram-bench" / "snapshots").glob("step-*.pt"))
+    assert snapshots and session.last_snapshot == str(snapshots[-1])
+    assert int(snapshots[-1].stem.split("-")[1]) == session.worker.step
 
 
 async def test_save_shows_reload_in_log_and_new_series(tmp_path, session_factory):

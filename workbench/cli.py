@@ -21,6 +21,8 @@ examples:
   vram-bench run train.py --device cuda:1     pick a GPU (default: auto)
   vram-bench run train.py --headless          JSON-lines events on stdout, commands on stdin
   vram-bench run train.py --headless --max-steps 100 < /dev/null
+  vram-bench run train.py --resume latest     continue from the newest snapshot in .vram-bench/snapshots/
+  vram-bench load-bench --size 124M           compare memory-efficient ways to load GPT-2-sized weights
 
 In the app: space pause/resume, r reload, e evaluate, c cleanup, s snapshot, p profile, ? help, q quit.
 A project defines setup(bench) and step(state, bench); see README.md, "The user contract".
@@ -36,6 +38,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record-memory", action="store_true", help="record CUDA allocation history for memory snapshots (m)")
     parser.add_argument("--sample-hz", type=float, default=10.0, metavar="HZ", help="memory sampling rate (default 10)")
     parser.add_argument("--memory-window", type=float, default=300.0, metavar="SECONDS", help="memory history shown (default 300)")
+    parser.add_argument("--resume", metavar="latest|PATH", help="load a snapshot into what setup() builds (weights, optimizer, step, RNG)")
+    parser.add_argument("--resume-partial", action="store_true", help="with --resume: load the tensors that match, skip the rest")
+    parser.add_argument("--keep-snapshots", type=_positive_int, default=5, metavar="K", help="snapshots kept per project (default 5)")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
     parser.add_argument("--no-mouse", action="store_true", help="TUI: keyboard only, no mouse capture")
@@ -75,6 +80,10 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "load-bench":
+        from workbench.loadbench import main as load_bench
+
+        return load_bench(args_list[1:])
     top, run = build_parsers()
     if args_list and args_list[0] == "run":
         args = run.parse_args(args_list[1:])
@@ -109,6 +118,7 @@ def _run(args: argparse.Namespace) -> int:
         entry = Path(args.path)
     device = resolve_device(args.device)
     project = load_project(entry)
+    resume = _check_resume(args, project)
     config = SessionConfig(
         device=device,
         max_steps=args.max_steps,
@@ -122,6 +132,9 @@ def _run(args: argparse.Namespace) -> int:
         record_memory=args.record_memory,
         memory_interval=1.0 / max(args.sample_hz, 0.1),
         memory_window=args.memory_window,
+        resume=resume,
+        resume_partial=args.resume_partial,
+        snapshot_keep=args.keep_snapshots,
     )
     if args.headless:
         from workbench.headless import run_headless
@@ -132,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
             session = Session(project, config, stdout_passthrough=sys.stderr)
             code = run_headless(session, protocol.stream, sys.stdin)
         _report_setup_failure(session, args.debug)
+        _report_final_snapshot(session)
         return code
 
     from workbench.tui.app import make_app
@@ -145,9 +159,28 @@ def _run(args: argparse.Namespace) -> int:
             app.run(mouse=not args.no_mouse)
         finally:
             session.close()
+    _report_final_snapshot(session)
     if _report_setup_failure(session, args.debug):
         return 2
     return session.exit_code
+
+
+def _check_resume(args: argparse.Namespace, project) -> Path | None:  # type: ignore[no-untyped-def]
+    """Find and open the snapshot before any UI starts: a missing or damaged one is a one-line error."""
+    if not args.resume:
+        if args.resume_partial:
+            raise UserError("--resume-partial only makes sense with --resume latest|PATH.")
+        return None
+    from workbench.actions.snapshot import find_snapshot, load_snapshot
+
+    path = find_snapshot(project.root / ".vram-bench", args.resume)
+    load_snapshot(path)  # mapped, not read: cheap, and a damaged file fails here
+    return path
+
+
+def _report_final_snapshot(session) -> None:  # type: ignore[no-untyped-def]
+    if session.worker.exit_reason in ("quit",) and session.last_snapshot and session._final_snapshot:
+        print(f"vram-bench: final snapshot written to {session.last_snapshot}", file=sys.stderr)
 
 
 def _report_setup_failure(session, debug: bool) -> bool:  # type: ignore[no-untyped-def]

@@ -139,6 +139,25 @@ class Snapshot(Event):
     path: str
     bytes: int
     step: int = 0
+    seconds: float = 0.0
+    reason: str = "requested"  # or "final" (on quit or a signal)
+
+
+@dataclass(frozen=True)
+class ResumeLoaded(Event):
+    """Weights, optimizer state and RNG from a snapshot were loaded into what setup() built."""
+
+    name: ClassVar[str] = "resume"
+    ok: bool
+    path: str
+    step: int = 0
+    tensors: int = 0
+    optimizers: int = 0
+    seconds: float = 0.0
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    mismatched: tuple[str, ...] = ()
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -316,15 +335,23 @@ class FindLeaks(Command):
 
 
 @dataclass(frozen=True)
+class Interrupt(Command):
+    """Raise KeyboardInterrupt inside a running step (a hung data loader, an endless loop)."""
+
+    word: ClassVar[str] = "interrupt"
+
+
+@dataclass(frozen=True)
 class Quit(Command):
     word: ClassVar[str] = "quit"
+    final_snapshot: bool = False  # write a snapshot of the state before stopping (signals, "snapshot and quit")
 
 
 COMMANDS: dict[str, type[Command]] = {
     c.word: c
     for c in (
         Pause, Resume, StepOnce, ReloadNow, Rollback, Rebuild, RunStatements, RunCleanup, TakeSnapshot,
-        DumpMemorySnapshot, ShowBreakdown, FindLeaks, RunProfile, Evaluate, Quit
+        DumpMemorySnapshot, ShowBreakdown, FindLeaks, RunProfile, Evaluate, Interrupt, Quit
     )
 }
 

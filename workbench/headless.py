@@ -11,7 +11,7 @@ import signal
 import threading
 from typing import TextIO
 
-from workbench.events import CommandError, Error, Exit, Quit, parse_command
+from workbench.events import CommandError, Error, Exit, parse_command
 from workbench.session import Session
 
 
@@ -54,11 +54,12 @@ def run_headless(session: Session, stdout: TextIO, stdin: TextIO | None) -> int:
 
 
 def _quit_on_signals(session: Session) -> dict[int, object]:
-    """SIGINT/SIGTERM finish the current step and exit cleanly with an `exit` event."""
+    """SIGINT finishes the current step and exits; SIGTERM and SIGHUP (a dropped SSH link) write a final snapshot first."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous: dict[int, object] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    handlers = {signal.SIGINT: False, signal.SIGTERM: True, signal.SIGHUP: True}
+    for sig, final_snapshot in handlers.items():
         previous[sig] = signal.getsignal(sig)
-        signal.signal(sig, lambda *_: session.send(Quit()))
+        signal.signal(sig, lambda *_, snap=final_snapshot: session.request_quit(final_snapshot=snap))
     return previous

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 import torch
@@ -19,7 +20,8 @@ from workbench import __version__
 from workbench.bench import Bench
 from workbench.eventbus import EventBus
 from workbench.eventlog import EventLogWriter
-from workbench.events import Command, Error, Quit, ReloadNow, Start
+from workbench.events import Command, Error, Interrupt, Quit, ReloadNow, Start
+from workbench.actions.snapshot import DEFAULT_KEEP
 from workbench.hotswap.reloader import DEFAULT_MAX_HISTORY, Reloader
 from workbench.hotswap.service import ReloadService
 from workbench.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
@@ -29,6 +31,7 @@ from workbench.memory.sampler import HostReader, MemorySampler
 from workbench.output import OutputRouter
 from workbench.project import Project, unload_project
 from workbench.telemetry import Telemetry
+from workbench.watchdog import StepWatchdog
 from workbench.worker import ApplyChanges, RunState, TrainingWorker
 
 REQUIRED_FUNCTIONS = {"setup": ("bench",), "step": ("state", "bench")}
@@ -45,6 +48,11 @@ class SessionConfig:
     capture_output: bool = True
     write_event_log: bool = False
     eval_every: int | None = None
+    resume: Path | None = None  # a snapshot to load after setup() (`--resume`)
+    resume_partial: bool = False
+    snapshot_keep: int = DEFAULT_KEEP
+    slow_step_factor: float = 10.0  # warn when a step runs this many times its median...
+    slow_step_seconds: float = 5.0  # ...and at least this long
     record_memory: bool = False  # CUDA allocation history for memory snapshots (python stacks)
     max_history: int = DEFAULT_MAX_HISTORY  # code versions kept for rollback (each holds its old code)
     sample_memory: bool = True
@@ -129,6 +137,9 @@ class Session:
             start_paused=config.start_paused,
             eval_every=config.eval_every,
             record_memory=config.record_memory,
+            resume=config.resume,
+            resume_partial=config.resume_partial,
+            snapshot_keep=config.snapshot_keep,
         )
         self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
         self.watcher = (
@@ -151,8 +162,12 @@ class Session:
             read_host=host_reader,
             step_count=lambda: self.worker.step,
         )
+        self.watchdog = StepWatchdog(
+            self.worker, self.bus.publish, factor=config.slow_step_factor, minimum=config.slow_step_seconds
+        )
         self.event_log = EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log else None
         self._started = False
+        self._final_snapshot = False
         self._stopped = threading.Event()
 
     # Lifecycle ---------------------------------------------------------------------------
@@ -182,6 +197,7 @@ class Session:
         if self.watcher is not None:
             self.watcher.start()
         self.worker.start()
+        self.watchdog.start()
 
     def wait_until_watching(self, timeout: float = 10.0) -> bool:
         """True once file saves are being watched (tests and benchmarks wait for this)."""
@@ -204,6 +220,7 @@ class Session:
                 self.watcher.stop()
             self.reload_service.stop()
             self.sampler.stop()
+            self.watchdog.stop()
             if self.watcher is not None:
                 self.watcher.join(2.0)
             self.reload_service.join(2.0)
@@ -215,10 +232,28 @@ class Session:
         if self.router is not None:
             self.router.uninstall()
 
+    def request_quit(self, final_snapshot: bool = False) -> None:
+        """Ask the training thread to stop after its step (writing a final snapshot first if asked)."""
+        self._final_snapshot = self._final_snapshot or final_snapshot
+        self.worker.commands.put(Quit(final_snapshot=final_snapshot))
+
     def close(self) -> None:
         """Stop and forget the project's modules (several sessions may share one process)."""
-        self.stop()
+        # A final snapshot of a large model can take a while: give it time before giving up.
+        self.stop(timeout=600.0 if self._final_snapshot else 10.0)
         unload_project(self.project)
+
+    @property
+    def last_snapshot(self) -> str | None:
+        return self.worker.last_snapshot_path
+
+    @property
+    def unsaved_steps(self) -> int:
+        """Steps trained since the last snapshot (or since start): what quitting now would lose."""
+        w = self.worker
+        if w.user_state is None:
+            return 0
+        return w.step - (w.last_snapshot_step or 0)
 
     @property
     def exit_code(self) -> int:
@@ -229,6 +264,9 @@ class Session:
         """Non-blocking; applied by the training thread between steps (reloads by the reload thread)."""
         if isinstance(command, ReloadNow):
             self.reload_service.rescan()
+        elif isinstance(command, Interrupt):
+            if not self.worker.interrupt():
+                self.bus.publish(Error(where="command", message="no step is running: nothing to interrupt"))
         else:
             self.worker.commands.put(command)
 

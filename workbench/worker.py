@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ import workbench
 from workbench.actions.cleanup import run_cleanup
 from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_recording
 from workbench.actions.profile import ProfileRun
-from workbench.actions.snapshot import write_snapshot
+from workbench.actions.snapshot import DEFAULT_KEEP, ResumeMismatch, apply_snapshot, load_snapshot, write_snapshot
+from workbench.errors import UserError
 from workbench.bench import Bench, to_scalar
 from workbench.eventbus import EventBus
 from workbench.events import (
@@ -50,12 +52,14 @@ from workbench.events import (
     Reload,
     Resume,
     Resumed,
+    ResumeLoaded,
     Rollback,
     RunCleanup,
     RunProfile,
     RunStatements,
     Setup,
     ShowBreakdown,
+    Snapshot,
     Step,
     StepOnce,
     TakeSnapshot,
@@ -84,7 +88,7 @@ class RunState(str, enum.Enum):
 
 
 # Pauses that a successful reload ends on its own: the user saved a fix.
-AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss"})
+AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out of memory"})
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,9 @@ class TrainingWorker(threading.Thread):
         start_paused: bool,
         eval_every: int | None = None,
         record_memory: bool = False,
+        resume: Path | None = None,
+        resume_partial: bool = False,
+        snapshot_keep: int = DEFAULT_KEEP,
     ) -> None:
         super().__init__(name="vram-bench-training", daemon=True)
         self.project = project
@@ -150,6 +157,13 @@ class TrainingWorker(threading.Thread):
         self.start_paused = start_paused
         self.eval_every = eval_every
         self.record_memory = record_memory
+        self.resume_path = resume
+        self.resume_partial = resume_partial
+        self.snapshot_keep = snapshot_keep
+        self.last_snapshot_step: int | None = None
+        self.last_snapshot_path: str | None = None
+        self.step_started: float | None = None  # monotonic time the running step began (None between steps)
+        self.step_ms_history: deque[float] = deque(maxlen=50)
         self._recording = False
 
         self.state = RunState.SETUP
@@ -192,10 +206,14 @@ class TrainingWorker(threading.Thread):
                 self._handle_commands(block=idle)
                 if self._quit:
                     break
-                if self.state is RunState.RUNNING or (self._step_once and self.state is RunState.PAUSED):
-                    self._step_once = False
-                    self._run_step()
-                    self._check_max_steps()
+                try:
+                    if self.state is RunState.RUNNING or (self._step_once and self.state is RunState.PAUSED):
+                        self._step_once = False
+                        self._run_step()
+                        self._check_max_steps()
+                except KeyboardInterrupt:
+                    # An interrupt that arrived just after its step finished: nothing to stop.
+                    self._command_error("the step had already finished when the interrupt arrived")
         except BaseException as exc:  # noqa: BLE001 - a bug in the workbench: say so, exit non-zero
             self.exit_code, self.exit_reason = 1, "internal error"
             self.bus.publish(
@@ -253,10 +271,59 @@ class TrainingWorker(threading.Thread):
         self.setup_seconds = time.monotonic() - self.setup_started
         self.bus.publish(Setup(status="done", seconds=self.setup_seconds))
         self.reloader.track_loaded_modules()  # modules that setup imported are watched too
+        if self.resume_path is not None:
+            path, self.resume_path = self.resume_path, None  # once: a later rebuild starts from the live state
+            if not self._resume_from(path):
+                return
         if self.start_paused:
             self._pause("user")
         else:
             self.state = RunState.RUNNING
+
+    def _resume_from(self, path: Path) -> bool:
+        """Load a snapshot into what setup() built; on a mismatch load nothing and say what differs."""
+        started = time.monotonic()
+        try:
+            report = apply_snapshot(self.user_state, load_snapshot(path), path, partial=self.resume_partial)
+        except (ResumeMismatch, UserError) as exc:
+            report = getattr(exc, "report", None)
+            message = (
+                f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
+                if report is not None
+                else str(exc)
+            )
+            self.bus.publish(
+                ResumeLoaded(
+                    ok=False,
+                    path=str(path),
+                    error=message,
+                    missing=tuple(report.missing) if report else (),
+                    unexpected=tuple(report.unexpected) if report else (),
+                    mismatched=tuple(report.mismatched) if report else (),
+                )
+            )
+            self.bus.publish(Error(where="resume", message=message))
+            if self.exit_on_setup_failure:
+                self.exit_code, self.exit_reason, self._quit = 2, "resume failed", True
+            else:
+                self.state = RunState.RUNNING
+                self._pause("resume failed")
+            return False
+        self.step = self.last_snapshot_step = report.step
+        self.bus.publish(
+            ResumeLoaded(
+                ok=True,
+                path=str(path),
+                step=report.step,
+                tensors=report.tensors,
+                optimizers=report.optimizers,
+                seconds=time.monotonic() - started,
+                missing=tuple(report.missing),
+                unexpected=tuple(report.unexpected),
+                mismatched=tuple(report.mismatched),
+            )
+        )
+        return True
 
     # One training step ---------------------------------------------------------------------
     def _run_step(self) -> None:
@@ -266,16 +333,20 @@ class TrainingWorker(threading.Thread):
         if gpu is not None:
             self.probe.reset_peaks()  # so the peak read after the step is this step's
         started = time.perf_counter()
+        self.step_started = time.monotonic()
         try:
             if step_fn is None:
                 raise NameError("step(state, bench) is not defined in the project file")
             loss, scalars = split_step_output(step_fn(self.user_state, self.bench))
             scalars.update(self.bench._take_logged())
-        except Exception as exc:  # noqa: BLE001 - a failing step pauses; the model survives
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a failing step pauses; the model survives
+            self.step_started = None
             self.bench._take_logged()
             self._step_failed(exc)
             return
+        self.step_started = None
         ms = (time.perf_counter() - started) * 1000
+        self.step_ms_history.append(ms)
         if gpu is not None:
             peak = self.probe.peak_allocated(gpu)
             if peak is not None:
@@ -309,18 +380,47 @@ class TrainingWorker(threading.Thread):
             self._module_count = len(sys.modules)
             self.reloader.track_loaded_modules()
 
-    def _step_failed(self, exc: Exception) -> None:
+    def _step_failed(self, exc: BaseException) -> None:
         file, line = self._where(exc)
         message = f"step() raised {type(exc).__name__}: {exc}"
         if isinstance(exc, StepOutputError):
             message = str(exc)
+        elif isinstance(exc, KeyboardInterrupt):
+            message = "step() was interrupted" + (f" at {file}:{line}" if file else "") + "; the model and optimizer are intact"
+        elif isinstance(exc, torch.OutOfMemoryError):
+            message = f"out of memory in step(): {exc}. The step's tensors were released and the cache emptied; {self._memory_report()}"
         self.bus.publish(Error(where="step", message=message, file=file, line=line, traceback=self._format(exc)))
         traceback.clear_frames(exc.__traceback__)  # the frames pin the step's tensors
         if isinstance(exc, torch.OutOfMemoryError):
             if self._recording:
                 self._publish_or_report("memory snapshot", lambda: self._dump_memory("oom"))
+            del exc
+            gc.collect()
             self.probe.empty_cache()
-        self._pause("error")
+            self._pause("out of memory")
+            return
+        self._pause("interrupted" if isinstance(exc, KeyboardInterrupt) else "error")
+
+    def _memory_report(self) -> str:
+        from workbench.memory.host import read_host_memory
+        from workbench.units import human_bytes
+
+        parts = [f"process RSS {human_bytes(read_host_memory().rss)}"]
+        for gpu in self.probe.gpus():
+            parts.append(
+                f"cuda:{gpu.index} allocated {human_bytes(gpu.allocated)}, reserved {human_bytes(gpu.reserved)}, "
+                f"device {human_bytes(gpu.device_used)} of {human_bytes(gpu.device_total)}"
+            )
+        return "; ".join(parts) + ". Lower the batch size (or use the memory lab's techniques) and save to resume."
+
+    def interrupt(self) -> bool:
+        """From another thread: raise KeyboardInterrupt in the running step (at its next Python bytecode)."""
+        if self.step_started is None or self.ident is None:
+            return False
+        import ctypes
+
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.ident), ctypes.py_object(KeyboardInterrupt))
+        return True
 
     def _check_max_steps(self) -> None:
         if self.max_steps is None or self.step < self.max_steps:
@@ -333,6 +433,8 @@ class TrainingWorker(threading.Thread):
     # Commands ----------------------------------------------------------------------------
     def _handle(self, command: Command) -> None:
         if isinstance(command, Quit):
+            if command.final_snapshot and self.user_state is not None and self.step != self.last_snapshot_step:
+                self._snapshot("final")
             self._quit = True
         elif isinstance(command, Pause):
             if self.state is RunState.RUNNING:
@@ -361,9 +463,7 @@ class TrainingWorker(threading.Thread):
             if self.user_state is None:
                 self._command_error("nothing to snapshot yet: setup() has not finished")
             else:
-                self._publish_or_report(
-                    "snapshot", lambda: write_snapshot(self.user_state, self.step, self.reloader.version, self.bench.run_dir)
-                )
+                self._snapshot("requested")
         elif isinstance(command, RunProfile):
             self._start_profile(command.steps)
         elif isinstance(command, ShowBreakdown):
@@ -430,6 +530,14 @@ class TrainingWorker(threading.Thread):
             groups=tuple(dataclasses.asdict(g) for g in report.groups[:20]),
             suspects=tuple(dataclasses.asdict(s) for s in report.suspects),
         )
+
+    def _snapshot(self, reason: str) -> None:
+        def write() -> Snapshot:
+            event = write_snapshot(self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep)
+            self.last_snapshot_step, self.last_snapshot_path = self.step, event.path
+            return dataclasses.replace(event, reason=reason)
+
+        self._publish_or_report("snapshot", write)
 
     def _start_memory_recording(self) -> None:
         if not self.record_memory:

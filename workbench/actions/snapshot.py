@@ -1,38 +1,55 @@
-"""Write a checkpoint of every module and optimizer in the session state, atomically.
+"""Snapshots: every module and optimizer in the state, written atomically; and resume from one.
 
-Temp file, flush, fsync, rename: a crash mid-write never leaves a half file
-under the final name.
+Writing: temp file, flush, fsync, rename, fsync the folder; a crash at any moment
+leaves either the previous snapshots or a complete new one, never a half file under
+a final name. Only the last K are kept.
+
+Reading: `torch.load(mmap=True, weights_only=True)` never unpickles arbitrary
+objects, and maps the file instead of reading it, so resuming costs about one copy
+of the weights (the model's own) plus file-backed pages the OS can drop.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from workbench.errors import UserError
 from workbench.events import Snapshot
 from workbench.state_walk import find_modules_and_optimizers
 
 FORMAT = "vram-bench-snapshot/1"
+DEFAULT_KEEP = 5
+_NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
-def write_snapshot(state: Any, step: int, code_version: int, run_dir: Path) -> Snapshot:
+def snapshot_folder(run_dir: Path) -> Path:
+    return run_dir / "snapshots"
+
+
+def write_snapshot(state: Any, step: int, code_version: int, run_dir: Path, keep: int = DEFAULT_KEEP) -> Snapshot:
     modules, optimizers = find_modules_and_optimizers(state)
     if not modules and not optimizers:
         raise ValueError("the state returned by setup() holds no nn.Module or optimizer to snapshot")
+    started = time.monotonic()
     payload = {
         "format": FORMAT,
         "step": step,
         "code_version": code_version,
+        "saved_at": time.time(),
         "modules": {name: m.state_dict() for name, m in modules.items()},
         "optimizers": {name: o.state_dict() for name, o in optimizers.items()},
-        "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+        "rng": _rng_state(),
     }
-    folder = run_dir / "snapshots"
+    folder = snapshot_folder(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step:08d}.pt"
     fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
@@ -42,7 +59,161 @@ def write_snapshot(state: Any, step: int, code_version: int, run_dir: Path) -> S
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, final)
+        _fsync_folder(folder)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    return Snapshot(path=str(final), bytes=final.stat().st_size, step=step)
+    _prune(folder, keep)
+    return Snapshot(path=str(final), bytes=final.stat().st_size, step=step, seconds=time.monotonic() - started)
+
+
+def _rng_state() -> dict[str, Any]:
+    rng: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        try:
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        except Exception:  # noqa: BLE001 - a GPU that cannot report it: resume without it
+            pass
+    return rng
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _prune(folder: Path, keep: int) -> None:
+    for old in snapshots_in(folder)[max(keep, 1) :]:
+        old.unlink(missing_ok=True)
+
+
+def snapshots_in(folder: Path) -> list[Path]:
+    """Complete snapshots, newest (highest step) first; temp files are never listed."""
+    found = [(int(m.group(1)), p) for p in folder.glob("step-*.pt") if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def find_snapshot(run_dir: Path, spec: str) -> Path:
+    """`latest` → the newest snapshot of this project; otherwise a path. A UserError if there is none."""
+    if spec == "latest":
+        found = snapshots_in(snapshot_folder(run_dir))
+        if not found:
+            raise UserError(
+                f"--resume latest: no snapshot in {snapshot_folder(run_dir)}.",
+                hint="Take one with s (or the `snapshot` command) first, or pass --resume PATH.",
+            )
+        return found[0]
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise UserError(f"--resume: no such snapshot file: {path}.", hint="Use --resume latest or an existing .pt file.")
+    return path.resolve()
+
+
+def load_snapshot(path: Path) -> dict[str, Any]:
+    """Map a snapshot (weights only: no arbitrary objects are ever unpickled); a damaged file is a UserError."""
+    try:
+        payload = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated zip, bad pickle, a file from elsewhere
+        others = [p.name for p in snapshots_in(path.parent) if p != path][:3]
+        hint = f"Other snapshots there: {', '.join(others)}." if others else ""
+        raise UserError(f"snapshot {path} is damaged or not a snapshot ({type(exc).__name__}: {exc}).", hint=hint) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise UserError(f"{path} is not a vram-bench snapshot (format {payload.get('format') if isinstance(payload, dict) else '?'}).")
+    return payload
+
+
+@dataclass
+class ResumeReport:
+    path: str
+    step: int
+    tensors: int = 0
+    optimizers: int = 0
+    missing: list[str] = field(default_factory=list)  # in the model, not in the snapshot
+    unexpected: list[str] = field(default_factory=list)  # in the snapshot, not in the model
+    mismatched: list[str] = field(default_factory=list)  # same name, other shape
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def problems(self, limit: int = 6) -> str:
+        parts = []
+        for label, names in (("missing from the snapshot", self.missing), ("not in the model", self.unexpected),
+                             ("shape differs", self.mismatched)):
+            if names:
+                parts.append(f"{label}: {', '.join(names[:limit])}" + (f" and {len(names) - limit} more" if len(names) > limit else ""))
+        return "; ".join(parts)
+
+
+class ResumeMismatch(Exception):
+    def __init__(self, report: ResumeReport) -> None:
+        super().__init__(report.problems())
+        self.report = report
+
+
+def apply_snapshot(state: Any, payload: dict[str, Any], path: Path, *, partial: bool = False) -> ResumeReport:
+    """Copy the snapshot's tensors into the live modules and optimizers (found by the same names).
+
+    Nothing is loaded when names or shapes differ, unless `partial`. Tensors are copied
+    into the parameters setup() made (not assigned), so optimizers keep pointing at them.
+    """
+    modules, optimizers = find_modules_and_optimizers(state)
+    report = ResumeReport(path=str(path), step=int(payload.get("step", 0)))
+    saved_modules: dict[str, dict[str, torch.Tensor]] = payload.get("modules", {})
+    plans: list[tuple[torch.nn.Module, dict[str, torch.Tensor]]] = []
+    for name, module in modules.items():
+        saved = saved_modules.get(name)
+        live = module.state_dict()
+        if saved is None:
+            report.missing.extend(f"{name}.{k}" for k in live)
+            continue
+        usable = {}
+        for key, tensor in live.items():
+            if key not in saved:
+                report.missing.append(f"{name}.{key}")
+            elif tuple(saved[key].shape) != tuple(tensor.shape):
+                report.mismatched.append(f"{name}.{key} {tuple(saved[key].shape)} -> {tuple(tensor.shape)}")
+            else:
+                usable[key] = saved[key]
+        report.unexpected.extend(f"{name}.{k}" for k in saved if k not in live)
+        plans.append((module, usable))
+    report.unexpected.extend(f"{n}.*" for n in saved_modules if n not in modules)
+    if not report.clean and not partial:
+        raise ResumeMismatch(report)
+    with torch.no_grad():
+        for module, usable in plans:
+            module.load_state_dict(usable, strict=False)
+            report.tensors += len(usable)
+    if report.clean:
+        for name, optimizer in optimizers.items():
+            saved_opt = payload.get("optimizers", {}).get(name)
+            if saved_opt is not None:
+                optimizer.load_state_dict(saved_opt)
+                report.optimizers += 1
+    _restore_rng(payload.get("rng", {}))
+    return report
+
+
+def _restore_rng(rng: dict[str, Any]) -> None:
+    try:
+        if "python" in rng:
+            random.setstate(_as_python_state(rng["python"]))
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+    except Exception:  # noqa: BLE001 - RNG state from another machine: continue without it
+        pass
+
+
+def _as_python_state(value: Any) -> tuple:
+    version, internal, gauss = value
+    return (version, tuple(internal), gauss)

@@ -7,16 +7,20 @@ No training logic runs here.
 
 from __future__ import annotations
 
+import asyncio
+import signal
+
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
-from workbench.events import DumpMemorySnapshot, Evaluate, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
+from workbench.events import DumpMemorySnapshot, Evaluate, Interrupt, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
 from workbench.session import Session
 from workbench.tui.screens.breakdown import BreakdownScreen
 from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.leaks import LeaksScreen
+from workbench.tui.screens.quit import ConfirmQuitScreen
 from workbench.tui.widgets.loss_chart import LossChart
 from workbench.tui.widgets.memory_gauges import MemoryGauges
 from workbench.tui.widgets.reload_log import ReloadLog
@@ -45,7 +49,9 @@ class VramBenchApp(App[None]):
         Binding("s", "snapshot", "Snapshot", id="snapshot"),
         Binding("p", "profile", "Profile", id="profile"),
         Binding("question_mark,f1", "help", "Help", id="help", key_display="?"),
+        Binding("i", "interrupt", "Interrupt step", id="interrupt", show=False),
         Binding("q", "quit", "Quit", id="quit"),
+        Binding("ctrl+c", "quit", "Quit", id="quit_ctrl_c", show=False, priority=True),
     ]
 
     KEY_HELP = [
@@ -62,8 +68,9 @@ class VramBenchApp(App[None]):
         ("m", "CUDA memory snapshot for pytorch.org/memory_viz (to .vram-bench/memory/; --record-memory for stacks)"),
         ("s", "snapshot: checkpoint of every module and optimizer to .vram-bench/snapshots/"),
         ("p", f"profile the next {PROFILE_STEPS} steps with torch.profiler (trace to .vram-bench/traces/)"),
+        ("i", "interrupt a running step (raises KeyboardInterrupt in it; the model stays)"),
         ("? / F1", "this help"),
-        ("q", "quit (the session's artifacts stay in .vram-bench/)"),
+        ("q", "quit; with unsaved progress it offers a snapshot first (ctrl+c too)"),
     ]
 
     def __init__(self, session: Session, *, timestamps: bool = True) -> None:
@@ -90,6 +97,49 @@ class VramBenchApp(App[None]):
         # Started here, not before: Textual has redirected stdout by now, so the session's
         # print routing wraps Textual's and the training thread's prints land in the log.
         self.session.start()
+        self._install_signal_handlers()
+
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM/SIGHUP (a dropped SSH link): final snapshot, then exit. SIGINT: ask, like ctrl+c."""
+        try:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                loop.add_signal_handler(sig, self._quit_with_snapshot)
+            loop.add_signal_handler(signal.SIGINT, lambda: self.call_later(self.action_quit))
+            self._signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+        except (NotImplementedError, RuntimeError, ValueError):
+            self._signals = ()
+
+    def on_unmount(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        for sig in getattr(self, "_signals", ()):
+            loop.remove_signal_handler(sig)
+
+    def _quit_with_snapshot(self) -> None:
+        self.session.request_quit(final_snapshot=True)
+        self.exit()
+
+    async def action_quit(self) -> None:
+        unsaved = self.session.unsaved_steps
+        if unsaved <= 0:
+            self.exit()
+            return
+        if isinstance(self.screen, ConfirmQuitScreen):
+            return
+
+        def chosen(choice: str | None) -> None:
+            if choice == "snapshot":
+                self._quit_with_snapshot()
+            elif choice == "quit":
+                self.exit()
+
+        self.push_screen(ConfirmQuitScreen(unsaved), chosen)
+
+    def action_interrupt(self) -> None:
+        self.session.send(Interrupt())
 
     # Actions: each one only sends a command --------------------------------------------
     def action_toggle_pause(self) -> None:
