@@ -566,11 +566,20 @@ def format_table(report: dict[str, Any]) -> str:
         base = ok[0]["baseline"]
         lines += [
             "",
-            f"Memory is the peak above a process that has only imported torch (RSS {_fmt_bytes(base['rss'])}, "
-            f"anon {_fmt_bytes(base['anon'])}). anon: private copies; file: mmap'd checkpoint pages (page cache",
-            "the kernel can drop); peak RSS is the kernel's high-water mark. load s: construction until the model is",
-            "on the device; ready s: plus reading every weight once (the checksum), when mmap'd weights are paged in.",
+            f"Memory: peak above a process that has only imported torch (RSS {_fmt_bytes(base['rss'])}).",
+            "  anon: private copies; file: mmap'd checkpoint pages (page cache the kernel can drop);",
+            "  peak RSS: the kernel's high-water mark (VmHWM), anon and file together.",
+            "Time: load s from model construction until it is on the device; ready s adds reading",
+            "  every weight once (the correctness checksum), which is when mmap'd weights are paged in.",
         ]
+        warm = [r for r in ok if r.get("meta_warmup_s") is not None]
+        if warm:
+            w = warm[0]
+            lines.append(
+                f"The first meta-device model in a process also costs {w['meta_warmup_s']:.2f} s and "
+                f"{_fmt_bytes(w['meta_warmup_anon_bytes'])} once (torch imports its meta kernels); "
+                "paid before the baseline, not counted above."
+            )
     if failures:
         lines += ["", "failed:", *failures]
     if report.get("checkpoint_dir"):

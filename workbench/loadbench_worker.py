@@ -165,6 +165,7 @@ def check_model(model: nn.Module, expected: dict[str, dict[str, Any]], device: t
             problems.append(f"{name}: on {p.device}, not {device}")
             continue
         got = tensor_checksum(p)
+        probe()
         checked += 1
         if got != {k: want[k] for k in got}:
             diff = [k for k in got if got[k] != want[k]]
@@ -208,12 +209,26 @@ def reset_high_water_mark() -> bool:
         return False
 
 
+def probe() -> None:
+    """Take a sample now, from the loading thread (a no-op outside a PeakSampler).
+
+    The loaders call it at their phase boundaries (after torch.load, before dropping the
+    state dict, after each tensor): on a busy 2-core machine the sampler thread can miss a
+    peak that lasts a few milliseconds, and these are exactly the moments peaks happen.
+    """
+    sampler = PeakSampler.active
+    if sampler is not None:
+        sampler.sample()
+
+
 class PeakSampler:
     """Samples `/proc/self/status` at about 200 Hz on a daemon thread and keeps the peaks.
 
     A thread rather than the kernel's VmHWM alone because VmHWM is one number: it cannot
     say whether the peak was private copies (anonymous) or mmap'd file pages.
     """
+
+    active: PeakSampler | None = None
 
     def __init__(self, hz: float = SAMPLE_HZ) -> None:
         self.interval = 1.0 / hz
@@ -223,12 +238,14 @@ class PeakSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="loadbench-sampler", daemon=True)
         self._start = 0.0
+        self._lock = threading.Lock()
 
     def sample(self) -> None:
         now = read_status()
-        for key in self.peak:
-            self.peak[key] = max(self.peak[key], now[key])
-        self.samples += 1
+        with self._lock:
+            for key in self.peak:
+                self.peak[key] = max(self.peak[key], now[key])
+            self.samples += 1
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -238,9 +255,11 @@ class PeakSampler:
         self._start = time.perf_counter()
         self.sample()
         self._thread.start()
+        PeakSampler.active = self
         return self
 
     def __exit__(self, *exc: object) -> None:
+        PeakSampler.active = None
         self._stop.set()
         self._thread.join()
         self.sample()
@@ -255,8 +274,11 @@ Loader = Callable[[GPTConfig, Path, Path, torch.device], nn.Module]
 def load_naive(cfg: GPTConfig, single: Path, tensor_dir: Path, device: torch.device) -> nn.Module:
     """The tutorial way: a randomly initialised model plus a full loaded copy, then move it."""
     model = GPT2(cfg)
+    probe()
     sd = torch.load(single, weights_only=True)
+    probe()
     model.load_state_dict(sd)
+    probe()
     del sd
     return model.to(device)
 
@@ -265,10 +287,12 @@ def load_sequential(cfg: GPTConfig, single: Path, tensor_dir: Path, device: torc
     """Build on the device, copy from an mmap'd state dict one parameter at a time: no second private copy."""
     with torch.device(device):
         model = GPT2(cfg)
+    probe()
     sd = torch.load(single, mmap=True, weights_only=True)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(sd.pop(name))
+            probe()
     if sd:
         raise RuntimeError(f"unexpected keys in the checkpoint: {', '.join(list(sd)[:5])}")
     del sd
@@ -280,8 +304,11 @@ def load_to_empty(cfg: GPTConfig, single: Path, tensor_dir: Path, device: torch.
     with torch.device("meta"):
         model = GPT2(cfg)
     model.to_empty(device=device)
+    probe()
     sd = torch.load(single, weights_only=True)
+    probe()
     model.load_state_dict(sd)
+    probe()
     del sd
     return model
 
@@ -293,7 +320,10 @@ def load_mmap_assign(cfg: GPTConfig, single: Path, tensor_dir: Path, device: tor
     sd = torch.load(single, mmap=True, weights_only=True)
     model.load_state_dict(sd, assign=True)
     del sd
-    return model.to(device)
+    probe()
+    model = model.to(device)
+    probe()
+    return model
 
 
 def load_per_tensor(cfg: GPTConfig, single: Path, tensor_dir: Path, device: torch.device) -> nn.Module:
@@ -307,6 +337,7 @@ def load_per_tensor(cfg: GPTConfig, single: Path, tensor_dir: Path, device: torc
         module_name, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(module_name), leaf, nn.Parameter(tensor.to(device), requires_grad=meta_param.requires_grad))
         del tensor
+        probe()
     return model
 
 
@@ -317,6 +348,26 @@ LOADERS: dict[str, Loader] = {
     "mmap_assign": load_mmap_assign,
     "per_tensor": load_per_tensor,
 }
+
+META_METHODS = frozenset({"to_empty", "mmap_assign", "per_tensor"})
+WARMUP_CONFIG = GPTConfig("warmup", n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_ctx=8)
+
+
+def meta_warmup() -> dict[str, Any]:
+    """Pay, before the baseline, what the first meta-device model in a process costs, and say how much.
+
+    Torch's Python meta kernels import on first use (about 800 modules, sympy among them:
+    1.5 s and 70 MB here). That is a fixed cost per process, not a cost of the weights, so it
+    is kept out of the comparison and reported on its own.
+    """
+    before = read_status()
+    start = time.perf_counter()
+    with torch.device("meta"):
+        model = GPT2(WARMUP_CONFIG)
+    model.to_empty(device="cpu")
+    seconds = time.perf_counter() - start
+    return {"meta_warmup_s": seconds, "meta_warmup_anon_bytes": max(read_status()["anon"] - before["anon"], 0)}
+
 
 # --------------------------------------------------------------------------- commands
 
@@ -424,6 +475,8 @@ def cmd_load(args: argparse.Namespace) -> int:
         torch.cuda.reset_peak_memory_stats(device)
         device_base = torch.cuda.memory_allocated(device)
         result["gpu"] = torch.cuda.get_device_name(device)
+    if args.method in META_METHODS:
+        result.update(meta_warmup())
     hwm_reset = reset_high_water_mark()
     baseline = read_status()
     result["baseline"] = {k: baseline[k] for k in ("rss", "anon", "file")}
