@@ -79,6 +79,8 @@ class SessionStatus:
     profiling: bool
     last_step_ms: float | None
     needs_rebuild: tuple[str, ...] = ()  # files whose saved changes are held until a rebuild
+    activity: str | None = None  # a long action between steps (a snapshot being written)
+    unsaved_steps: int = 0
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -286,6 +288,8 @@ class Session:
             profiling=w.profiling,
             last_step_ms=self.telemetry.last_step_ms,
             needs_rebuild=tuple(self.project.relative(p) for p in list(w.held_paths())),
+            activity=w.activity,
+            unsaved_steps=self.unsaved_steps,
         )
 
     # Internals ---------------------------------------------------------------------------

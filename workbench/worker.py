@@ -162,6 +162,7 @@ class TrainingWorker(threading.Thread):
         self.snapshot_keep = snapshot_keep
         self.last_snapshot_step: int | None = None
         self.last_snapshot_path: str | None = None
+        self.activity: str | None = None  # a long action running between steps, for the status bar
         self.step_started: float | None = None  # monotonic time the running step began (None between steps)
         self.step_ms_history: deque[float] = deque(maxlen=50)
         self._recording = False
@@ -537,7 +538,11 @@ class TrainingWorker(threading.Thread):
             self.last_snapshot_step, self.last_snapshot_path = self.step, event.path
             return dataclasses.replace(event, reason=reason)
 
-        self._publish_or_report("snapshot", write)
+        self.activity = f"writing snapshot of step {self.step}"  # large states take seconds: the status bar says so
+        try:
+            self._publish_or_report("snapshot", write)
+        finally:
+            self.activity = None
 
     def _start_memory_recording(self) -> None:
         if not self.record_memory:

@@ -43,6 +43,8 @@ class StatusBar(Static):
         text.append(state, style=_STATE_STYLE.get(s.state, "bold"))
         if s.profiling:
             text.append(" PROFILING", style="bold magenta")
+        if s.activity:
+            text.append(f" {s.activity.upper()}...", style="bold blue")
         text.append(f" | code v{s.code_version}")
         if s.needs_rebuild:
             text.append(f" | REBUILD NEEDED ({', '.join(s.needs_rebuild)}): R", style="bold red")
