@@ -178,3 +178,14 @@ def test_on_a_gpu_device_peaks_are_reported(tmp_path):
     m = by_method(report)
     assert m["per_tensor"]["peak_anon_bytes"] < 0.4 * report["checkpoint_bytes"]
     assert loadbench.format_table(report)
+
+
+def test_a_model_that_kept_its_fresh_init_fails_the_check(tiny_run):
+    """What makes "ok" mean something: every tensor of the checkpoint differs from a fresh init, biases included."""
+    from workbench.loadbench_worker import GPT2, SEED, check_model
+
+    manifest = json.loads(checkpoint_paths(tiny_run.dir, TINY)[2].read_text())
+    torch.manual_seed(SEED + 1)
+    checked, problems = check_model(GPT2(TINY), manifest["tensors"], torch.device("cpu"))
+    assert checked == TINY.tensors()
+    assert len(problems) == TINY.tensors()
