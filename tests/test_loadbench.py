@@ -189,3 +189,17 @@ def test_a_model_that_kept_its_fresh_init_fails_the_check(tiny_run):
     checked, problems = check_model(GPT2(TINY), manifest["tensors"], torch.device("cpu"))
     assert checked == TINY.tensors()
     assert len(problems) == TINY.tensors()
+
+
+def test_repeated_runs_give_median_times_and_highest_peaks():
+    from workbench.loadbench import METHOD_BY_KEY, combine_runs
+
+    def run(load_s: float, anon: int) -> dict:
+        return {"ok": True, "load_s": load_s, "ready_s": load_s + 1, "peak_anon_bytes": anon, "peak_file_bytes": 0,
+                "peak_rss_bytes": anon, "peak_device_bytes": None}
+
+    row = combine_runs(METHOD_BY_KEY["naive"], [run(3.0, 10), run(1.0, 30), run(2.0, 20)], checkpoint_bytes=10)
+    assert (row["load_s"], row["ready_s"], row["peak_anon_bytes"], row["anon_x_checkpoint"]) == (2.0, 3.0, 30, 3.0)
+    assert row["repeat"] == 3 and len(row["runs"]) == 3
+    failed = combine_runs(METHOD_BY_KEY["naive"], [run(1.0, 10), {"ok": False, "error": "boom"}], checkpoint_bytes=10)
+    assert not failed["ok"] and failed["error"] == "boom"

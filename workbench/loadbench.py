@@ -25,6 +25,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -106,10 +107,10 @@ methods (--methods, comma-separated; default all, in this order):
   per_tensor    build on meta, one file per tensor: torch.load(file, mmap=True) and assign each
 
 examples:
-  vram-bench load-bench                                 GPT-2 124M, every method, on the GPU if there is one
-  vram-bench load-bench --size 774M --device cpu
+  vram-bench load-bench                                     GPT-2 124M, every method, on the GPU if there is one
+  vram-bench load-bench --size 774M --device cpu --repeat 3  median times of 3 runs per method
+  vram-bench load-bench --size 1558M --dir /scratch/ckpt     keep the checkpoint there (reused next time)
   vram-bench load-bench --methods naive,mmap_assign --json | jq '.methods[] | {method, load_s, peak_anon_bytes}'
-  vram-bench load-bench --size 1558M --dir /scratch/ckpt   keep the checkpoint there (reused next time)
 
 Each method runs in its own process. Memory is sampled from /proc/self/status at about 200 Hz
 and shown above the baseline of a process that has only imported torch; anonymous memory
@@ -329,6 +330,16 @@ def _methods(text: str) -> list[Method]:
     return [m for m in METHODS if m.key in chosen]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def _device(text: str) -> str:
     if re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
         return text
@@ -339,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=(
-            "Compare memory-efficient ways of loading weights on a GPT-2-shaped model with random, seeded weights: "
+            "Compare memory-efficient ways of loading weights into a GPT-2-shaped model (random, seeded weights):\n"
             "peak host memory (anonymous and file-backed), peak device memory and load time, each method in its own process."
         ),
         epilog=EXAMPLES,
@@ -353,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the loaded model goes (default auto: cuda if available)")
     parser.add_argument("--dir", type=Path, metavar="PATH",
                         help="write the checkpoint here and keep it (reused by later runs); default a temp dir removed afterwards")
+    parser.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
+                        help="run each method N times (each in a fresh process): median times, highest peaks (default 1)")
     parser.add_argument("--json", action="store_true", help="print machine-readable results on stdout instead of the table")
     return parser
 
@@ -395,10 +408,11 @@ def _run(args: argparse.Namespace) -> int:
         directory = Path(tempfile.mkdtemp(prefix="vram-bench-load-"))
     single, tensor_dir, manifest_path = checkpoint_paths(directory, cfg)
 
-    progress = ProgressLine(len(methods))
+    progress = ProgressLine(len(methods) * args.repeat)
     started = _dt.datetime.now(_dt.timezone.utc).astimezone()
     prepared: dict[str, Any] = {}
     results: list[dict[str, Any]] = []
+    device = "cpu"
     try:
         # One child probes torch and the device (failing fast on --device cuda without a GPU) and writes the
         # checkpoint. With a reused checkpoint on the CPU there is nothing to ask it, so it is skipped.
@@ -427,20 +441,19 @@ def _run(args: argparse.Namespace) -> int:
             manifest = json.loads(manifest_path.read_text())
         device = prepared.get("device", "cpu")
 
-        for method in methods:
-            progress.begin(method.label)
-            outcome = run_child(
-                ["load", "--method", method.key, "--size", cfg.name, "--dir", str(directory), "--device", device],
-                progress,
-            )
-            result = outcome.result
-            if result is None:
-                result = {"ok": False, "error": _death_message(outcome)}
-            result = {"method": method.key, "label": method.label, **result}
-            if result.get("ok") and result.get("peak_anon_bytes") is not None:
-                result["anon_x_checkpoint"] = result["peak_anon_bytes"] / manifest["checkpoint_bytes"]
-            results.append(result)
-            progress.end(f"{result['load_s']:.2f} s" if result.get("ok") else f"FAILED: {result.get('error')}")
+        # Round-robin over the methods, so a slow stretch of a noisy machine is shared rather than one method's.
+        runs: dict[str, list[dict[str, Any]]] = {m.key: [] for m in methods}
+        for rep in range(args.repeat):
+            for method in methods:
+                progress.begin(method.label + (f" (run {rep + 1}/{args.repeat})" if args.repeat > 1 else ""))
+                outcome = run_child(
+                    ["load", "--method", method.key, "--size", cfg.name, "--dir", str(directory), "--device", device],
+                    progress,
+                )
+                result = outcome.result or {"ok": False, "error": _death_message(outcome)}
+                runs[method.key].append(result)
+                progress.end(f"{result['load_s']:.2f} s" if result.get("ok") else f"FAILED: {result.get('error')}")
+        results = [combine_runs(m, runs[m.key], manifest["checkpoint_bytes"]) for m in methods]
     finally:
         progress.close()
         if not keep:
@@ -455,6 +468,28 @@ def _run(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- report
+
+PEAK_KEYS = ("peak_anon_bytes", "peak_file_bytes", "peak_rss_bytes", "peak_device_bytes")
+
+
+def combine_runs(method: Method, runs: list[dict[str, Any]], checkpoint_bytes: int) -> dict[str, Any]:
+    """One method's row from its runs: median times (load time is noisy), highest peaks (what you must provision)."""
+    failed = [r for r in runs if not r.get("ok")]
+    if failed:
+        result = dict(failed[0])
+    else:
+        result = dict(sorted(runs, key=lambda r: r["load_s"])[len(runs) // 2])
+        result["load_s"] = statistics.median(r["load_s"] for r in runs)
+        result["ready_s"] = statistics.median(r["ready_s"] for r in runs)
+        for key in PEAK_KEYS:
+            values = [r[key] for r in runs if r.get(key) is not None]
+            result[key] = max(values) if values else None
+        result["anon_x_checkpoint"] = result["peak_anon_bytes"] / checkpoint_bytes
+    result = {"method": method.key, "label": method.label, **result, "repeat": len(runs)}
+    if len(runs) > 1:
+        result["runs"] = [{k: r.get(k) for k in ("ok", "error", "load_s", "ready_s", *PEAK_KEYS)} for r in runs]
+    return result
+
 
 
 def _cpu_name() -> str:
@@ -506,6 +541,7 @@ def _report(
         "device": device,
         "page_cache": "warm",
         "sample_hz": 200,
+        "repeat": max((r.get("repeat", 1) for r in results), default=1),
         "date": started.isoformat(timespec="seconds"),
         "machine": machine_info(prepared, results),
         "methods": results,
@@ -532,7 +568,8 @@ def format_table(report: dict[str, Any]) -> str:
         f"device {report['device']}; machine: {m['cpu']}, {m['cores']} cores, {ram} RAM"
         + (f", {m['gpu']}" if m.get("gpu") else "")
         + f"; {m['os']}; Python {m['python']}, torch {m['torch']}",
-        f"date {report['date']}; page cache warm; host memory sampled at ~{report['sample_hz']} Hz",
+        f"date {report['date']}; page cache warm; host memory sampled at ~{report['sample_hz']} Hz"
+        + (f"; each method run {report['repeat']} times: median times, highest peaks" if report["repeat"] > 1 else ""),
         "",
     ]
     header = ["method", "load s", "ready s", "peak anon", "peak file", "peak RSS", "peak device", "anon x ckpt"]
