@@ -299,3 +299,17 @@ def test_memory_gauges_snapshot_with_a_fake_gpu(tmp_path, snap_compare):
         assert snap_compare(app, terminal_size=(120, 44), run_before=settle)
     finally:
         session.close()
+
+
+async def test_sigterm_in_the_app_writes_a_final_snapshot_and_exits(tmp_path, session_factory):
+    import os
+    import signal
+
+    session = session_factory(write_project(tmp_path / "proj"))
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: session.status().step > 3, what="training")
+        os.kill(os.getpid(), signal.SIGTERM)  # the app's handler: snapshot, then exit (no question)
+        await until(pilot, lambda: not app.is_running, what="app exit", timeout=10)
+    session.close()
+    assert session.last_snapshot and session.worker.last_snapshot_step == session.worker.step
