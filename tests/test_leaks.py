@@ -290,3 +290,27 @@ def test_odd_tensors_do_not_break_the_census(make_module) -> None:
     assert not any(g.device == "meta" for g in report.groups)
     assert group(report, (0, 47), UNOWNED).count == 3
     assert suspect_for(report, (41, 43)).referrers[-1] == "module global odd.KEEP"
+
+
+def test_tensors_held_by_a_data_iterator_or_closure_in_the_state_belong_to_the_state():
+    from workbench.memory.leaks import find_leaks
+
+    data = torch.arange(300_000)
+
+    def batches():
+        text = data.clone()
+        while True:
+            yield text[:10]
+
+    scale = torch.ones(50_000)
+
+    def scaled(x):
+        return x * scale
+
+    loader = batches()
+    next(loader)
+    report = find_leaks({"train": loader, "fn": scaled})
+    suspects = " ".join(s.description for s in report.suspects)
+    assert "[300000]" not in suspects and "[50000]" not in suspects, report.suspects
+    owners = {(g.shape, g.owner) for g in report.groups}
+    assert ((300000,), "state") in owners and ((50000,), "state") in owners

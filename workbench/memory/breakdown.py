@@ -450,7 +450,7 @@ def _activations_part(device: str, static: int, tally: _DeviceTally, figures: _C
         if device.startswith("cuda"):
             why = "needs a CUDA step peak (the allocator's max_memory_allocated over one step)"
         else:
-            why = "needs a CUDA step peak (on CPU, see the versions table's saved-tensor figures)"
+            why = "needs a CUDA step peak (a CPU run has no allocator peak to read)"
         return Part(ACTIVATIONS, None, why)
     detail = f"step peak {human_bytes(peak)} minus static {human_bytes(static)}"
     if peak < static:

@@ -243,6 +243,13 @@ class _StateWalk:
     def visit(self, obj: Any, depth: int) -> None:
         if depth > _STATE_MAX_DEPTH or len(self.seen) >= _STATE_MAX_NODES or id(obj) in self.seen:
             return
+        if isinstance(obj, (types.GeneratorType, types.FunctionType)):
+            # A data iterator in the state (its frame's locals) and a closure in the state (its
+            # cells) hold tensors the state owns: the text and the batch a loader keeps.
+            self.seen.add(id(obj))
+            for child in _generator_or_closure_values(obj):
+                self.visit(child, depth + 1)
+            return
         if isinstance(obj, _LEAF_TYPES) or isinstance(obj, _SKIP_TYPES):
             return
         self.seen.add(id(obj))
@@ -274,6 +281,19 @@ class _StateWalk:
         if isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
             return list(obj)
         return _attribute_values(obj)
+
+
+def _generator_or_closure_values(obj: Any) -> list[Any]:
+    if isinstance(obj, types.GeneratorType):
+        frame = obj.gi_frame
+        return list(frame.f_locals.values()) if frame is not None else []
+    values = []
+    for cell in obj.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:
+            pass
+    return values
 
 
 def _attribute_values(obj: Any) -> list[Any]:
