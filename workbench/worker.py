@@ -98,6 +98,12 @@ class ApplyChanges(Command):
     changeset: ChangeSet
 
 
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
+
+
 class StepOutputError(TypeError):
     """`step` returned something that is not a loss."""
 
@@ -163,6 +169,7 @@ class TrainingWorker(threading.Thread):
         self.last_snapshot_step: int | None = None
         self.last_snapshot_path: str | None = None
         self.activity: str | None = None  # a long action running between steps, for the status bar
+        self._interrupt_lock = threading.Lock()
         self.step_started: float | None = None  # monotonic time the running step began (None between steps)
         self.step_ms_history: deque[float] = deque(maxlen=50)
         self._recording = False
@@ -286,13 +293,14 @@ class TrainingWorker(threading.Thread):
         started = time.monotonic()
         try:
             report = apply_snapshot(self.user_state, load_snapshot(path), path, partial=self.resume_partial)
-        except (ResumeMismatch, UserError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a snapshot that does not fit must not cost the session
             report = getattr(exc, "report", None)
-            message = (
-                f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
-                if report is not None
-                else str(exc)
-            )
+            if report is not None:
+                message = f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
+            elif isinstance(exc, UserError):
+                message = str(exc)
+            else:
+                message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); training starts from what setup() built"
             self.bus.publish(
                 ResumeLoaded(
                     ok=False,
@@ -334,18 +342,20 @@ class TrainingWorker(threading.Thread):
         if gpu is not None:
             self.probe.reset_peaks()  # so the peak read after the step is this step's
         started = time.perf_counter()
-        self.step_started = time.monotonic()
+        with self._interrupt_lock:
+            self.step_started = time.monotonic()
         try:
-            if step_fn is None:
-                raise NameError("step(state, bench) is not defined in the project file")
-            loss, scalars = split_step_output(step_fn(self.user_state, self.bench))
-            scalars.update(self.bench._take_logged())
+            try:
+                if step_fn is None:
+                    raise NameError("step(state, bench) is not defined in the project file")
+                loss, scalars = split_step_output(step_fn(self.user_state, self.bench))
+                scalars.update(self.bench._take_logged())
+            finally:
+                self._step_ends()
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a failing step pauses; the model survives
-            self.step_started = None
             self.bench._take_logged()
             self._step_failed(exc)
             return
-        self.step_started = None
         ms = (time.perf_counter() - started) * 1000
         self.step_ms_history.append(ms)
         if gpu is not None:
@@ -415,13 +425,21 @@ class TrainingWorker(threading.Thread):
         return "; ".join(parts) + ". Lower the batch size (or use the memory lab's techniques) and save to resume."
 
     def interrupt(self) -> bool:
-        """From another thread: raise KeyboardInterrupt in the running step (at its next Python bytecode)."""
-        if self.step_started is None or self.ident is None:
-            return False
-        import ctypes
+        """From another thread: raise KeyboardInterrupt in the running step (at its next Python bytecode).
 
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.ident), ctypes.py_object(KeyboardInterrupt))
-        return True
+        Under a lock with the step's start and end, so it can only land inside a step; one still
+        pending when the step ends is cancelled there.
+        """
+        with self._interrupt_lock:
+            if self.step_started is None or self.ident is None:
+                return False
+            _set_async_exc(self.ident, KeyboardInterrupt)
+            return True
+
+    def _step_ends(self) -> None:
+        with self._interrupt_lock:
+            self.step_started = None
+            _set_async_exc(threading.get_ident(), None)  # cancel an interrupt that arrived too late
 
     def _check_max_steps(self) -> None:
         if self.max_steps is None or self.step < self.max_steps:
@@ -578,6 +596,11 @@ class TrainingWorker(threading.Thread):
 
     def _apply(self, changeset: ChangeSet) -> None:
         relative = self.project.relative(changeset.path)
+        try:
+            self.reloader.refresh(changeset)  # decide on what would really be applied now
+        except ReloadError as exc:
+            self.bus.publish(Reload(ok=False, file=relative, error=exc.message, line=exc.line, code_version=self.reloader.version))
+            return
         reasons = self._rebuild_reasons(changeset)
         if reasons and self.user_state is not None:
             # Applying would leave live objects built by old code running new code: hold it back.
@@ -717,7 +740,10 @@ class TrainingWorker(threading.Thread):
                 committed.append(changeset)
                 changed.extend(changeset.changed)
             new_state = self._call_setup_for_rebuild()
+            reset_compiled_code()
+            report = carry_over(self.user_state, new_state)
         except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
+            new_state = None
             for _ in committed:
                 self.reloader.undo_last_commit()
             for changeset in held:
@@ -727,10 +753,10 @@ class TrainingWorker(threading.Thread):
             message = f"rebuild failed: {type(exc).__name__}: {exc}; the old state and code keep running"
             self.bus.publish(Error(where="rebuild", message=message, file=file, line=line, traceback=self._format(exc)))
             traceback.clear_frames(exc.__traceback__)
+            gc.collect()  # the half-built new state (a rebuild that ran out of memory, say)
+            self.probe.empty_cache()
             self.bus.publish(Rebuilt(ok=False, error=message, code_version=self.reloader.version))
             return
-        reset_compiled_code()
-        report = carry_over(self.user_state, new_state)
         self.user_state = new_state
         del new_state
         gc.collect()

@@ -63,7 +63,7 @@ def write_snapshot(state: Any, step: int, code_version: int, run_dir: Path, keep
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    _prune(folder, keep)
+    _prune(folder, keep, protect=final)
     return Snapshot(path=str(final), bytes=final.stat().st_size, step=step, seconds=time.monotonic() - started)
 
 
@@ -90,15 +90,22 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _prune(folder: Path, keep: int) -> None:
-    for old in snapshots_in(folder)[max(keep, 1) :]:
+def _prune(folder: Path, keep: int, protect: Path) -> None:
+    for old in [p for p in snapshots_in(folder) if p != protect][max(keep, 1) - 1 :]:
         old.unlink(missing_ok=True)
 
 
 def snapshots_in(folder: Path) -> list[Path]:
-    """Complete snapshots, newest (highest step) first; temp files are never listed."""
-    found = [(int(m.group(1)), p) for p in folder.glob("step-*.pt") if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found, reverse=True)]
+    """Complete snapshots, most recently written first (a new run's step 100 is newer than an old run's
+    step 5000); temp files are never listed."""
+    found = []
+    for path in folder.glob("step-*.pt"):
+        if _NAME.match(path.name):
+            try:
+                found.append((path.stat().st_mtime_ns, path.name, path))
+            except FileNotFoundError:
+                continue
+    return [p for *_, p in sorted(found, reverse=True)]
 
 
 def find_snapshot(run_dir: Path, spec: str) -> Path:
@@ -186,6 +193,14 @@ def apply_snapshot(state: Any, payload: dict[str, Any], path: Path, *, partial: 
         report.unexpected.extend(f"{name}.{k}" for k in saved if k not in live)
         plans.append((module, usable))
     report.unexpected.extend(f"{n}.*" for n in saved_modules if n not in modules)
+    for name, optimizer in optimizers.items():
+        saved_opt = payload.get("optimizers", {}).get(name)
+        if saved_opt is None:
+            continue
+        saved_groups = [len(g.get("params", ())) for g in saved_opt.get("param_groups", ())]
+        live_groups = [len(g["params"]) for g in optimizer.param_groups]
+        if saved_groups != live_groups:
+            report.mismatched.append(f"optimizer {name}: parameter groups {saved_groups} -> {live_groups}")
     if not report.clean and not partial:
         raise ResumeMismatch(report)
     with torch.no_grad():

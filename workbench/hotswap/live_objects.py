@@ -30,17 +30,23 @@ _MAX_ITEMS = 256
 
 def nested_code_pairs(old: types.CodeType, new: types.CodeType) -> dict[types.CodeType, types.CodeType]:
     """Old → new code of the functions defined inside a function, matched by qualified name."""
-    def collect(code: types.CodeType, out: dict[str, types.CodeType]) -> None:
+    def collect(code: types.CodeType, out: dict[str, list[types.CodeType]]) -> None:
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
-                out[getattr(const, "co_qualname", const.co_name)] = const
+                out.setdefault(getattr(const, "co_qualname", const.co_name), []).append(const)
                 collect(const, out)
 
-    olds: dict[str, types.CodeType] = {}
-    news: dict[str, types.CodeType] = {}
+    olds: dict[str, list[types.CodeType]] = {}
+    news: dict[str, list[types.CodeType]] = {}
     collect(old, olds)
     collect(new, news)
-    return {code: news[name] for name, code in olds.items() if name in news and news[name] != code}
+    # Two lambdas in one function share a qualified name: which new one is which old one cannot be
+    # told, so those are not paired (their live closures keep the old code) rather than guessed.
+    return {
+        codes[0]: news[name][0]
+        for name, codes in olds.items()
+        if len(codes) == 1 and len(news.get(name, ())) == 1 and news[name][0] != codes[0]
+    }
 
 
 def iter_live(roots: list[Any]) -> Iterator[tuple[str, Any]]:

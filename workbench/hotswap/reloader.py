@@ -162,23 +162,7 @@ class Reloader:
         path = changeset.path
         if changeset.module is None:
             return self.version
-        with self._lock:
-            applied = self._applied.get(path)
-        if applied is not None and applied != changeset.base_source:
-            # Something else changed this file's live code since this was planned
-            # (a failed change, a rollback): plan again from what is live.
-            fresh = plan_reload(
-                changeset.module,
-                path,
-                self._index(path, applied),
-                changeset.new_source,
-                required=self._required_for(path),
-                other_namespaces=self._others(path),
-            )
-            fresh.detected_at = changeset.detected_at
-            changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
-            changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
-            changeset.base_source, changeset.index = applied, fresh.index
+        self.refresh(changeset)
         live_copies = [p for p in changeset.patches if isinstance(p, UpdateLiveCopies)]
         for patch in live_copies:
             patch.roots = [*(roots or []), *((f"module {m.__name__}", m.__dict__) for m in self.project.modules().values())]
@@ -210,12 +194,36 @@ class Reloader:
                 )
             return self.version
 
+    def refresh(self, changeset: ChangeSet) -> None:
+        """Plan again from what is live if the file's live code changed since this was planned
+        (a change held back or failed, a rollback): decide and apply on the fresh plan."""
+        if changeset.module is None:
+            return
+        path = changeset.path
+        with self._lock:
+            applied = self._applied.get(path)
+        if applied is None or applied == changeset.base_source:
+            return
+        fresh = plan_reload(
+            changeset.module,
+            path,
+            self._index(path, applied),
+            changeset.new_source,
+            required=self._required_for(path),
+            other_namespaces=self._others(path),
+        )
+        changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
+        changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
+        changeset.statements, changeset.base_source, changeset.index = fresh.statements, applied, fresh.index
+
     def rollback(self) -> tuple[AppliedVersion, int]:
         """Undo the last applied version (training thread). Versions only count up: the result is a new one."""
         with self._lock:
             while self._history and not self._history[-1].changed:
                 # Line-number-only updates are folded into the rollback of what came before them.
-                undo_all(list(self._history.pop().patches))
+                folded = self._history.pop()
+                undo_all(list(folded.patches))
+                self._applied[folded.path] = self._prepared[folded.path] = folded.previous_source
             if not self._history:
                 raise ReloadError("nothing to roll back: no applied reload is left in the history")
         last = self._undo_last()

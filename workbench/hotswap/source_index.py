@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from dataclasses import dataclass, field
 
 
@@ -32,6 +33,15 @@ class Statement:
         return ast.increment_lineno(copy.deepcopy(self.node), self.shift)
 
 
+# str.splitlines() also splits on \f, \x1c-\x1e, \x85, \u2028, \u2029; Python's tokenizer only on \n, \r\n, \r.
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def split_lines(source: str) -> list[str]:
+    """Lines as Python numbers them (keeping their endings)."""
+    return _LINE.findall(source)
+
+
 def _span(node: ast.stmt) -> tuple[int, int]:
     first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
     return first - 1, node.end_lineno or node.lineno
@@ -47,7 +57,7 @@ class SourceIndex:
     def parse(cls, source: str, filename: str) -> SourceIndex:
         """Parse the whole file (raises SyntaxError)."""
         tree = ast.parse(source, filename)
-        return cls(source, source.splitlines(keepends=True), [Statement(*_span(n), n) for n in tree.body])
+        return cls(source, split_lines(source), [Statement(*_span(n), n) for n in tree.body])
 
 
 @dataclass
@@ -64,7 +74,7 @@ class SourceDiff:
 
 def diff_source(base: SourceIndex, source: str, filename: str) -> SourceDiff:
     """Re-parse only the statements overlapping the changed lines (raises SyntaxError with file lines)."""
-    old, new = base.lines, source.splitlines(keepends=True)
+    old, new = base.lines, split_lines(source)
     limit = min(len(old), len(new))
     prefix = 0
     while prefix < limit and old[prefix] == new[prefix]:
