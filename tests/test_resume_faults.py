@@ -246,3 +246,17 @@ def test_sigterm_writes_a_final_snapshot_and_exits_cleanly(tmp_path):
     assert load_snapshot(Path(snapshot["path"]))["step"] == events[-1]["step"]
     assert torch.load(snapshot["path"], weights_only=True)["format"] == "vram-bench-snapshot/1"
     assert os.path.getsize(snapshot["path"]) == snapshot["bytes"]
+
+
+def test_headless_with_stdin_closed_ends_on_an_error_pause_instead_of_waiting_forever(tmp_path):
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(TRAIN_PY.replace("    time.sleep(SLEEP)\n", "    time.sleep(SLEEP)\n    if bench.step == 3:\n        raise ValueError('bad batch')\n"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench", "run", str(project / "train.py"), "--headless", "--max-steps", "100"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 1, proc.stderr
+    assert events[-1]["event"] == "exit" and events[-1]["reason"] == "error" and events[-1]["step"] == 3
+    assert any(e["event"] == "error" and "bad batch" in e["message"] for e in events)

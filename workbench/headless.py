@@ -7,16 +7,21 @@ from other threads go to stderr.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import TextIO
 
-from workbench.events import CommandError, Error, Exit, parse_command
+from workbench.events import CommandError, Error, Exit, Interrupt, parse_command
 from workbench.session import Session
 
 
 def _read_commands(session: Session, stdin: TextIO) -> None:
-    """Stdin reader thread. End of input is not a quit: scripts may close stdin and let it run."""
+    """Stdin reader thread. End of input is not a quit: scripts may close stdin and let it run.
+
+    But with nobody left to send `resume`, a pause for an error would wait forever: from then
+    on such a pause ends the run (exit code 1), unless a saved fix comes first.
+    """
     for line in stdin:
         if not line.strip():
             continue
@@ -24,6 +29,7 @@ def _read_commands(session: Session, stdin: TextIO) -> None:
             session.send(parse_command(line))
         except CommandError as exc:
             session.bus.publish(Error(where="command", message=str(exc)))
+    session.worker.exit_on_error_pause = True
 
 
 def run_headless(session: Session, stdout: TextIO, stdin: TextIO | None) -> int:
@@ -58,8 +64,21 @@ def _quit_on_signals(session: Session) -> dict[int, object]:
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous: dict[int, object] = {}
+    received = {"count": 0}
+
+    def handle(signum: int, final_snapshot: bool) -> None:
+        received["count"] += 1
+        if received["count"] == 1:
+            session.request_quit(final_snapshot=final_snapshot)
+            if session.worker.step_started is not None:
+                session.bus.publish(Error(where="command", message="stopping after the current step; signal again to interrupt it"))
+        elif received["count"] == 2:
+            session.send(Interrupt())  # a hung step: raise KeyboardInterrupt in it, then quit as asked
+        else:
+            os._exit(130)  # a step stuck in C code: the user insists
+
     handlers = {signal.SIGINT: False, signal.SIGTERM: True, signal.SIGHUP: True}
     for sig, final_snapshot in handlers.items():
         previous[sig] = signal.getsignal(sig)
-        signal.signal(sig, lambda *_, snap=final_snapshot: session.request_quit(final_snapshot=snap))
+        signal.signal(sig, lambda signum, _frame, snap=final_snapshot: handle(signum, snap))
     return previous

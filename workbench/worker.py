@@ -170,6 +170,7 @@ class TrainingWorker(threading.Thread):
         self.last_snapshot_path: str | None = None
         self.activity: str | None = None  # a long action running between steps, for the status bar
         self._interrupt_lock = threading.Lock()
+        self.exit_on_error_pause = False  # headless with stdin closed: nobody could resume
         self.step_started: float | None = None  # monotonic time the running step began (None between steps)
         self.step_ms_history: deque[float] = deque(maxlen=50)
         self._recording = False
@@ -790,6 +791,8 @@ class TrainingWorker(threading.Thread):
     def _pause(self, reason: str) -> None:
         self.state, self.pause_reason = RunState.PAUSED, reason
         self.bus.publish(Paused(reason=reason, step=self.step))
+        if self.exit_on_error_pause and reason in AUTO_RESUME_REASONS:
+            self.exit_code, self.exit_reason, self._quit = 1, reason, True
 
     def _resume(self, reason: str) -> None:
         self.state, self.pause_reason = RunState.RUNNING, None
