@@ -611,3 +611,32 @@ def test_cleanup_returns_host_memory_held_by_a_garbage_cycle(start_session) -> N
         gc.enable()
     assert cleanup.freed_bytes >= 48 * 1024 * 1024, cleanup
     assert cleanup.before["rss"] - cleanup.after["rss"] >= 48 * 1024 * 1024
+
+
+# --------------------------------------------------------------------------- a save during a long setup
+
+SLOW_SETUP = """\
+import time
+import torch
+import helper
+
+
+def setup(bench):
+    time.sleep(1.5)  # loading a large model
+    model = torch.nn.Linear(4, 1)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}
+
+
+def step(state, bench):
+    return {"loss": 1.0, "scale": helper.scale()}
+"""
+
+
+def test_a_save_made_while_setup_runs_is_applied_after_it(start_session) -> None:
+    live = start_session({"train.py": SLOW_SETUP, "helper.py": "def scale():\n    return 1.0\n"})
+    live.wait_for(is_event("setup", status="running"))
+    save(live.root / "helper.py", "def scale():\n    return 2.0\n")  # setup is still sleeping
+    live.wait_for(is_event("setup", status="done"), timeout=30)
+    reload = live.wait_for(is_event("reload", file="helper.py"), timeout=15)
+    assert reload.changed == ("scale",), reload
+    assert live.events.steps(2, lambda e: e.scalars["scale"] == 2.0)

@@ -7,6 +7,7 @@ hot-swapper can patch the very module objects the training code uses.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import inspect
 import os
@@ -64,6 +65,54 @@ class Project:
             cached = (key, {path: module for path, module in _modules_under(self.root)})
             self._modules_cache = cached
         return dict(cached[1])
+
+
+# The source each project module was imported from, read as it was imported. A save made while
+# setup() is still running (it may take minutes) must be diffed against what actually ran, not
+# against the file as it is when the reloader first looks at it.
+IMPORTED_SOURCES: dict[Path, str] = {}
+
+
+class _RecordingLoader(importlib.machinery.SourceFileLoader):
+    def get_code(self, fullname: str):  # type: ignore[override]
+        try:
+            IMPORTED_SOURCES[Path(self.path).resolve()] = self.get_data(self.path).decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            pass
+        return super().get_code(fullname)
+
+
+class _SourceRecorder:
+    """A meta path finder that lets project modules import as usual, remembering their source."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if (
+            spec is not None
+            and isinstance(spec.loader, importlib.machinery.SourceFileLoader)
+            and spec.origin
+            and is_project_file(Path(spec.origin), self.root)
+        ):
+            spec.loader = _RecordingLoader(spec.loader.name, spec.loader.path)
+        return spec
+
+
+def _install_recorder(root: Path) -> None:
+    for finder in list(sys.meta_path):
+        if isinstance(finder, _SourceRecorder):
+            sys.meta_path.remove(finder)
+    sys.meta_path.insert(0, _SourceRecorder(root))
+
+
+def _remove_recorder(root: Path) -> None:
+    for finder in list(sys.meta_path):
+        if isinstance(finder, _SourceRecorder) and finder.root == root:
+            sys.meta_path.remove(finder)
+    for path in [p for p in IMPORTED_SOURCES if p.is_relative_to(root)]:
+        del IMPORTED_SOURCES[path]
 
 
 def load_project(path: Path | str) -> Project:
@@ -133,7 +182,8 @@ def _import_entry(entry: Path, root: Path) -> ModuleType:
     added_to_path = str(root) not in sys.path
     if added_to_path:
         sys.path.insert(0, str(root))
-    spec = importlib.util.spec_from_file_location(module_name, entry)
+    _install_recorder(root)
+    spec = importlib.util.spec_from_file_location(module_name, entry, loader=_RecordingLoader(module_name, str(entry)))
     if spec is None or spec.loader is None:
         raise ContractError("cannot be imported as a Python module.", file=entry)
     module = importlib.util.module_from_spec(spec)
@@ -164,6 +214,7 @@ def _module_name_for(entry: Path) -> str:
 
 
 def _forget(module_name: str, root: Path, added_to_path: bool) -> None:
+    _remove_recorder(root)
     sys.modules.pop(module_name, None)
     _remove_modules_under(root)
     if added_to_path and str(root) in sys.path:
@@ -237,6 +288,7 @@ def _remove_modules_under(root: Path) -> None:
 
 def unload_project(project: Project) -> None:
     """Forget the project's modules and sys.path entry (sessions in tests share one process)."""
+    _remove_recorder(project.root)
     _remove_modules_under(project.root)
     _loaded_roots.discard(project.root)
     try:

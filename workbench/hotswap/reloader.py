@@ -22,7 +22,7 @@ from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.patches import Patch, apply_all, undo_all
 from workbench.hotswap.planner import ChangeSet, ReloadError, plan_reload
 from workbench.hotswap.source_index import SourceIndex
-from workbench.project import Project
+from workbench.project import IMPORTED_SOURCES, Project
 
 DEFAULT_MAX_HISTORY = 50
 
@@ -57,10 +57,12 @@ class Reloader:
             with self._lock:
                 if path in self._applied:
                     continue
-            try:
-                source = path.read_text(encoding="utf-8")
-            except OSError:
-                continue
+            source = IMPORTED_SOURCES.get(path)  # what was imported, even if saved over since
+            if source is None:
+                try:
+                    source = path.read_text(encoding="utf-8")
+                except OSError:
+                    continue
             with self._lock:
                 self._applied.setdefault(path, source)
 
