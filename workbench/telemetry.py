@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from workbench.memory.sampler import MemorySample
+from workbench.versions import VersionTable
 
 SERIES_POINTS = 20_000
 
@@ -28,6 +29,7 @@ class Telemetry:
         self._points = points
         self._memory_history: deque[MemorySample] = deque(maxlen=memory_history)
         self.step_peaks: dict[int, int] = {}  # GPU index -> peak allocated during the last step
+        self.versions = VersionTable()
         self._series: dict[str, deque[tuple[int, float]]] = {}
         self._step_times: deque[float] = deque(maxlen=512)
         self._version_starts: deque[tuple[int, int]] = deque(maxlen=1000)
@@ -46,12 +48,14 @@ class Telemetry:
             self._step_times.append(time.monotonic())
             self.last_step_ms = ms
 
-    def record_version(self, step: int, version: int) -> None:
+    def record_version(self, step: int, version: int, changed: tuple[str, ...] = ()) -> None:
         self._version_starts.append((step, version))
+        self.versions.start(version, changed, step)
 
     def store_memory(self, sample: MemorySample) -> None:
         self.memory = sample
         self._memory_history.append(sample)
+        self.versions.record_rss(sample.host.rss)
 
     def memory_history(self, seconds: float) -> tuple[MemorySample, ...]:
         """Samples of the last `seconds` (oldest first) for the gauges' history lines."""

@@ -76,6 +76,7 @@ from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
 from workbench.rebuild import carry_over
 from workbench.state_walk import find_instances
+from workbench.saved_bytes import SavedBytes
 from workbench.telemetry import Telemetry
 
 
@@ -349,7 +350,13 @@ class TrainingWorker(threading.Thread):
             try:
                 if step_fn is None:
                     raise NameError("step(state, bench) is not defined in the project file")
-                loss, scalars = split_step_output(step_fn(self.user_state, self.bench))
+                if self.telemetry.versions.wants_saved_measurement():
+                    with SavedBytes(self.user_state) as saved:
+                        out = step_fn(self.user_state, self.bench)
+                    self.telemetry.versions.record_saved(saved.bytes)
+                else:
+                    out = step_fn(self.user_state, self.bench)
+                loss, scalars = split_step_output(out)
                 scalars.update(self.bench._take_logged())
             finally:
                 self._step_ends()
@@ -366,6 +373,7 @@ class TrainingWorker(threading.Thread):
         self._track_new_modules()
         self.step += 1
         self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
+        self.telemetry.versions.record_step(ms, loss, scalars, self.telemetry.step_peaks.get(gpu) if gpu is not None else None)
         self.bus.publish(Step(step=self.step, loss=loss, ms=ms, scalars=scalars, code_version=self.reloader.version))
         if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
             self._run_evaluate()
@@ -529,6 +537,7 @@ class TrainingWorker(threading.Thread):
             traceback.clear_frames(exc.__traceback__)
             return
         self.telemetry.record_step(self.step, scalars, 0.0, count=False)
+        self.telemetry.versions.record_scalars(scalars)
         self.bus.publish(Evaluation(step=self.step, scalars=scalars, ms=(time.perf_counter() - started) * 1000))
 
     def _breakdown(self) -> BreakdownReady:
@@ -645,7 +654,7 @@ class TrainingWorker(threading.Thread):
         else:
             self._statements.pop(changeset.path, None)
         if changeset.changed:
-            self.telemetry.record_version(self.step, version)
+            self.telemetry.record_version(self.step, version, tuple(changeset.changed))
             if reset_compiled_code():
                 notes.append("torch.compile caches were reset: compiled code recompiles on its next call")
         self.bus.publish(
@@ -710,7 +719,7 @@ class TrainingWorker(threading.Thread):
             self._command_error(exc.message)
             return
         self._held.pop(undone.path, None)
-        self.telemetry.record_version(self.step, version)
+        self.telemetry.record_version(self.step, version, (f"rollback of v{undone.version}",))
         reset_compiled_code()
         self.bus.publish(
             Reload(
@@ -764,7 +773,7 @@ class TrainingWorker(threading.Thread):
         self.probe.empty_cache()
         version = self.reloader.version
         if changed:
-            self.telemetry.record_version(self.step, version)
+            self.telemetry.record_version(self.step, version, tuple(changed))
         self.bus.publish(
             Rebuilt(
                 ok=True,

@@ -21,6 +21,7 @@ from workbench.tui.screens.breakdown import BreakdownScreen
 from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.leaks import LeaksScreen
 from workbench.tui.screens.quit import ConfirmQuitScreen
+from workbench.tui.screens.versions import VersionsScreen
 from workbench.tui.widgets.loss_chart import LossChart
 from workbench.tui.widgets.memory_gauges import MemoryGauges
 from workbench.tui.widgets.reload_log import ReloadLog
@@ -44,6 +45,7 @@ class VramBenchApp(App[None]):
         Binding("e", "evaluate", "Eval", id="evaluate"),
         Binding("c", "cleanup", "Cleanup", id="cleanup"),
         Binding("b", "breakdown", "Breakdown", id="breakdown"),
+        Binding("v", "versions", "Versions", id="versions"),
         Binding("t", "leaks", "Leaks", id="leaks", show=False),
         Binding("m", "memory_snapshot", "Memory snapshot", id="memory_snapshot", show=False),
         Binding("s", "snapshot", "Snapshot", id="snapshot"),
@@ -63,6 +65,7 @@ class VramBenchApp(App[None]):
         ("x", "run the changed module statements a reload held back (e.g. MODEL = Net())"),
         ("e", "run evaluate(state, bench) now; its scalars join the chart"),
         ("c", "cleanup: gc.collect + torch.cuda.empty_cache, and what it freed"),
+        ("v", "versions table: per code version steps/s, saved activations, peaks, loss, and the change vs the previous"),
         ("b", "memory breakdown: parameters, gradients, optimizer state, buffers, activations, cache; with advice"),
         ("t", "leak finder: every live tensor by owner; the largest unowned ones and what keeps them alive"),
         ("m", "CUDA memory snapshot for pytorch.org/memory_viz (to .vram-bench/memory/; --record-memory for stacks)"),
@@ -165,6 +168,9 @@ class VramBenchApp(App[None]):
 
     def action_run_statements(self) -> None:
         self.session.send(RunStatements())
+
+    def action_versions(self) -> None:
+        self.push_screen(VersionsScreen(self.session))
 
     def action_breakdown(self) -> None:
         self.push_screen(BreakdownScreen(self.session))
