@@ -78,3 +78,23 @@ async def test_versions_screen_shows_rows_and_exports(tmp_path, session_factory)
         await until(pilot, lambda: bool(list((tmp_path / "proj" / ".vram-bench").glob("versions-*.json"))), what="export")
         rows = json.loads(next((tmp_path / "proj" / ".vram-bench").glob("versions-*.json")).read_text())
         assert [r["changed"] for r in rows] == [[], ["TAG"]]
+
+
+async def test_profile_table_opens_in_the_app(tmp_path, session_factory):
+    import io
+
+    from rich.console import Console
+
+    session = session_factory(write_project(tmp_path / "proj"))
+    app = make_app(session)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: session.status().step > 3, what="training")
+        await pilot.press("p")
+        await until(pilot, lambda: session.last_profile is not None, what="profile", timeout=30)
+        await pilot.press("o")
+        await until(pilot, lambda: type(app.screen).__name__ == "ProfileScreen", what="profile screen")
+        console = Console(width=140, record=True, file=io.StringIO())
+        for widget in app.screen.query("Static"):
+            console.print(widget.content)
+        text = console.export_text()
+        assert "aten::" in text and "self CPU ms" in text and ".json.gz" in text

@@ -246,6 +246,10 @@ class Session:
         unload_project(self.project)
 
     @property
+    def last_profile(self):  # type: ignore[no-untyped-def]
+        return self.worker.last_profile
+
+    @property
     def last_snapshot(self) -> str | None:
         return self.worker.last_snapshot_path
 

@@ -55,7 +55,8 @@ class Telemetry:
     def store_memory(self, sample: MemorySample) -> None:
         self.memory = sample
         self._memory_history.append(sample)
-        self.versions.record_rss(sample.host.rss)
+        reserved = [g.reserved for g in sample.gpus if g.reserved is not None]
+        self.versions.record_memory(sample.host.rss, sum(reserved) if reserved else None)
 
     def memory_history(self, seconds: float) -> tuple[MemorySample, ...]:
         """Samples of the last `seconds` (oldest first) for the gauges' history lines."""

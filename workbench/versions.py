@@ -33,6 +33,7 @@ class VersionStats:
     losses: deque[float] = field(default_factory=lambda: deque(maxlen=LOSS_WINDOW))
     saved: list[int] = field(default_factory=list)
     peak_allocated: int | None = None
+    peak_reserved: int | None = None
     peak_rss: int | None = None
     scalars: dict[str, float] = field(default_factory=dict)  # last value of every other series (logs, evaluate)
 
@@ -48,6 +49,7 @@ class VersionStats:
             "steps_per_second": round(1000 / median, 3) if median else None,
             "saved_bytes_per_step": max(self.saved) if self.saved else None,
             "peak_allocated": self.peak_allocated,
+            "peak_reserved": self.peak_reserved,
             "peak_rss": self.peak_rss,
             "mean_loss": round(statistics.fmean(self.losses), 6) if self.losses else None,
             "scalars": dict(self.scalars),
@@ -86,9 +88,11 @@ class VersionTable:
         self.current.scalars.update(scalars)
 
     # Writer: the memory sampler ----------------------------------------------------------
-    def record_rss(self, rss: int) -> None:
+    def record_memory(self, rss: int, reserved: int | None) -> None:
         v = self.current
         v.peak_rss = max(v.peak_rss or 0, rss)
+        if reserved is not None:
+            v.peak_reserved = max(v.peak_reserved or 0, reserved)
 
     # Readers -------------------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:

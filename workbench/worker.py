@@ -172,6 +172,7 @@ class TrainingWorker(threading.Thread):
         self.activity: str | None = None  # a long action running between steps, for the status bar
         self._interrupt_lock = threading.Lock()
         self.exit_on_error_pause = False  # headless with stdin closed: nobody could resume
+        self.last_profile: Profile | None = None
         self.step_started: float | None = None  # monotonic time the running step began (None between steps)
         self.step_ms_history: deque[float] = deque(maxlen=50)
         self._recording = False
@@ -379,7 +380,12 @@ class TrainingWorker(threading.Thread):
             self._run_evaluate()
         if self._profile is not None and self._profile.step_done():
             profile, self._profile = self._profile, None
-            self._publish_or_report("profile", profile.finish)
+
+            def finish() -> Profile:
+                self.last_profile = profile.finish()
+                return self.last_profile
+
+            self._publish_or_report("profile", finish)
         if not math.isfinite(loss):
             try:
                 culprits = describe_non_finite(self.user_state)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from workbench.events import Profile
 
@@ -17,14 +17,19 @@ TOP_OPS = 10
 class ProfileRun:
     """Started before a step, fed each finished step, finished after the last one."""
 
-    def __init__(self, steps: int, run_dir: Path, code_version: int, cuda: bool) -> None:
+    def __init__(self, steps: int, run_dir: Path, code_version: int, cuda: bool, warmup: int = 1) -> None:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         self.steps = steps
-        self.remaining = steps
+        self.remaining = steps + warmup  # the first step warms up (allocator, kernels) and is not recorded
         self._run_dir = run_dir
         self._code_version = code_version
         self._cuda = cuda
-        self._profiler = profile(activities=activities, profile_memory=True, record_shapes=True)
+        self._profiler = profile(
+            activities=activities,
+            profile_memory=True,
+            record_shapes=True,
+            schedule=schedule(wait=0, warmup=warmup, active=steps, repeat=1),
+        )
         self._profiler.__enter__()
 
     def step_done(self) -> bool:
@@ -45,8 +50,11 @@ class ProfileRun:
         self._profiler.__exit__(None, None, None)
 
     def _top_ops(self) -> list[dict[str, Any]]:
-        averages = self._profiler.key_averages()
-        rows = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:TOP_OPS]
+        """The top operators by self CPU time, then (if not already listed) by memory allocated."""
+        averages = list(self._profiler.key_averages())
+        by_time = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:TOP_OPS]
+        by_memory = sorted(averages, key=lambda e: abs(getattr(e, "self_cpu_memory_usage", 0) or 0), reverse=True)
+        rows = by_time + [e for e in by_memory[:TOP_OPS] if e not in by_time and getattr(e, "self_cpu_memory_usage", 0)]
         out = []
         for e in rows:
             row: dict[str, Any] = {

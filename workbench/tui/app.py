@@ -20,6 +20,7 @@ from workbench.session import Session
 from workbench.tui.screens.breakdown import BreakdownScreen
 from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.leaks import LeaksScreen
+from workbench.tui.screens.profile import ProfileScreen
 from workbench.tui.screens.quit import ConfirmQuitScreen
 from workbench.tui.screens.versions import VersionsScreen
 from workbench.tui.widgets.loss_chart import LossChart
@@ -46,6 +47,7 @@ class VramBenchApp(App[None]):
         Binding("c", "cleanup", "Cleanup", id="cleanup"),
         Binding("b", "breakdown", "Breakdown", id="breakdown"),
         Binding("v", "versions", "Versions", id="versions"),
+        Binding("o", "last_profile", "Last profile", id="last_profile", show=False),
         Binding("t", "leaks", "Leaks", id="leaks", show=False),
         Binding("m", "memory_snapshot", "Memory snapshot", id="memory_snapshot", show=False),
         Binding("s", "snapshot", "Snapshot", id="snapshot"),
@@ -66,6 +68,7 @@ class VramBenchApp(App[None]):
         ("e", "run evaluate(state, bench) now; its scalars join the chart"),
         ("c", "cleanup: gc.collect + torch.cuda.empty_cache, and what it freed"),
         ("v", "versions table: per code version steps/s, saved activations, peaks, loss, and the change vs the previous"),
+        ("o", "the last profile's top operators by time and memory"),
         ("b", "memory breakdown: parameters, gradients, optimizer state, buffers, activations, cache; with advice"),
         ("t", "leak finder: every live tensor by owner; the largest unowned ones and what keeps them alive"),
         ("m", "CUDA memory snapshot for pytorch.org/memory_viz (to .vram-bench/memory/; --record-memory for stacks)"),
@@ -171,6 +174,9 @@ class VramBenchApp(App[None]):
 
     def action_versions(self) -> None:
         self.push_screen(VersionsScreen(self.session))
+
+    def action_last_profile(self) -> None:
+        self.push_screen(ProfileScreen(self.session.last_profile))
 
     def action_breakdown(self) -> None:
         self.push_screen(BreakdownScreen(self.session))

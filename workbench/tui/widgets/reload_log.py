@@ -139,7 +139,7 @@ def _describe(line: Text, event: Event, root: Path) -> None:
         if event.status == "started":
             line.append(f"recording the next {event.steps} steps...")
         else:
-            line.append(f"{event.steps} steps -> {_relative(event.trace or '', root)} (open in ui.perfetto.dev); top ops by self CPU time:")
+            line.append(f"{event.steps} steps -> {_relative(event.trace or '', root)} (open in ui.perfetto.dev; o shows the table); top ops:")
     elif isinstance(event, Print):
         style = "yellow" if event.stream == "stderr" else ""
         line.append(f"[{event.stream}] ", style="dim")
