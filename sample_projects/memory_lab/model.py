@@ -1,8 +1,9 @@
 """A deep residual MLP: wide enough that its activations, not its weights, fill memory.
 
 Each block is pre-norm: x + proj(gelu(fc(norm(x)))). With a batch of 1024 rows
-and width 160, one block keeps about 3.3 MB of activations for backward but
-holds only 0.8 MB of weights; eight of them make activation memory about ten
+and width 160, one block keeps about 6.5 MB of activations for backward
+(its LayerNorm's input and output, the 640-wide Linear output and the GELU
+output) but holds only 0.8 MB of weights: activation memory is about eight
 times the parameter memory. That is the regime where checkpointing, bf16 and
 smaller micro-batches pay off.
 """
