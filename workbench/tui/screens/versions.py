@@ -37,8 +37,9 @@ class VersionsScreen(ModalScreen[None]):
 
     def redraw(self) -> None:
         table = Table(box=None, padding=(0, 1))
-        for column in ("v", "changed", "steps", "ms/step", "steps/s", "saved/step", "peak GPU", "peak RSS", "loss", "vs previous"):
-            table.add_column(column, justify="left" if column in ("changed", "vs previous") else "right")
+        columns = ("v", "changed", "steps", "ms/step", "steps/s", "saved/step", "peak GPU", "peak RSS", "loss", "logged", "vs previous")
+        for column in columns:
+            table.add_column(column, justify="left" if column in ("changed", "logged", "vs previous") else "right")
         for row in self._session.telemetry.versions.rows():
             table.add_row(
                 str(row["version"]),
@@ -50,6 +51,7 @@ class VersionsScreen(ModalScreen[None]):
                 human_bytes(row["peak_allocated"]) if row["peak_allocated"] is not None else "n/a",
                 human_bytes(row["peak_rss"]) if row["peak_rss"] is not None else "n/a",
                 _num(row["mean_loss"], "{:.4f}"),
+                ", ".join(f"{k} {v:.4g}" for k, v in list(row["scalars"].items())[:3]),
                 Text(row["delta"], style="yellow"),
             )
         self.query_one("#versions", Static).update(table)
