@@ -38,6 +38,7 @@ def test_delta_names_what_changed_and_by_how_much():
     before = {"saved_bytes_per_step": 1000, "median_step_ms": 10.0, "peak_allocated": None, "mean_loss": 2.0}
     after = {"saved_bytes_per_step": 620, "median_step_ms": 11.2, "peak_allocated": None, "mean_loss": 2.0}
     assert describe_delta(before, after) == "-38% saved activations, +12% step time"
+    assert describe_delta({"saved_bytes_per_step": 50}, {"saved_bytes_per_step": 55_000}) == "x1100 saved activations"
 
 
 def test_three_saves_give_four_rows_with_their_own_figures(start_session, tmp_path):

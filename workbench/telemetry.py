@@ -50,7 +50,7 @@ class Telemetry:
 
     def record_version(self, step: int, version: int, changed: tuple[str, ...] = ()) -> None:
         self._version_starts.append((step, version))
-        self.versions.start(version, changed, step)
+        self.versions.start(version, changed, step)  # a no-op when the version did not change
 
     def store_memory(self, sample: MemorySample) -> None:
         self.memory = sample

@@ -65,8 +65,9 @@ class VersionTable:
         return self._versions[-1]
 
     # Writer: the training thread ---------------------------------------------------------
-    def start(self, version: int, changed: tuple[str, ...], step: int) -> None:
-        if version != self.current.version:
+    def start(self, version: int, changed: tuple[str, ...], step: int, *, fresh_state: bool = False) -> None:
+        """A new row when the code version changes, or when a rebuild made the state anew."""
+        if version != self.current.version or fresh_state:
             self._versions.append(VersionStats(version, changed, step))
 
     def wants_saved_measurement(self) -> bool:
@@ -136,6 +137,8 @@ def describe_delta(before: dict[str, Any], after: dict[str, Any]) -> str:
         a, b = before.get(key), after.get(key)
         if a and b is not None:
             change = (b - a) / a
-            if abs(change) >= 0.01:
+            if change > 9:
+                parts.append(f"x{b / a:.0f} {label}")  # from next to nothing: a ratio reads better than +110008%
+            elif abs(change) >= 0.01:
                 parts.append(f"{change:+.0%} {label}")
     return ", ".join(parts)

@@ -778,8 +778,9 @@ class TrainingWorker(threading.Thread):
         gc.collect()
         self.probe.empty_cache()
         version = self.reloader.version
-        if changed:
-            self.telemetry.record_version(self.step, version, tuple(changed))
+        self.telemetry.record_version(self.step, version, ("rebuild", *changed))
+        if not changed:  # same code, new state: still its own row in the versions table
+            self.telemetry.versions.start(version, ("rebuild",), self.step, fresh_state=True)
         self.bus.publish(
             Rebuilt(
                 ok=True,

@@ -83,7 +83,7 @@ def step(state, bench):
         group["lr"] = LR
 
     x, y = next(state["data"])
-    loss_sum = 0.0
+    loss_sum = torch.zeros((), device=bench.device)
     # Gradient accumulation: forward and backward one micro-batch at a time, so
     # only one micro-batch's activations are alive at once. Each micro-batch's
     # loss is weighted by its share of the rows, so the summed gradients equal
@@ -93,7 +93,7 @@ def step(state, bench):
             logits = model(xs, checkpoint=CHECKPOINT)
         loss = F.cross_entropy(logits.float(), ys) * (len(xs) / len(x))
         loss.backward()
-        loss_sum += loss.item()
+        loss_sum += loss.detach()  # no .item() here: on a GPU that would wait for each micro-batch
     opt.step()
     opt.zero_grad(set_to_none=True)
 
