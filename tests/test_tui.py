@@ -244,7 +244,8 @@ DETERMINISTIC = textwrap.dedent(
 )
 
 
-def test_main_screen_snapshot(tmp_path, snap_compare):
+def settled_snapshot(tmp_path, snap_compare, size: tuple[int, int]) -> bool:
+    """A deterministic session (fake GPU, frozen host memory) after 40 steps, its memory history full."""
     entry = write_project(tmp_path / "snapshot_demo", DETERMINISTIC)
     session = new_session(
         entry, max_steps=40, probe=FakeDevice(), host_reader=frozen_host, watch=False, memory_interval=0.02
@@ -258,9 +259,13 @@ def test_main_screen_snapshot(tmp_path, snap_compare):
         await pilot.pause(1.0)  # every widget timer has fired since
 
     try:
-        assert snap_compare(app, terminal_size=(100, 30), run_before=settle)
+        return snap_compare(app, terminal_size=size, run_before=settle)
     finally:
         session.close()
+
+
+def test_main_screen_snapshot(tmp_path, snap_compare):
+    assert settled_snapshot(tmp_path, snap_compare, (100, 30))
 
 
 async def test_held_change_shows_rebuild_needed_and_R_rebuilds(tmp_path, session_factory):
@@ -283,22 +288,7 @@ async def test_held_change_shows_rebuild_needed_and_R_rebuilds(tmp_path, session
 
 
 def test_memory_gauges_snapshot_with_a_fake_gpu(tmp_path, snap_compare):
-    entry = write_project(tmp_path / "snapshot_demo", DETERMINISTIC)
-    session = new_session(
-        entry, max_steps=40, probe=FakeDevice(), host_reader=frozen_host, watch=False, memory_interval=0.02
-    )
-    app = make_app(session, timestamps=False)
-
-    async def settle(pilot) -> None:
-        await until(pilot, lambda: session.status().state == "paused" and session.status().step == 40, what="40 steps")
-        # History lines are as wide as the samples they have: wait until they are full.
-        await until(pilot, lambda: len(session.telemetry.memory_history(300)) >= 100, what="memory history")
-        await pilot.pause(1.0)
-
-    try:
-        assert snap_compare(app, terminal_size=(120, 44), run_before=settle)
-    finally:
-        session.close()
+    assert settled_snapshot(tmp_path, snap_compare, (120, 44))
 
 
 async def test_sigterm_in_the_app_writes_a_final_snapshot_and_exits(tmp_path, session_factory):
