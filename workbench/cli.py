@@ -31,23 +31,24 @@ A project defines setup(bench) and step(state, bench); see README.md, "The user 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headless", action="store_true", help="no TUI: JSON-lines events on stdout, commands on stdin")
-    parser.add_argument("--max-steps", type=_positive_int, metavar="N", help="stop after N steps (headless: exit 0)")
+    parser.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N steps (headless: exit 0)")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where bench.device points (default: auto)")
-    parser.add_argument("--eval-every", type=_positive_int, metavar="N", help="run evaluate(state, bench) every N steps")
-    parser.add_argument("--history", type=_positive_int, metavar="N", default=50, help="code versions kept for rollback (default 50)")
+    parser.add_argument("--eval-every", type=positive_int, metavar="N", help="run evaluate(state, bench) every N steps")
+    parser.add_argument("--history", type=positive_int, metavar="N", default=50, help="code versions kept for rollback (default 50)")
     parser.add_argument("--record-memory", action="store_true", help="record CUDA allocation history for memory snapshots (m)")
     parser.add_argument("--sample-hz", type=float, default=10.0, metavar="HZ", help="memory sampling rate (default 10)")
     parser.add_argument("--memory-window", type=float, default=300.0, metavar="SECONDS", help="memory history shown (default 300)")
     parser.add_argument("--resume", metavar="latest|PATH", help="load a snapshot into what setup() builds (weights, optimizer, step, RNG)")
     parser.add_argument("--resume-partial", action="store_true", help="with --resume: load the tensors that match, skip the rest")
-    parser.add_argument("--keep-snapshots", type=_positive_int, default=5, metavar="K", help="snapshots kept per project (default 5)")
+    parser.add_argument("--keep-snapshots", type=positive_int, default=5, metavar="K", help="snapshots kept per project (default 5)")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
     parser.add_argument("--no-mouse", action="store_true", help="TUI: keyboard only, no mouse capture")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type for counts (steps, snapshots kept, versions)."""
     try:
         value = int(text)
     except ValueError:

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from workbench.cli import positive_int
 from workbench.errors import UserError
 
 PROG = "vram-bench load-bench"
@@ -330,16 +331,6 @@ def _methods(text: str) -> list[Method]:
     return [m for m in METHODS if m.key in chosen]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def _device(text: str) -> str:
     if re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
         return text
@@ -364,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the loaded model goes (default auto: cuda if available)")
     parser.add_argument("--dir", type=Path, metavar="PATH",
                         help="write the checkpoint here and keep it (reused by later runs); default a temp dir removed afterwards")
-    parser.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
+    parser.add_argument("--repeat", type=positive_int, default=1, metavar="N",
                         help="run each method N times (each in a fresh process): median times, highest peaks (default 1)")
     parser.add_argument("--json", action="store_true", help="print machine-readable results on stdout instead of the table")
     return parser

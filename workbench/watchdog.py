@@ -40,7 +40,7 @@ class StepWatchdog(threading.Thread):
                 self._warned_for = started
                 self._publish(
                     Error(
-                        where="step",
+                        where="slow step",  # a warning: training is not paused
                         message=f"step {self._worker.step + 1} has run for {running:.0f} s, {running / max(median, 1e-6):.0f}x "
                         f"its median ({median:.2f} s): if it is stuck, press i (command `interrupt`) to stop it; "
                         "the model stays",
