@@ -16,6 +16,7 @@ from tests.fakes import FakeDevice, frozen_host
 from workbench.project import load_project
 from workbench.session import Session, SessionConfig
 from workbench.tui.app import make_app
+from workbench.tui.keys import ACTIONS
 from workbench.tui.widgets.loss_chart import LossChart
 from workbench.tui.widgets.memory_gauges import MemoryGauges
 from workbench.tui.widgets.reload_log import ReloadLog
@@ -213,8 +214,9 @@ async def test_help_lists_every_key(tmp_path, session_factory):
         for widget in app.screen.query("Static"):
             console.print(widget.content)
         shown = console.export_text()
-        for key, _ in app.KEY_HELP:
-            assert key in shown
+        for action in ACTIONS:
+            assert app.key_for(action.id) in shown and action.help[:40] in shown, action.id
+        assert "? / F1" in shown and "tab / shift+tab" in shown and "ctrl+p" in shown
         await pilot.press("escape")
         await until(pilot, lambda: type(app.screen).__name__ != "HelpScreen", what="help closed")
 
@@ -244,13 +246,13 @@ DETERMINISTIC = textwrap.dedent(
 )
 
 
-def settled_snapshot(tmp_path, snap_compare, size: tuple[int, int]) -> bool:
+def settled_snapshot(tmp_path, snap_compare, size: tuple[int, int], theme: str = "vram-dark") -> bool:
     """A deterministic session (fake GPU, frozen host memory) after 40 steps, its memory history full."""
     entry = write_project(tmp_path / "snapshot_demo", DETERMINISTIC)
     session = new_session(
         entry, max_steps=40, probe=FakeDevice(), host_reader=frozen_host, watch=False, memory_interval=0.02
     )
-    app = make_app(session, timestamps=False)
+    app = make_app(session, timestamps=False, theme=theme)
 
     async def settle(pilot) -> None:
         await until(pilot, lambda: session.status().state == "paused" and session.status().step == 40, what="40 steps")
@@ -264,8 +266,15 @@ def settled_snapshot(tmp_path, snap_compare, size: tuple[int, int]) -> bool:
         session.close()
 
 
-def test_main_screen_snapshot(tmp_path, snap_compare):
-    assert settled_snapshot(tmp_path, snap_compare, (100, 30))
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (200, 60)], ids=["80x24", "120x40", "200x60"])
+def test_main_screen_snapshot(tmp_path, snap_compare, size):
+    """The default theme from the smallest terminal (panes stacked, sparkline chart) to a large one."""
+    assert settled_snapshot(tmp_path, snap_compare, size)
+
+
+@pytest.mark.parametrize("theme", ["vram-ansi", "vram-light", "vram-high-contrast"])
+def test_main_screen_snapshot_in_other_themes(tmp_path, snap_compare, theme):
+    assert settled_snapshot(tmp_path, snap_compare, (120, 40), theme=theme)
 
 
 async def test_held_change_shows_rebuild_needed_and_R_rebuilds(tmp_path, session_factory):
@@ -281,6 +290,13 @@ async def test_held_change_shows_rebuild_needed_and_R_rebuilds(tmp_path, session
         await until(pilot, lambda: "REBUILD NEEDED" in str(app.query_one(StatusBar).render()), what="status bar hint")
 
         await pilot.press("R")
+        await until(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", what="rebuild question")
+        await pilot.press("escape")
+        await pilot.pause(0.5)
+        assert "REBUILT" not in log_text(app) and session.worker.user_state["model"].bias is not None, "esc cancels"
+        await pilot.press("R")
+        await until(pilot, lambda: type(app.screen).__name__ == "ConfirmScreen", what="rebuild question")
+        await pilot.press("y")
         await until(pilot, lambda: "REBUILT" in log_text(app), what="rebuild line")
         assert "carried 1 tensors" in log_text(app) and "dropped: model.bias" in log_text(app)
         await until(pilot, lambda: "REBUILD NEEDED" not in str(app.query_one(StatusBar).render()), what="hint cleared")
@@ -303,3 +319,20 @@ async def test_sigterm_in_the_app_writes_a_final_snapshot_and_exits(tmp_path, se
         await until(pilot, lambda: not app.is_running, what="app exit", timeout=10)
     session.close()
     assert session.last_snapshot and session.worker.last_snapshot_step == session.worker.step
+
+
+def test_help_screen_snapshot(tmp_path, snap_compare, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/home/you/.config")  # the help names the settings file
+    entry = write_project(tmp_path / "snapshot_demo", DETERMINISTIC)
+    session = new_session(entry, max_steps=5, probe=FakeDevice(), host_reader=frozen_host, watch=False)
+
+    async def open_help(pilot) -> None:
+        await until(pilot, lambda: session.status().state == "paused", what="5 steps")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: type(pilot.app.screen).__name__ == "HelpScreen", what="help")
+        await pilot.pause(0.5)
+
+    try:
+        assert snap_compare(make_app(session, timestamps=False), terminal_size=(120, 44), run_before=open_help)
+    finally:
+        session.close()

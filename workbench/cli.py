@@ -44,6 +44,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
     parser.add_argument("--no-mouse", action="store_true", help="TUI: keyboard only, no mouse capture")
+    parser.add_argument("--theme", metavar="NAME", help="TUI theme for this run: vram-dark, vram-light, vram-high-contrast, "
+                        "vram-ansi, or a theme file's name (default: the one last picked in the palette)")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
 
 
@@ -118,6 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         entry = Path(args.path)
     device = resolve_device(args.device)
+    tui_settings = None if args.headless else _tui_settings(args.theme)
     project = load_project(entry)
     resume = _check_resume(args, project)
     config = SessionConfig(
@@ -155,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
 
     session = Session(project, config)
     with NativeStderrToEvents(session.bus.publish):
-        app = make_app(session)
+        app = make_app(session, **tui_settings)
         try:
             app.run(mouse=not args.no_mouse)
         finally:
@@ -164,6 +167,25 @@ def _run(args: argparse.Namespace) -> int:
     if _report_setup_failure(session, args.debug):
         return 2
     return session.exit_code
+
+
+def _tui_settings(theme: str | None) -> dict:  # type: ignore[type-arg]
+    """The user's config file and themes, checked before any UI: an unknown --theme is a one-line error."""
+    from textual.theme import BUILTIN_THEMES
+
+    from workbench.config import load_config, user_themes_dir
+    from workbench.tui.theme_files import load_catalog, terminal_default_theme
+
+    config = load_config()
+    catalog = load_catalog()
+    if theme is not None and theme not in catalog.themes and theme not in BUILTIN_THEMES:
+        raise UserError(
+            f"no theme named {theme!r}.",
+            hint=f"Themes: {', '.join(sorted(catalog.themes))} (and Textual's: {', '.join(sorted(BUILTIN_THEMES))}). "
+            f"Add your own as a .toml file in {user_themes_dir()}/.",
+        )
+    chosen = theme or config.theme or terminal_default_theme()
+    return {"config": config, "theme": chosen, "themes": catalog.themes, "problems": catalog.problems + config.problems}
 
 
 def _check_resume(args: argparse.Namespace, project) -> Path | None:  # type: ignore[no-untyped-def]

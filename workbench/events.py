@@ -224,6 +224,10 @@ class Memory(Event):
     gpu_note: str | None = None
 
 
+# `where` values of errors that are warnings: nothing failed and training goes on.
+WARNINGS = frozenset({"slow step", "eval mode"})
+
+
 @dataclass(frozen=True)
 class Error(Event):
     """Something the user should see: `where` says which phase (step, setup, reload, command)."""
@@ -234,6 +238,10 @@ class Error(Event):
     file: str | None = None
     line: int | None = None
     traceback: str | None = None
+
+    @property
+    def is_warning(self) -> bool:
+        return self.where in WARNINGS
 
 
 @dataclass(frozen=True)

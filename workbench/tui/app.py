@@ -9,92 +9,90 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Iterable
+from functools import partial
 
-from textual.app import App, ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.app import App, ComposeResult, SystemCommand
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.theme import Theme
 from textual.widgets import Footer
 
+from workbench.config import DEFAULT_LOG_ENTRIES, UserConfig, save_theme
 from workbench.events import DumpMemorySnapshot, Evaluate, Interrupt, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
 from workbench.session import Session
+from workbench.tui.keys import ACTIONS, PROFILE_STEPS, bindings, check_keymap, key_label, keys_in_effect
 from workbench.tui.screens.breakdown import BreakdownScreen
+from workbench.tui.screens.confirm import ConfirmScreen
 from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.leaks import LeaksScreen
 from workbench.tui.screens.profile import ProfileScreen
 from workbench.tui.screens.quit import ConfirmQuitScreen
 from workbench.tui.screens.versions import VersionsScreen
-from workbench.tui.widgets.loss_chart import LossChart
+from workbench.tui.theme_files import DEFAULT_THEME, load_catalog
+from workbench.tui.widgets.chart_pane import ChartPane
 from workbench.tui.widgets.memory_gauges import MemoryGauges
 from workbench.tui.widgets.reload_log import ReloadLog
-from workbench.tui.widgets.setup_panel import SetupPanel
 from workbench.tui.widgets.status_bar import StatusBar
 
-PROFILE_STEPS = 3
+# Keys the app does not own but the help screen should list.
+OTHER_KEYS = (
+    ("tab / shift+tab", "move the focus between the chart, memory and log panes (arrows and page keys then scroll the log)"),
+    ("esc", "restore a maximized pane; close a dialog"),
+    ("ctrl+p", "command palette: every action by name, and the theme switcher"),
+)
 
 
 class VramBenchApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "vram-bench"
+    BINDINGS = bindings()
+    AUTO_FOCUS = "#log"  # arrows and page keys scroll the log from the start; tab moves on
+    # Below 100 columns the panes stack; below 30 rows the panes get their minimum heights.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
 
-    BINDINGS = [
-        Binding("space", "toggle_pause", "Pause/Resume", id="toggle_pause", priority=True),
-        Binding("n", "step_once", "Step", id="step_once", show=False),
-        Binding("r", "reload", "Reload", id="reload"),
-        Binding("u", "rollback", "Undo reload", id="rollback", show=False),
-        Binding("R", "rebuild", "Rebuild", id="rebuild", show=False),
-        Binding("x", "run_statements", "Run held statements", id="run_statements", show=False),
-        Binding("e", "evaluate", "Eval", id="evaluate"),
-        Binding("c", "cleanup", "Cleanup", id="cleanup"),
-        Binding("b", "breakdown", "Breakdown", id="breakdown"),
-        Binding("v", "versions", "Versions", id="versions"),
-        Binding("o", "last_profile", "Last profile", id="last_profile", show=False),
-        Binding("t", "leaks", "Leaks", id="leaks", show=False),
-        Binding("m", "memory_snapshot", "Memory snapshot", id="memory_snapshot", show=False),
-        Binding("s", "snapshot", "Snapshot", id="snapshot"),
-        Binding("p", "profile", "Profile", id="profile"),
-        Binding("question_mark,f1", "help", "Help", id="help", key_display="?"),
-        Binding("i", "interrupt", "Interrupt step", id="interrupt", show=False),
-        Binding("q", "quit", "Quit", id="quit"),
-        Binding("ctrl+c", "quit", "Quit", id="quit_ctrl_c", show=False, priority=True),
-    ]
-
-    KEY_HELP = [
-        ("space", "pause / resume training"),
-        ("n", "run one step while paused"),
-        ("r", "reload now: re-read every project file and apply what changed"),
-        ("u", "undo the last reload (roll back to the previous code version)"),
-        ("R", "rebuild: run setup() again with held-back changes, carrying weights and optimizer state over"),
-        ("x", "run the changed module statements a reload held back (e.g. MODEL = Net())"),
-        ("e", "run evaluate(state, bench) now; its scalars join the chart"),
-        ("c", "cleanup: gc.collect + torch.cuda.empty_cache, and what it freed"),
-        ("v", "versions table: per code version steps/s, saved activations, peaks, loss, and the change vs the previous"),
-        ("o", "the last profile's top operators by time and memory"),
-        ("b", "memory breakdown: parameters, gradients, optimizer state, buffers, activations, cache; with advice"),
-        ("t", "leak finder: every live tensor by owner; the largest unowned ones and what keeps them alive"),
-        ("m", "CUDA memory snapshot for pytorch.org/memory_viz (to .vram-bench/memory/; --record-memory for stacks)"),
-        ("s", "snapshot: checkpoint of every module and optimizer to .vram-bench/snapshots/"),
-        ("p", f"profile the next {PROFILE_STEPS} steps with torch.profiler (trace to .vram-bench/traces/)"),
-        ("i", "interrupt a running step (raises KeyboardInterrupt in it; the model stays)"),
-        ("? / F1", "this help"),
-        ("q", "quit; with unsaved progress it offers a snapshot first (ctrl+c too)"),
-    ]
-
-    def __init__(self, session: Session, *, timestamps: bool = True) -> None:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        timestamps: bool = True,
+        config: UserConfig | None = None,
+        theme: str | None = None,
+        themes: dict[str, Theme] | None = None,
+        problems: Iterable[str] = (),
+    ) -> None:
         super().__init__()
         self.session = session
         self._timestamps = timestamps
+        self.config = config  # None: settings come from the caller and nothing is written back
+        self.problems = list(problems)
+        if themes is None:
+            catalog = load_catalog()
+            themes = catalog.themes
+            self.problems += catalog.problems
+        for registered in themes.values():
+            self.register_theme(registered)
+        wanted = theme or (config.theme if config else None) or DEFAULT_THEME
+        if wanted not in self.available_themes:
+            self.problems.append(f"theme {wanted!r} is not installed; using {DEFAULT_THEME}")
+            wanted = DEFAULT_THEME
+        self.theme = wanted
+        self._remembered_theme = wanted
+        self.keymap, key_problems = check_keymap(config.keys if config else {})
+        self.problems += key_problems
 
     def compose(self) -> ComposeResult:
         yield StatusBar(self.session, id="status")
         with Horizontal(id="top"):
-            with Vertical(id="chart-pane") as chart_pane:
-                chart_pane.border_title = "Loss"
-                yield SetupPanel(self.session, id="setup")
-                yield LossChart(self.session.telemetry, id="chart")
+            chart_pane = ChartPane(self.session, id="chart-pane")
+            chart_pane.border_title = "Loss"
+            yield chart_pane
             gauges = MemoryGauges(self.session.telemetry, window=self.session.config.memory_window, id="memory")
             gauges.border_title = "Memory"
             yield gauges
-        log = ReloadLog(self.session.bus, self.session.project.root, timestamps=self._timestamps, id="log")
+        entries = self.config.log_entries if self.config else DEFAULT_LOG_ENTRIES
+        log = ReloadLog(self.session.bus, self.session.project.root, timestamps=self._timestamps, entries=entries, id="log")
         log.border_title = "Log"
         yield log
         yield Footer()
@@ -104,6 +102,35 @@ class VramBenchApp(App[None]):
         # print routing wraps Textual's and the training thread's prints land in the log.
         self.session.start()
         self._install_signal_handlers()
+        if self.keymap:
+            self.set_keymap(self.keymap)
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
+        for problem in self.problems:
+            self.notify(problem, title="Settings", severity="warning", timeout=20)
+
+    def _remember_theme(self, theme: Theme) -> None:
+        """A theme picked in the palette is the one the next session starts with."""
+        if theme.name == self._remembered_theme:
+            return
+        self._remembered_theme = theme.name
+        if self.config is None:
+            return
+        try:
+            save_theme(self.config, theme.name)
+        except OSError as exc:
+            self.notify(f"Could not remember the theme: {exc}", severity="warning")
+
+    def key_for(self, action_id: str) -> str:
+        """The key(s) that run an action now, as the user should type them."""
+        return key_label(keys_in_effect(self.keymap)[action_id])
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The palette (ctrl+p): every action with its key, then Textual's theme, maximize and screenshot."""
+        for action in ACTIONS:
+            yield SystemCommand(f"{action.label} ({self.key_for(action.id)})", action.help, partial(self.run_action, action.action))
+        for command in super().get_system_commands(screen):
+            if command.title not in ("Quit", "Keys"):
+                yield command
 
     def _install_signal_handlers(self) -> None:
         """SIGTERM/SIGHUP (a dropped SSH link): final snapshot, then exit. SIGINT: ask, like ctrl+c."""
@@ -167,7 +194,22 @@ class VramBenchApp(App[None]):
         self.session.send(Rollback())
 
     def action_rebuild(self) -> None:
-        self.session.send(Rebuild())
+        """Rebuild re-runs setup(): ask first, it replaces everything in the state but carried tensors."""
+        if isinstance(self.screen, ConfirmScreen):
+            return
+        held = self.session.status().needs_rebuild
+        reason = f"Held back: {', '.join(held)}.\n" if held else ""
+        message = (
+            f"{reason}Rebuild runs setup() again with the current code. Parameters, buffers and optimizer state "
+            "carry over by name and shape; everything else in the state (iterators, counters) starts fresh. "
+            "If the new setup() fails, nothing changes."
+        )
+
+        def chosen(yes: bool | None) -> None:
+            if yes:
+                self.session.send(Rebuild())
+
+        self.push_screen(ConfirmScreen("Rebuild?", message, "rebuild now"), chosen)
 
     def action_run_statements(self) -> None:
         self.session.send(RunStatements())
@@ -199,11 +241,30 @@ class VramBenchApp(App[None]):
     def action_profile(self) -> None:
         self.session.send(RunProfile(steps=PROFILE_STEPS))
 
+    def action_zoom(self) -> None:
+        """Maximize the focused pane (the chart if none has focus), or restore it."""
+        screen = self.screen
+        if screen.maximized is not None:
+            screen.minimize()
+            return
+        target = screen.focused or self.query_one(ChartPane)
+        target.focus()
+        screen.maximize(target)
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.KEY_HELP))
+            keys = [(self.key_for(a.id), a.help) for a in ACTIONS] + list(OTHER_KEYS)
+            self.push_screen(HelpScreen(keys))
 
 
-def make_app(session: Session, *, timestamps: bool = True) -> VramBenchApp:
-    """Build the app around a session (tests build it the same way, with their own session)."""
-    return VramBenchApp(session, timestamps=timestamps)
+def make_app(
+    session: Session,
+    *,
+    timestamps: bool = True,
+    config: UserConfig | None = None,
+    theme: str | None = None,
+    themes: dict[str, Theme] | None = None,
+    problems: Iterable[str] = (),
+) -> VramBenchApp:
+    """Build the app around a session and settings (tests build it the same way, with their own)."""
+    return VramBenchApp(session, timestamps=timestamps, config=config, theme=theme, themes=themes, problems=problems)

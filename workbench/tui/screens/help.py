@@ -10,14 +10,16 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from workbench.config import config_dir
+
 PANES = (
     ("Status bar", "project, device, global step, steps/s, running/paused (and why), code version"),
     ("Loss chart", "every series named *loss*; other scalars that step returns or bench.log()s as rows; "
      "grey lines mark where each code version started"),
     ("Memory", "process RSS (anonymous / file-backed), system RAM; per GPU: other processes + CUDA context, "
      "torch's cached-free blocks, live tensors"),
-    ("Log", "reloads (what changed, how fast), errors with tracebacks, pauses, snapshots, cleanup, profiles, "
-     "and everything your code prints"),
+    ("Log", "reloads (what changed, how fast), errors with tracebacks (your frames first), pauses, snapshots, "
+     "cleanup, profiles, and everything your code prints; keeps the last entries (log_entries in the settings file)"),
 )
 
 
@@ -41,7 +43,8 @@ class HelpScreen(ModalScreen[None]):
             yield Static(
                 Text(
                     "Save any .py file in the project folder: changed functions and methods are swapped in place "
-                    "at the next step boundary; the model and optimizer stay. Esc closes this help.",
+                    f"at the next step boundary; the model and optimizer stay. Themes and key bindings: {config_dir()}/"
+                    "config.toml (see the README). Esc closes this help.",
                     style="dim",
                 )
             )

@@ -15,9 +15,9 @@ from textual_plot import HiResMode, PlotWidget
 
 from workbench.telemetry import Series, Telemetry
 from workbench.tui.format import short_number
+from workbench.tui.roles import roles
 
 _SPARK = "▁▂▃▄▅▆▇█"
-_LOSS_COLORS = ("bright_cyan", "bright_magenta", "bright_yellow", "bright_green")
 
 
 class _Plot(PlotWidget, can_focus=False):
@@ -35,11 +35,14 @@ def sparkline(values: tuple[float, ...], width: int) -> str:
     return "".join(_SPARK[min(int((v - lo) / span * (len(_SPARK) - 1)), len(_SPARK) - 1)] for v in values)
 
 
+COMPACT_BELOW_ROWS = 12
+
+
 class LossChart(Vertical):
     def __init__(self, telemetry: Telemetry, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._telemetry = telemetry
-        self._drawn: tuple[int, int] | None = None
+        self._drawn: tuple[object, ...] | None = None
 
     def compose(self) -> ComposeResult:
         yield _Plot(allow_pan_and_zoom=False, id="loss-plot")
@@ -53,22 +56,33 @@ class LossChart(Vertical):
 
     def redraw(self) -> None:
         plot = self.query_one(_Plot)
-        width = max(plot.size.width, 20)
+        width = max(self.size.width, 20)
         series = self._telemetry.series(max_points=2 * width)
         losses = [s for s in series if "loss" in s.name]
         others = [s for s in series if "loss" not in s.name]
+        # Too short for a plot with axes (80x24): every series becomes a sparkline row instead.
+        compact = 0 < self.size.height < COMPACT_BELOW_ROWS
+        plot.display = not compact
+        self.set_class(compact, "-compact")
+        if compact:
+            self._drawn = None  # the plot missed updates while hidden
+            self._draw_rows([], losses + others, width, roles(self.app).series[0])
+            return
         signature = (sum(len(s.steps) for s in series), series[0].steps[-1] if series and series[0].steps else 0)
+        palette = roles(self.app)
+        signature = (*signature, self.app.theme)
         if signature != self._drawn:
             self._drawn = signature
             plot.clear()
             for i, s in enumerate(losses):
-                plot.plot(s.steps, s.values, line_style=_LOSS_COLORS[i % len(_LOSS_COLORS)], hires_mode=HiResMode.BRAILLE, label=s.name)
+                colour = palette.series[i % len(palette.series)]
+                plot.plot(s.steps, s.values, line_style=colour, hires_mode=HiResMode.BRAILLE, label=s.name)
             for step, version in self._telemetry.version_starts():
-                plot.add_v_line(step, "grey50", f"v{version}")
+                plot.add_v_line(step, palette.neutral, f"v{version}")
             plot.show_legend(is_visible=len(losses) > 1)
-        self._draw_rows(losses, others, width)
+        self._draw_rows(losses, others, width, palette.ok)
 
-    def _draw_rows(self, losses: list[Series], others: list[Series], width: int) -> None:
+    def _draw_rows(self, losses: list[Series], others: list[Series], width: int, spark_style: str) -> None:
         rows = self.query_one("#series-rows", Static)
         text = Text(no_wrap=True, overflow="ellipsis")
         if not losses and not others:
@@ -79,7 +93,7 @@ class LossChart(Vertical):
         for s in others:
             text.append(f"{s.name:>12} ", style="bold")
             text.append(f"{short_number(s.values[-1]):>10} ")
-            text.append(sparkline(s.values, max(width - 26, 8)) + "\n", style="green")
+            text.append(sparkline(s.values, max(width - 26, 8)) + "\n", style=spark_style)
         text.rstrip()
         rows.update(text)
-        rows.styles.height = max(len(losses) + len(others), 1)
+        rows.styles.height = "1fr" if self.has_class("-compact") else max(len(losses) + len(others), 1)

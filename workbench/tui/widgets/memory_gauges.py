@@ -11,19 +11,33 @@ import time
 from collections.abc import Sequence
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import Static
 
 from workbench.memory.device import GpuMemory
 from workbench.memory.sampler import MemorySample
 from workbench.telemetry import Telemetry
 from workbench.tui.format import bar, human_bytes
+from workbench.tui.roles import DEFAULT_ROLES, Roles, roles
 from workbench.tui.widgets.loss_chart import sparkline
 
 BAR_WIDTH = 20
 HIGHLIGHT_SECONDS = 30.0  # how long a moved retry/OOM counter stays red
 
 
-class MemoryGauges(Static):
+class MemoryGauges(Static, can_focus=True):
+    """Scrolls with the arrow and page keys when focused (tab), for terminals too short to show it all."""
+
+    ALLOW_MAXIMIZE = True
+    BINDINGS = [
+        Binding("up", "scroll_up", show=False),
+        Binding("down", "scroll_down", show=False),
+        Binding("pageup", "page_up", show=False),
+        Binding("pagedown", "page_down", show=False),
+        Binding("home", "scroll_home", show=False),
+        Binding("end", "scroll_end", show=False),
+    ]
+
     def __init__(self, telemetry: Telemetry, *, window: float = 300.0, id: str | None = None) -> None:
         super().__init__(id=id)
         self._telemetry = telemetry
@@ -49,6 +63,7 @@ class MemoryGauges(Static):
                 window=self._window,
                 step_peaks=self._telemetry.step_peaks,
                 moved=self._moved(sample),
+                roles=roles(self.app),
             )
         )
 
@@ -78,6 +93,7 @@ def render_memory(
     window: float = 300.0,
     step_peaks: dict[int, int] | None = None,
     moved: set[tuple[int, str]] | None = None,
+    roles: Roles = DEFAULT_ROLES,
 ) -> Text:
     bar_width = min(max(bar_width, 6), 40)
     host = sample.host
@@ -85,38 +101,38 @@ def render_memory(
     text.append("Host\n", style="bold underline")
     used = host.system_total - host.system_available
     text.append(" RSS ", style="bold")
-    text.append(bar(host.rss / host.system_total if host.system_total else 0, bar_width), style="cyan")
+    text.append(bar(host.rss / host.system_total if host.system_total else 0, bar_width), style=roles.info)
     text.append(f" {human_bytes(host.rss)}\n")
     text.append(f"     anon {human_bytes(host.rss_anon)}, file {human_bytes(host.rss_file)}\n", style="dim")
     text.append(" RAM ", style="bold")
-    text.append(bar(used / host.system_total if host.system_total else 0, bar_width), style="blue")
+    text.append(bar(used / host.system_total if host.system_total else 0, bar_width), style=roles.secondary)
     text.append(f" {human_bytes(used)}\n")
     text.append(f"     of {human_bytes(host.system_total)} in use\n", style="dim")
     if host.swap_used:
-        text.append(f"     swap in use {human_bytes(host.swap_used)}\n", style="yellow")
+        text.append(f"     swap in use {human_bytes(host.swap_used)}\n", style=roles.warning)
     if len(history) > 1:
-        _history_line(text, "RSS", [s.host.rss for s in history], bar_width, window)
+        _history_line(text, "RSS", [s.host.rss for s in history], bar_width, window, roles)
     text.append("GPU\n", style="bold underline")
     if not sample.gpus:
         text.append(f" {sample.gpu_note or 'No GPU visible.'}\n", style="dim")
     for i, gpu in enumerate(sample.gpus):
         rate = sample.allocations_per_step[i] if i < len(sample.allocations_per_step) else None
-        _render_gpu(text, gpu, bar_width, (step_peaks or {}).get(gpu.index), rate, moved or set())
+        _render_gpu(text, gpu, bar_width, (step_peaks or {}).get(gpu.index), rate, moved or set(), roles)
         gpu_history = [s.gpus[i] for s in history if i < len(s.gpus)]
         if len(gpu_history) > 1:
-            _history_line(text, "live", [g.allocated or 0 for g in gpu_history], bar_width, window)
-            _history_line(text, "rsvd", [g.reserved or 0 for g in gpu_history], bar_width, window)
+            _history_line(text, "live", [g.allocated or 0 for g in gpu_history], bar_width, window, roles)
+            _history_line(text, "rsvd", [g.reserved or 0 for g in gpu_history], bar_width, window, roles)
     if sample.gpus and sample.gpu_note:
         text.append(f" {sample.gpu_note}\n", style="dim")
     text.rstrip()
     return text
 
 
-def _history_line(text: Text, label: str, values: list[int], width: int, window: float) -> None:
+def _history_line(text: Text, label: str, values: list[int], width: int, window: float, roles: Roles) -> None:
     """A sparkline over the history window, right-aligned: the newest sample is always at the right edge."""
     line = sparkline(tuple(float(v) for v in _downsample(values, width + 4)), width + 4)
     text.append(f" {label:<5}", style="bold")
-    text.append(line.rjust(width + 4), style="green")
+    text.append(line.rjust(width + 4), style=roles.ok)
     text.append(f" {_ago(window)}\n", style="dim")
 
 
@@ -131,15 +147,17 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
-def _render_gpu(text: Text, gpu: GpuMemory, bar_width: int, step_peak: int | None, rate: float | None, moved: set) -> None:
+def _render_gpu(
+    text: Text, gpu: GpuMemory, bar_width: int, step_peak: int | None, rate: float | None, moved: set, roles: Roles
+) -> None:
     text.append(f" cuda:{gpu.index} {gpu.name}\n", style="bold")
     facts = [
         f"util {gpu.utilization}%" if gpu.utilization is not None else None,
-        f"{gpu.temperature}°C" if gpu.temperature is not None else None,
+        f"{gpu.temperature} C" if gpu.temperature is not None else None,
         f"{gpu.power_watts:.0f} W" if gpu.power_watts is not None else None,
     ]
     if any(facts):
-        text.append("   " + " · ".join(f for f in facts if f) + "\n", style="dim")
+        text.append("   " + ", ".join(f for f in facts if f) + "\n", style="dim")
     width = bar_width + 4
     allocated, reserved = gpu.allocated or 0, gpu.reserved or 0
     total = gpu.device_total or reserved or 1
@@ -147,24 +165,24 @@ def _render_gpu(text: Text, gpu: GpuMemory, bar_width: int, step_peak: int | Non
     cached = max(reserved - allocated, 0)
     cells = [round(other / total * width), round(cached / total * width), round(allocated / total * width)]
     text.append("   ")
-    text.append("█" * cells[0], style="grey50")
-    text.append("█" * cells[1], style="yellow")
-    text.append("█" * cells[2], style="green")
+    text.append("█" * cells[0], style=roles.neutral)
+    text.append("█" * cells[1], style=roles.warning)
+    text.append("█" * cells[2], style=roles.ok)
     text.append("░" * max(width - sum(cells), 0))
     used = gpu.device_used if gpu.device_used is not None else reserved
     text.append(f"\n   {human_bytes(used)} of {human_bytes(gpu.device_total)} used\n")
-    text.append("   live   ", style="green")
+    text.append("   live   ", style=roles.ok)
     text.append(f"{human_bytes(allocated)}\n")
-    text.append("   cached ", style="yellow")
+    text.append("   cached ", style=roles.warning)
     text.append(f"{human_bytes(cached)}\n")
-    text.append("   other  ", style="grey50")
+    text.append("   other  ", style=roles.neutral)
     text.append(f"{human_bytes(other) if gpu.device_used is not None else 'n/a (no NVML)'}\n")
     if gpu.process_used is not None:
         text.append(f"   this process (NVML) {human_bytes(gpu.process_used)}\n", style="dim")
     peak = f"peak this step {human_bytes(step_peak)}" if step_peak is not None else f"peak live {human_bytes(gpu.peak_allocated)}"
     text.append(f"   {peak}\n", style="dim")
     if gpu.fragmentation is not None:
-        style = "yellow" if gpu.fragmentation > 0.2 else "dim"
+        style = roles.warning if gpu.fragmentation > 0.2 else "dim"
         text.append(f"   fragmentation {gpu.fragmentation:.0%} ({human_bytes(gpu.inactive_split)})\n", style=style)
     counters = []
     if rate is not None:
@@ -172,7 +190,7 @@ def _render_gpu(text: Text, gpu: GpuMemory, bar_width: int, step_peak: int | Non
     for name, label in (("alloc_retries", "retries"), ("ooms", "OOMs")):
         value = getattr(gpu, name)
         if value is not None:
-            counters.append((f"{label} {value}", "bold red" if (gpu.index, name) in moved else "dim"))
+            counters.append((f"{label} {value}", roles.bold("error") if (gpu.index, name) in moved else "dim"))
     if counters:
         text.append("  ")
         for label, style in counters:

@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from workbench.session import Session
+from workbench.tui.roles import roles
 
 
 class SetupPanel(Static):
@@ -25,14 +26,15 @@ class SetupPanel(Static):
         if not showing:
             return
         text = Text()
+        palette = roles(self.app)
         if s.state == "setup":
-            text.append("Running setup()", style="bold cyan")
+            text.append("Running setup()", style=palette.bold("info"))
             text.append(f"  {s.setup_elapsed:.1f} s\n\n")
             text.append("Loading the model happens once; after that, saves swap code in place.\n", style="dim")
             text.append("What setup() prints appears in the log below.", style="dim")
         else:
-            text.append("setup() failed\n\n", style="bold red")
-            text.append(f"{s.setup_error}\n\n", style="red")
+            text.append("setup() failed\n\n", style=palette.bold("error"))
+            text.append(f"{s.setup_error}\n\n", style=palette.error)
             text.append("The traceback is in the log below. Fix the code and save: setup() runs again.\n")
             text.append("Or press q to quit.", style="dim")
         self.update(text)

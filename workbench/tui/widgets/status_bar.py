@@ -6,14 +6,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 from workbench.session import Session
+from workbench.tui.roles import roles
 
-_STATE_STYLE = {
-    "running": "bold green",
-    "paused": "bold yellow",
-    "setup": "bold cyan",
-    "setup failed": "bold red",
-    "stopped": "bold red",
-}
+_STATE_ROLE = {"running": "ok", "paused": "warning", "setup": "info", "setup failed": "error", "stopped": "error"}
 
 
 class StatusBar(Static):
@@ -27,6 +22,7 @@ class StatusBar(Static):
 
     def refresh_status(self) -> None:
         s = self._session.status()
+        palette = roles(self.app)
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(" vram-bench ", style="bold reverse")
         text.append(f" {s.project} ", style="bold")
@@ -40,12 +36,12 @@ class StatusBar(Static):
         if s.state == "setup":
             state += f" {s.setup_elapsed:.0f}s"
         text.append("| ")
-        text.append(state, style=_STATE_STYLE.get(s.state, "bold"))
+        text.append(state, style=palette.bold(_STATE_ROLE[s.state]) if s.state in _STATE_ROLE else "bold")
         if s.profiling:
-            text.append(" PROFILING", style="bold magenta")
+            text.append(" PROFILING", style=palette.bold("accent"))
         if s.activity:
-            text.append(f" {s.activity.upper()}...", style="bold blue")
+            text.append(f" {s.activity.upper()}...", style=palette.bold("info"))
         text.append(f" | code v{s.code_version}")
         if s.needs_rebuild:
-            text.append(f" | REBUILD NEEDED ({', '.join(s.needs_rebuild)}): R", style="bold red")
+            text.append(f" | REBUILD NEEDED ({', '.join(s.needs_rebuild)}): {self.app.key_for('rebuild')}", style=palette.bold("error"))
         self.update(text)
