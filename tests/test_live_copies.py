@@ -125,3 +125,28 @@ def test_optimizer_built_from_a_changed_constant_is_named(start_session):
     reload = live.wait_for(is_event("reload", file="train.py"))
     assert reload.changed == ("LR",)
     assert any("opt was built with LR = 0.01" in note and "0.05" in note for note in reload.notes), reload.notes
+
+
+ADAMW_PY = """
+import torch
+
+LR = 0.01  # equal to AdamW's default weight_decay
+
+def setup(bench):
+    model = torch.nn.Linear(2, 1)
+    return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=LR)}
+
+def step(state, bench):
+    loss = state["model"](torch.ones(1, 2)).pow(2).sum()
+    loss.backward(); state["opt"].step(); state["opt"].zero_grad()
+    return loss
+"""
+
+
+def test_an_equal_hyperparameter_with_another_name_is_not_blamed(start_session):
+    live = start_session({"train.py": ADAMW_PY})
+    live.wait_running(2)
+    save(live.entry, ADAMW_PY.replace("LR = 0.01", "LR = 0.003"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    notes = [note for note in reload.notes if "was built with" in note]
+    assert len(notes) == 1 and "['lr']" in notes[0] and "weight_decay" not in notes[0], reload.notes

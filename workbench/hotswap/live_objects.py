@@ -160,13 +160,16 @@ class UpdateLiveCopies(Patch):
             return
         for path, opt in _optimizers(self.roots):
             for i, group in enumerate(opt.param_groups):
-                for key, value in group.items():
-                    for name, (old, new) in changes.items():
-                        if isinstance(value, float) and value == old:
-                            self.notes.append(
-                                f"{path} was built with {name} = {old!r} (param_groups[{i}][{key!r}]): it keeps "
-                                f"that value unless your code sets it to the new {new!r}"
-                            )
+                for name, (old, new) in changes.items():
+                    equal = [key for key, value in group.items() if isinstance(value, float) and value == old]
+                    # AdamW's default weight_decay is 0.01, like many an LR: when a hyperparameter's name is part
+                    # of the constant's (lr in LR, BASE_LR), only that one is meant.
+                    named = [key for key in equal if key.lower() in name.lower().split("_")]
+                    for key in named or equal:
+                        self.notes.append(
+                            f"{path} was built with {name} = {old!r} (param_groups[{i}][{key!r}]): it keeps "
+                            f"that value unless your code sets it to the new {new!r}"
+                        )
 
     def undo(self) -> None:
         for fn, code in reversed(self._patched):

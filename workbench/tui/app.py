@@ -19,7 +19,7 @@ from textual.theme import Theme
 from textual.widgets import Footer
 
 from workbench.config import DEFAULT_LOG_ENTRIES, UserConfig, save_theme
-from workbench.events import DumpMemorySnapshot, Evaluate, Interrupt, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
+from workbench.events import Command, DumpMemorySnapshot, Evaluate, Interrupt, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
 from workbench.session import Session
 from workbench.tui.keys import ACTIONS, PROFILE_STEPS, bindings, check_keymap, key_label, keys_in_effect
 from workbench.tui.screens.breakdown import BreakdownScreen
@@ -171,27 +171,32 @@ class VramBenchApp(App[None]):
 
         self.push_screen(ConfirmQuitScreen(unsaved), chosen)
 
+    def _send(self, command: Command, pending: str | None = None) -> None:
+        """Send a command to the worker and let the status bar follow it closely until it lands."""
+        self.session.send(command)
+        self.query_one(StatusBar).follow(pending)
+
     def action_interrupt(self) -> None:
-        self.session.send(Interrupt())
+        self._send(Interrupt(), "INTERRUPTING...")
 
     # Actions: each one only sends a command --------------------------------------------
     def action_toggle_pause(self) -> None:
         state = self.session.status().state
         if state == "running":
-            self.session.send(Pause())
+            self._send(Pause(), "PAUSING...")
         elif state == "paused":
-            self.session.send(Resume())
+            self._send(Resume(), "RESUMING...")
         else:
             self.notify(f"Cannot pause or resume while {state}.", severity="warning")
 
     def action_step_once(self) -> None:
-        self.session.send(StepOnce())
+        self._send(StepOnce())
 
     def action_reload(self) -> None:
-        self.session.send(ReloadNow())
+        self._send(ReloadNow())
 
     def action_rollback(self) -> None:
-        self.session.send(Rollback())
+        self._send(Rollback())
 
     def action_rebuild(self) -> None:
         """Rebuild re-runs setup(): ask first, it replaces everything in the state but carried tensors."""
@@ -207,12 +212,12 @@ class VramBenchApp(App[None]):
 
         def chosen(yes: bool | None) -> None:
             if yes:
-                self.session.send(Rebuild())
+                self._send(Rebuild(), "REBUILDING...")
 
         self.push_screen(ConfirmScreen("Rebuild?", message, "rebuild now"), chosen)
 
     def action_run_statements(self) -> None:
-        self.session.send(RunStatements())
+        self._send(RunStatements())
 
     def action_versions(self) -> None:
         self.push_screen(VersionsScreen(self.session))
@@ -227,19 +232,19 @@ class VramBenchApp(App[None]):
         self.push_screen(LeaksScreen(self.session))
 
     def action_memory_snapshot(self) -> None:
-        self.session.send(DumpMemorySnapshot())
+        self._send(DumpMemorySnapshot())
 
     def action_evaluate(self) -> None:
-        self.session.send(Evaluate())
+        self._send(Evaluate())
 
     def action_cleanup(self) -> None:
-        self.session.send(RunCleanup())
+        self._send(RunCleanup())
 
     def action_snapshot(self) -> None:
-        self.session.send(TakeSnapshot())
+        self._send(TakeSnapshot())
 
     def action_profile(self) -> None:
-        self.session.send(RunProfile(steps=PROFILE_STEPS))
+        self._send(RunProfile(steps=PROFILE_STEPS))
 
     def action_zoom(self) -> None:
         """Maximize the focused pane (the chart if none has focus), or restore it."""

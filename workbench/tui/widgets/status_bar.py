@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
+from textual.timer import Timer
 from textual.widgets import Static
 
 from workbench.session import Session
@@ -11,14 +14,46 @@ from workbench.tui.roles import roles
 _STATE_ROLE = {"running": "ok", "paused": "warning", "setup": "info", "setup failed": "error", "stopped": "error"}
 
 
+FOLLOW_SECONDS = 2.0  # after a key, how long the bar watches closely for the worker to act on it
+FOLLOW_INTERVAL = 0.02
+
+
 class StatusBar(Static):
+    """Redraws at 4 Hz; right after a key it also shows at once that the key was taken ("PAUSING...")
+    and redraws every 20 ms until the worker has acted on it, so a keypress reaches the screen fast."""
+
     def __init__(self, session: Session, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._session = session
+        self._pending: str | None = None
+        self._follow_until = 0.0
+        self._follow_timer: Timer | None = None
+        self._followed: tuple[object, ...] = ()
 
     def on_mount(self) -> None:
         self.refresh_status()
         self.set_interval(0.25, self.refresh_status)
+
+    def follow(self, pending: str | None = None) -> None:
+        """A command was just sent: show `pending` until the state moves, watching closely meanwhile."""
+        self._pending = pending
+        self._followed = self._signature()
+        self._follow_until = time.monotonic() + FOLLOW_SECONDS
+        if self._follow_timer is None:
+            self._follow_timer = self.set_interval(FOLLOW_INTERVAL, self._follow_tick)
+        self.refresh_status()
+
+    def _signature(self) -> tuple[object, ...]:
+        s = self._session.status()
+        return (s.state, s.pause_reason, s.activity, s.profiling, s.code_version, tuple(s.needs_rebuild))
+
+    def _follow_tick(self) -> None:
+        if self._signature() != self._followed or time.monotonic() > self._follow_until:
+            self._pending = None
+            if self._follow_timer is not None:
+                self._follow_timer.stop()
+                self._follow_timer = None
+        self.refresh_status()
 
     def refresh_status(self) -> None:
         s = self._session.status()
@@ -37,6 +72,8 @@ class StatusBar(Static):
             state += f" {s.setup_elapsed:.0f}s"
         text.append("| ")
         text.append(state, style=palette.bold(_STATE_ROLE[s.state]) if s.state in _STATE_ROLE else "bold")
+        if self._pending:
+            text.append(f" {self._pending}", style=palette.bold("info"))
         if s.profiling:
             text.append(" PROFILING", style=palette.bold("accent"))
         if s.activity:
