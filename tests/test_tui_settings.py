@@ -20,6 +20,7 @@ from workbench.tui.theme_files import ANSI_THEME, DEFAULT_THEME, load_catalog, l
 from workbench.tui.traceback_view import render_traceback
 from workbench.tui.widgets.loss_chart import LossChart
 from workbench.tui.widgets.reload_log import ReloadLog
+from workbench.tui.widgets.status_bar import StatusBar
 
 BUNDLED = ("vram-dark", "vram-light", "vram-high-contrast", "vram-ansi")
 
@@ -340,3 +341,15 @@ async def test_a_step_error_in_the_app_lists_the_project_frame_first(tmp_path, s
         mine = text.index("your code")  # the headline above it already names train.py:line
         assert text.index("train.py:", mine) < text.index("RuntimeError", mine), text
         assert "torch.ones(2) @ torch.ones(3)" in text
+
+
+async def test_a_key_shows_on_the_status_bar_before_the_next_redraw(tmp_path, session_factory):
+    session = session_factory(write_project(tmp_path / "proj"))
+    app = make_app(session)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: session.status().state == "running", what="training")
+        bar = app.query_one(StatusBar)
+        await pilot.press("space")
+        shown = str(bar.render())
+        assert "PAUSING..." in shown or "PAUSED" in shown, shown
+        await until(pilot, lambda: "PAUSED" in str(bar.render()) and "PAUSING" not in str(bar.render()), what="paused", timeout=5)
