@@ -152,6 +152,8 @@ def _run(args: argparse.Namespace) -> int:
         _report_final_snapshot(session)
         return code
 
+    from rich.console import Console
+
     from workbench.tui.app import make_app
 
     from workbench.fdcapture import NativeStderrToEvents
@@ -159,6 +161,8 @@ def _run(args: argparse.Namespace) -> int:
     session = Session(project, config)
     with NativeStderrToEvents(session.bus.publish):
         app = make_app(session, **tui_settings)
+        # If the UI itself fails, Textual prints why after leaving the screen: to the terminal, not the log pipe.
+        app.error_console = Console(file=sys.__stderr__, markup=False, highlight=False)
         try:
             app.run(mouse=not args.no_mouse)
         finally:
@@ -166,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     _report_final_snapshot(session)
     if _report_setup_failure(session, args.debug):
         return 2
-    return session.exit_code
+    return app.return_code or session.exit_code
 
 
 def _tui_settings(theme: str | None) -> dict:  # type: ignore[type-arg]

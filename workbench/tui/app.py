@@ -8,6 +8,7 @@ No training logic runs here.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Iterable
 from functools import partial
@@ -62,7 +63,9 @@ class VramBenchApp(App[None]):
         themes: dict[str, Theme] | None = None,
         problems: Iterable[str] = (),
     ) -> None:
-        super().__init__()
+        # NO_COLOR: Textual's greyscale filter (used unless ANSI colours are on) fails on some unstyled
+        # segments of the plot; with ANSI colours on, it uses the plain no-colour filter instead.
+        super().__init__(ansi_color=True if "NO_COLOR" in os.environ else None)
         self.session = session
         self._timestamps = timestamps
         self.config = config  # None: settings come from the caller and nothing is written back
