@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 
+import torch
+
 from tests.conftest import is_event, save
 from tests.test_tui import log_text, session_factory, until, write_project  # noqa: F401 - fixture
 from workbench.tui.app import make_app
@@ -99,3 +101,25 @@ async def test_profile_table_opens_in_the_app(tmp_path, session_factory):
             console.print(widget.content)
         text = console.export_text()
         assert "aten::" in text and "self CPU ms" in text and ".json.gz" in text
+
+
+def test_measuring_saved_bytes_never_keeps_a_dropped_graph_alive():
+    """relu saves its own output: a pack hook returning that tensor as-is would make a cycle gc cannot see."""
+    import gc
+    import weakref
+
+    from workbench.saved_bytes import SavedBytes
+
+    x = torch.randn(64, 64, requires_grad=True)
+    with SavedBytes({}) as measured:
+        y = torch.relu(x)
+        loss = y.sum()
+    assert measured.bytes >= 64 * 64 * 4
+    alive = weakref.ref(y)
+    del y, loss
+    gc.collect()
+    assert alive() is None, "the graph was dropped without backward and must be freed"
+    with SavedBytes({}):
+        z = torch.tanh(x)
+    z.sum().backward()
+    assert torch.allclose(x.grad, 1 - torch.tanh(x).detach() ** 2), "gradients are unchanged"

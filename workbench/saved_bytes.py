@@ -31,7 +31,10 @@ class SavedBytes:
                 self.bytes += tensor.untyped_storage().nbytes()
         except Exception:  # noqa: BLE001 - tensors without a plain storage are not counted
             pass
-        return tensor
+        # Detached: a node that saves its own output (relu, tanh, log_softmax) would otherwise hold that
+        # output, whose grad_fn holds the node: a cycle inside autograd that gc cannot see, so a graph dropped
+        # without backward during a measured step would never be freed. Same storage, same version counter.
+        return tensor.detach()
 
     def __enter__(self) -> SavedBytes:
         self._hooks.__enter__()
