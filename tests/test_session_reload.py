@@ -640,3 +640,35 @@ def test_a_save_made_while_setup_runs_is_applied_after_it(start_session) -> None
     reload = live.wait_for(is_event("reload", file="helper.py"), timeout=15)
     assert reload.changed == ("scale",), reload
     assert live.events.steps(2, lambda e: e.scalars["scale"] == 2.0)
+
+
+MANY_SMALL_FREED = """\
+import torch
+
+HELD = {}
+
+
+def setup(bench):
+    # 4,000 tensors of 64 KiB (250 MiB) from the C heap, with small live ones in between: freeing the big
+    # ones leaves the memory resident in the heap, where the C library keeps it for reuse.
+    HELD["big"] = [torch.ones(16 * 1024) for _ in range(4000)]
+    HELD["pins"] = [torch.ones(10) for _ in range(80)]
+    return {}
+
+
+def step(state, bench):
+    HELD.pop("big", None)
+    return 1.0
+"""
+
+
+def test_cleanup_hands_freed_c_heap_back_to_the_system(start_session) -> None:
+    from workbench.actions.cleanup import trim_c_heap
+
+    if not trim_c_heap():
+        pytest.skip("the C library has no malloc_trim (not glibc)")
+    live = start_session({"train.py": MANY_SMALL_FREED})
+    live.wait_running(3)
+    live.send(RunCleanup())
+    cleanup = live.wait_for(is_event("cleanup"))
+    assert cleanup.before["rss"] - cleanup.after["rss"] >= 150 * 1024 * 1024, cleanup

@@ -1,12 +1,15 @@
-"""Give memory back: drop stale tracebacks, collect garbage, empty torch's cache.
+"""Give memory back: drop stale tracebacks, collect garbage, empty torch's cache, trim the C heap.
 
 Reports before and after for host RSS and every GPU, and how much came back.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import sys
+from functools import cache
 
 from workbench.events import Cleanup
 from workbench.memory.device import DeviceProbe
@@ -23,6 +26,29 @@ def _figures(sample: MemorySample) -> dict[str, int]:
     return out
 
 
+@cache
+def _malloc_trim():  # type: ignore[no-untyped-def]
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
+
+
+def trim_c_heap() -> bool:
+    """Hand freed heap pages back to the system (glibc keeps them for reuse, so RSS would not fall).
+
+    CPU tensors come from the C heap: after a leak is fixed, its memory is free but still resident
+    until this runs. Returns whether it could run.
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
 def run_cleanup(probe: DeviceProbe) -> Cleanup:
     before = take_sample(probe)
     # A traceback kept for the last exception pins the frames, and their tensors, alive.
@@ -31,6 +57,7 @@ def run_cleanup(probe: DeviceProbe) -> Cleanup:
         sys.last_exc = None  # type: ignore[attr-defined]
     gc.collect()
     probe.empty_cache()
+    trim_c_heap()
     probe.reset_peaks()
     after = take_sample(probe)
     b, a = _figures(before), _figures(after)
