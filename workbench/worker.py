@@ -30,6 +30,7 @@ from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_re
 from workbench.actions.profile import ProfileRun
 from workbench.actions.snapshot import DEFAULT_KEEP, ResumeMismatch, apply_snapshot, load_snapshot, write_snapshot
 from workbench.errors import UserError
+from workbench.eval_mode import EvalModeWatch
 from workbench.bench import Bench, to_scalar
 from workbench.eventbus import EventBus
 from workbench.events import (
@@ -176,6 +177,7 @@ class TrainingWorker(threading.Thread):
         self.step_started: float | None = None  # monotonic time the running step began (None between steps)
         self.step_ms_history: deque[float] = deque(maxlen=50)
         self._recording = False
+        self.eval_watch = EvalModeWatch()  # warns when steps run with the trained model in eval mode
 
         self.state = RunState.SETUP
         self.pause_reason: str | None = None
@@ -280,6 +282,7 @@ class TrainingWorker(threading.Thread):
                 self.exit_code, self.exit_reason, self._quit = 2, "setup failed", True
             return
         self.setup_seconds = time.monotonic() - self.setup_started
+        self.eval_watch.refresh(self.user_state)
         self.bus.publish(Setup(status="done", seconds=self.setup_seconds))
         self.reloader.track_loaded_modules()  # modules that setup imported are watched too
         if self.resume_path is not None:
@@ -344,6 +347,7 @@ class TrainingWorker(threading.Thread):
         gpu = self._gpu_index
         if gpu is not None:
             self.probe.reset_peaks()  # so the peak read after the step is this step's
+        started_in_eval = self.eval_watch.in_eval()
         started = time.perf_counter()
         with self._interrupt_lock:
             self.step_started = time.monotonic()
@@ -376,6 +380,8 @@ class TrainingWorker(threading.Thread):
         self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
         self.telemetry.versions.record_step(ms, loss, scalars, self.telemetry.step_peaks.get(gpu) if gpu is not None else None)
         self.bus.publish(Step(step=self.step, loss=loss, ms=ms, scalars=scalars, code_version=self.reloader.version))
+        if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
+            self.bus.publish(warning)
         if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
             self._run_evaluate()
         if self._profile is not None and self._profile.step_done():
@@ -774,6 +780,7 @@ class TrainingWorker(threading.Thread):
             self.bus.publish(Rebuilt(ok=False, error=message, code_version=self.reloader.version))
             return
         self.user_state = new_state
+        self.eval_watch.refresh(new_state)
         del new_state
         gc.collect()
         self.probe.empty_cache()
