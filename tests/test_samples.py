@@ -36,3 +36,38 @@ def test_a_missing_sample_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(samples, "_packaged_samples", lambda: tmp_path / "b")
     with pytest.raises(FileNotFoundError, match="missing from this installation"):
         samples.sample_entry()
+
+
+def test_every_sample_is_listed_and_every_file_ships_in_the_wheel():
+    from workbench.config import tomllib
+
+    repo = REPO_SAMPLE.parent.parent
+    folders = sorted(p.name for p in (repo / "sample_projects").iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    assert folders == sorted(samples.SAMPLES), "samples.SAMPLES lists every folder in sample_projects/"
+    included = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    for folder in folders:
+        for path in (repo / "sample_projects" / folder).rglob("*"):
+            relative = path.relative_to(repo).as_posix()
+            if path.is_dir() or "__pycache__" in relative or "/.vram-bench" in relative:
+                continue
+            shipped = any(relative == source or relative.startswith(source + "/") for source in included)
+            assert shipped, f"{relative} is not in pyproject's force-include: a wheel would lack it"
+    assert included["themes"] == "workbench/_themes"
+
+
+def test_another_sample_is_copied_from_the_wheel_on_first_use(tmp_path, monkeypatch):
+    packaged = tmp_path / "site" / "_samples"
+    shutil.copytree(REPO_SAMPLE.parent / "leaky_loop", packaged / "leaky_loop", ignore=shutil.ignore_patterns(".vram-bench", "__pycache__"))
+    monkeypatch.setattr(samples, "_checkout_samples", lambda: tmp_path / "no-checkout")
+    monkeypatch.setattr(samples, "_packaged_samples", lambda: packaged)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    entry, note = samples.sample_entry("leaky_loop")
+    assert entry == tmp_path / "data" / "vram-bench" / "samples" / "leaky_loop" / "train.py" and entry.is_file() and note
+
+
+def test_an_unknown_sample_name_is_refused_with_the_choices(capsys):
+    from workbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--sample", "nope"])
+    assert exit_info.value.code == 2 and "leaky_loop" in capsys.readouterr().err

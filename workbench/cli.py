@@ -13,10 +13,12 @@ from pathlib import Path
 
 import workbench
 from workbench.errors import UserError
+from workbench.samples import DEFAULT_SAMPLE, SAMPLES
 
 EXAMPLES = """\
 examples:
   vram-bench                                  open the default sample project (a tiny GPT on Shakespeare)
+  vram-bench --sample leaky_loop              another sample: batchnorm_cnn, lora_finetune, leaky_loop, memory_lab
   vram-bench run path/to/train.py             your project; its folder is watched for saves
   vram-bench run train.py --device cuda:1     pick a GPU (default: auto)
   vram-bench run train.py --headless          JSON-lines events on stdout, commands on stdin
@@ -69,6 +71,8 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         usage="vram-bench [options]  |  vram-bench run PATH [options]",
     )
     top.add_argument("--version", action="version", version=f"vram-bench {workbench.__version__}")
+    top.add_argument("--sample", choices=sorted(SAMPLES), metavar="NAME", default=DEFAULT_SAMPLE,
+                     help="which sample project to open: " + "; ".join(f"{k}: {v}" for k, v in SAMPLES.items()))
     _add_run_options(top)
     run = argparse.ArgumentParser(
         prog="vram-bench run",
@@ -112,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.path is None:
         try:
-            entry, note = sample_entry()
+            entry, note = sample_entry(args.sample)
         except FileNotFoundError as exc:
             raise UserError(str(exc), hint="Reinstall vram-bench, or run your own project: vram-bench run train.py.") from None
         if note:

@@ -14,6 +14,13 @@ from pathlib import Path
 import workbench
 
 DEFAULT_SAMPLE = "tiny_gpt"
+SAMPLES = {
+    "tiny_gpt": "a character-level GPT learning Shakespeare (the default)",
+    "batchnorm_cnn": "a CNN with BatchNorm and Dropout: state that survives reloads, and the eval-mode trap",
+    "lora_finetune": "LoRA adapters on a frozen model: change the rank with a rebuild, read the breakdown",
+    "leaky_loop": "a leaking loop: find the leaks with the gauges, the leak finder and cleanup, fix them live",
+    "memory_lab": "activation checkpointing, AMP, batch size, accumulation, offload: switched live, compared",
+}
 
 
 def _checkout_samples() -> Path:
