@@ -16,6 +16,7 @@ from textual_plot import HiResMode, PlotWidget
 from workbench.telemetry import Series, Telemetry
 from workbench.tui.format import short_number
 from workbench.tui.roles import roles
+from workbench.tui.shown_text import ShownText
 
 _SPARK = "▁▂▃▄▅▆▇█"
 
@@ -43,6 +44,8 @@ class LossChart(Vertical):
         super().__init__(id=id)
         self._telemetry = telemetry
         self._drawn: tuple[object, ...] | None = None
+        self._rows_shown = ShownText()
+        self._rows_height = ""
 
     def compose(self) -> ComposeResult:
         yield _Plot(allow_pan_and_zoom=False, id="loss-plot")
@@ -95,5 +98,9 @@ class LossChart(Vertical):
             text.append(f"{short_number(s.values[-1]):>10} ")
             text.append(sparkline(s.values, max(width - 26, 8)) + "\n", style=spark_style)
         text.rstrip()
-        rows.update(text)
-        rows.styles.height = "1fr" if self.has_class("-compact") else max(len(losses) + len(others), 1)
+        height = "1fr" if self.has_class("-compact") else str(max(len(losses) + len(others), 1))
+        if height != self._rows_height:
+            self._rows_height = height
+            rows.styles.height = height
+            self._rows_shown.forget()
+        self._rows_shown.show(rows, text)

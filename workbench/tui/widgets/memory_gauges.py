@@ -19,6 +19,7 @@ from workbench.memory.sampler import MemorySample
 from workbench.telemetry import Telemetry
 from workbench.tui.format import bar, human_bytes
 from workbench.tui.roles import DEFAULT_ROLES, Roles, roles
+from workbench.tui.shown_text import ShownText
 from workbench.tui.widgets.loss_chart import sparkline
 
 BAR_WIDTH = 20
@@ -43,6 +44,7 @@ class MemoryGauges(Static, can_focus=True):
         self._telemetry = telemetry
         self._window = window
         self._counters: dict[tuple[int, str], tuple[int, float]] = {}  # (gpu, name) -> (value, when it last moved)
+        self._shown = ShownText()
 
     def on_mount(self) -> None:
         self.redraw()
@@ -51,11 +53,12 @@ class MemoryGauges(Static, can_focus=True):
     def redraw(self) -> None:
         sample = self._telemetry.memory
         if sample is None:
-            self.update(Text("sampling memory...", style="dim"))
+            self._shown.show(self, Text("sampling memory...", style="dim"))
             return
         width = max(self.size.width - 18, 6)
         history = self._telemetry.memory_history(self._window)
-        self.update(
+        self._shown.show(
+            self,
             render_memory(
                 sample,
                 width,

@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from workbench.session import Session
 from workbench.tui.roles import roles
+from workbench.tui.shown_text import ShownText
 
 _STATE_ROLE = {"running": "ok", "paused": "warning", "setup": "info", "setup failed": "error", "stopped": "error"}
 
@@ -29,6 +30,7 @@ class StatusBar(Static):
         self._follow_until = 0.0
         self._follow_timer: Timer | None = None
         self._followed: tuple[object, ...] = ()
+        self._shown = ShownText()
 
     def on_mount(self) -> None:
         self.refresh_status()
@@ -81,4 +83,4 @@ class StatusBar(Static):
         text.append(f" | code v{s.code_version}")
         if s.needs_rebuild:
             text.append(f" | REBUILD NEEDED ({', '.join(s.needs_rebuild)}): {self.app.key_for('rebuild')}", style=palette.bold("error"))
-        self.update(text)
+        self._shown.show(self, text)
