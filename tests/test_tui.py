@@ -250,7 +250,8 @@ def settled_snapshot(tmp_path, snap_compare, size: tuple[int, int], theme: str =
     """A deterministic session (fake GPU, frozen host memory) after 40 steps, its memory history full."""
     entry = write_project(tmp_path / "snapshot_demo", DETERMINISTIC)
     session = new_session(
-        entry, max_steps=40, probe=FakeDevice(), host_reader=frozen_host, watch=False, memory_interval=0.02
+        entry, max_steps=40, probe=FakeDevice(), host_reader=frozen_host, watch=False, memory_interval=0.02,
+        memory_idle_interval=None,  # it waits for a full memory history while paused
     )
     app = make_app(session, timestamps=False, theme=theme)
 

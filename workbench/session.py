@@ -57,6 +57,7 @@ class SessionConfig:
     max_history: int = DEFAULT_MAX_HISTORY  # code versions kept for rollback (each holds its old code)
     sample_memory: bool = True
     memory_interval: float = 0.1  # 10 Hz
+    memory_idle_interval: float | None = 0.5  # 2 Hz while paused (None: always memory_interval)
     memory_window: float = 300.0  # seconds of memory history the gauges draw
     memory_event_interval: float = 2.0
     debounce_ms: int = DEBOUNCE_MS
@@ -163,6 +164,8 @@ class Session:
             event_interval=config.memory_event_interval,
             read_host=host_reader,
             step_count=lambda: self.worker.step,
+            idle=lambda: self.worker.state is RunState.PAUSED,
+            idle_interval=config.memory_idle_interval,
         )
         self.watchdog = StepWatchdog(
             self.worker, self.bus.publish, factor=config.slow_step_factor, minimum=config.slow_step_seconds

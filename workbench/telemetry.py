@@ -35,6 +35,7 @@ class Telemetry:
         self._version_starts: deque[tuple[int, int]] = deque(maxlen=1000)
         self.memory: MemorySample | None = None
         self.last_step_ms: float | None = None
+        self.updates = 0  # bumped on every step or version: readers skip work when it has not moved
 
     # Writer side (training thread, sampler thread) ------------------------------------
     def record_step(self, step: int, scalars: dict[str, float], ms: float, *, count: bool = True) -> None:
@@ -44,12 +45,14 @@ class Telemetry:
             if series is None:
                 series = self._series.setdefault(name, deque(maxlen=self._points))
             series.append((step, value))
+        self.updates += 1
         if count:
             self._step_times.append(time.monotonic())
             self.last_step_ms = ms
 
     def record_version(self, step: int, version: int, changed: tuple[str, ...] = ()) -> None:
         self._version_starts.append((step, version))
+        self.updates += 1
         self.versions.start(version, changed, step)  # a no-op when the version did not change
 
     def store_memory(self, sample: MemorySample) -> None:

@@ -43,7 +43,8 @@ def take_sample(probe: DeviceProbe, read_host: HostReader = read_host_memory) ->
 
 
 class MemorySampler(threading.Thread):
-    """Samples every `interval` s into `store`; publishes a `memory` event every `event_interval` s."""
+    """Samples every `interval` s (`idle_interval` while `idle()`) into `store`; publishes a `memory`
+    event every `event_interval` s."""
 
     def __init__(
         self,
@@ -55,8 +56,12 @@ class MemorySampler(threading.Thread):
         event_interval: float = 2.0,
         read_host: HostReader = read_host_memory,
         step_count: Callable[[], int] = lambda: 0,
+        idle: Callable[[], bool] = lambda: False,
+        idle_interval: float | None = None,
     ) -> None:
         super().__init__(name="vram-bench-memory", daemon=True)
+        self._idle = idle
+        self._idle_interval = idle_interval
         self._probe = probe
         self._store = store
         self._publish = publish
@@ -77,7 +82,13 @@ class MemorySampler(threading.Thread):
             if self._event_interval > 0 and now - last_event >= self._event_interval:
                 self._publish(sample.to_event())
                 last_event = now
-            self._stop_event.wait(self._interval)
+            self._stop_event.wait(self._next_interval())
+
+    def _next_interval(self) -> float:
+        """While nothing trains (paused), memory barely moves: sample slower and leave the CPU alone."""
+        if self._idle_interval is not None and self._idle():
+            return max(self._interval, self._idle_interval)
+        return self._interval
 
     def _with_rates(self, sample: MemorySample) -> MemorySample:
         """Device allocations per training step, from the allocator's cumulative count."""

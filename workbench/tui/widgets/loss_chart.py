@@ -45,6 +45,7 @@ class LossChart(Vertical):
         self._telemetry = telemetry
         self._drawn: tuple[object, ...] | None = None
         self._rows_shown = ShownText()
+        self._seen: tuple[object, ...] = ()
         self._rows_height = ""
 
     def compose(self) -> ComposeResult:
@@ -58,6 +59,10 @@ class LossChart(Vertical):
         self.set_interval(0.5, self.redraw)
 
     def redraw(self) -> None:
+        seen = (self._telemetry.updates, self.size, self.app.theme)
+        if seen == self._seen:
+            return  # paused: nothing new to draw
+        self._seen = seen
         plot = self.query_one(_Plot)
         width = max(self.size.width, 20)
         series = self._telemetry.series(max_points=2 * width)

@@ -45,6 +45,12 @@ class MemoryGauges(Static, can_focus=True):
         self._window = window
         self._counters: dict[tuple[int, str], tuple[int, float]] = {}  # (gpu, name) -> (value, when it last moved)
         self._shown = ShownText()
+        self._seen: tuple[object, ...] = ()
+        self._last_sample: MemorySample | None = None
+
+    def _highlighting(self) -> bool:
+        now = time.monotonic()
+        return any(now - moved < HIGHLIGHT_SECONDS for _, moved in self._counters.values())
 
     def on_mount(self) -> None:
         self.redraw()
@@ -52,6 +58,10 @@ class MemoryGauges(Static, can_focus=True):
 
     def redraw(self) -> None:
         sample = self._telemetry.memory
+        seen = (self.size, self.app.theme, self._highlighting())
+        if sample is self._last_sample and seen == self._seen:
+            return  # no new sample since the last redraw (paused: the sampler slows down)
+        self._last_sample, self._seen = sample, seen
         if sample is None:
             self._shown.show(self, Text("sampling memory...", style="dim"))
             return

@@ -15,14 +15,20 @@ class SetupPanel(Static):
         self._session = session
 
     def on_mount(self) -> None:
+        self._interval = 0.25
+        self._timer = self.set_interval(self._interval, self.redraw)
         self.redraw()
-        self.set_interval(0.25, self.redraw)
 
     def redraw(self) -> None:
         s = self._session.status()
         showing = s.state in ("setup", "setup failed")
         if self.parent is not None:
             self.parent.set_class(showing, "-setup")
+        # Setup comes back only after it failed and a fix is saved: while hidden, look once a second.
+        interval = 0.25 if showing else 1.0
+        if interval != self._interval:
+            self._timer.stop()
+            self._timer, self._interval = self.set_interval(interval, self.redraw), interval
         if not showing:
             return
         text = Text()
