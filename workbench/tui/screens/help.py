@@ -11,6 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from workbench.config import config_dir
+from workbench.tui.prerender import as_text
 
 PANES = (
     ("Status bar", "project, device, global step, steps/s, running/paused (and why), code version"),
@@ -37,9 +38,11 @@ class HelpScreen(ModalScreen[None]):
         panes = Table(title="Panes", show_header=False, box=None, padding=(0, 2))
         for name, what in PANES:
             panes.add_row(Text(name, style="bold"), what)
+        # The help body is 90% of the screen, at most 110 columns, less its border and padding.
+        width = min(110, int(self.app.size.width * 0.9)) - 6
         with VerticalScroll(id="help-body"):
-            yield Static(keys)
-            yield Static(panes)
+            yield Static(as_text(keys, width))
+            yield Static(as_text(panes, width))
             yield Static(
                 Text(
                     "Save any .py file in the project folder: changed functions and methods are swapped in place "

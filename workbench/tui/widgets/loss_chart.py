@@ -65,7 +65,7 @@ class LossChart(Vertical):
         self._seen = seen
         plot = self.query_one(_Plot)
         width = max(self.size.width, 20)
-        series = self._telemetry.series(max_points=2 * width)
+        series = self._telemetry.series(max_points=width)
         losses = [s for s in series if "loss" in s.name]
         others = [s for s in series if "loss" not in s.name]
         # Too short for a plot with axes (80x24): every series becomes a sparkline row instead.
