@@ -259,7 +259,7 @@ def settled_snapshot(tmp_path, snap_compare, size: tuple[int, int], theme: str =
         await until(pilot, lambda: session.status().state == "paused" and session.status().step == 40, what="40 steps")
         # History lines are as wide as the samples they have: wait until they are full.
         await until(pilot, lambda: len(session.telemetry.memory_history(300)) >= 100, what="memory history")
-        await pilot.pause(1.0)  # every widget timer has fired since
+        await pilot.pause(1.5)  # every widget timer (the chart: 1 Hz) has fired since
 
     try:
         return snap_compare(app, terminal_size=size, run_before=settle)

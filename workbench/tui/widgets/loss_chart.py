@@ -56,7 +56,9 @@ class LossChart(Vertical):
         plot = self.query_one(_Plot)
         plot.set_xlabel("step")
         self.redraw()
-        self.set_interval(0.5, self.redraw)
+        # Once a second: drawing the braille plot is the UI's largest cost, and on a machine where torch
+        # already uses every core, each redraw slows training (bench/tui_cost.py measures it).
+        self.set_interval(1.0, self.redraw)
 
     def redraw(self) -> None:
         seen = (self._telemetry.updates, self.size, self.app.theme)
