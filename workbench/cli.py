@@ -124,7 +124,12 @@ def _run(args: argparse.Namespace) -> int:
     else:
         entry = Path(args.path)
     device = resolve_device(args.device)
-    tui_settings = None if args.headless else _tui_settings(args.theme)
+    if args.headless:
+        tui_settings = None
+    else:
+        from workbench.tui.settings import tui_settings as load_tui_settings
+
+        tui_settings = load_tui_settings(args.theme)
     project = load_project(entry)
     resume = _check_resume(args, project)
     config = SessionConfig(
@@ -175,25 +180,6 @@ def _run(args: argparse.Namespace) -> int:
     if _report_setup_failure(session, args.debug):
         return 2
     return app.return_code or session.exit_code
-
-
-def _tui_settings(theme: str | None) -> dict:  # type: ignore[type-arg]
-    """The user's config file and themes, checked before any UI: an unknown --theme is a one-line error."""
-    from textual.theme import BUILTIN_THEMES
-
-    from workbench.config import load_config, user_themes_dir
-    from workbench.tui.theme_files import load_catalog, terminal_default_theme
-
-    config = load_config()
-    catalog = load_catalog()
-    if theme is not None and theme not in catalog.themes and theme not in BUILTIN_THEMES:
-        raise UserError(
-            f"no theme named {theme!r}.",
-            hint=f"Themes: {', '.join(sorted(catalog.themes))} (and Textual's: {', '.join(sorted(BUILTIN_THEMES))}). "
-            f"Add your own as a .toml file in {user_themes_dir()}/.",
-        )
-    chosen = theme or config.theme or terminal_default_theme()
-    return {"config": config, "theme": chosen, "themes": catalog.themes, "problems": catalog.problems + config.problems}
 
 
 def _check_resume(args: argparse.Namespace, project) -> Path | None:  # type: ignore[no-untyped-def]
