@@ -60,6 +60,10 @@ class LossChart(Vertical):
         # already uses every core, each redraw slows training (bench/tui_cost.py measures it).
         self.set_interval(1.0, self.redraw)
 
+    def on_resize(self) -> None:
+        """Switch between plot and sparkline rows as soon as the pane's size changes, not at the next tick."""
+        self.redraw()
+
     def redraw(self) -> None:
         seen = (self._telemetry.updates, self.size, self.app.theme)
         if seen == self._seen:
