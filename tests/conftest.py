@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import textwrap
 import time
@@ -256,3 +257,23 @@ def start_session(tmp_path: Path) -> Iterator[Callable[..., Live]]:
 
     with stack:
         yield start
+
+
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_projects"
+
+
+def copy_sample(name: str, tmp_path: Path) -> Path:
+    """A sample project copied to a tmp folder (its .vram-bench/ and every edit stay out of the checkout)."""
+    target = tmp_path / name
+    shutil.copytree(SAMPLES / name, target, ignore=shutil.ignore_patterns(".vram-bench", "__pycache__"))
+    return target
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread while a session runs: on a busy 2-core machine, a thread pool makes small models'
+    steps much slower, not faster. The training thread starts after this, so it inherits it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -19,17 +19,11 @@ import torch
 
 from workbench.memory.leaks import MODEL, OPTIMIZER, STATE, UNOWNED, LeakReport, Suspect, TensorGroup, find_leaks
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 # Shapes no other test or library is likely to hold, so groups can be matched exactly.
 IN, HIDDEN, OUT, BATCH = 37, 53, 3, 64
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny matmuls on a busy machine are slower with a thread pool than without one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -14,10 +14,9 @@ import importlib.util
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,9 @@ import torch
 from tests.conftest import Live, is_event, open_session
 from tests.tour import TourEdit, tour_edits
 from workbench.events import FindLeaks, LeaksFound, RunCleanup
+from tests import conftest
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "sample_projects" / "leaky_loop"
@@ -36,19 +38,9 @@ FEATURES_BYTES = 32 * 512 * 4  # one probe batch's features: PROBE_ROWS x HIDDEN
 LEAK_STEPS = 40  # steps before the first census
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """On a busy shared machine, a thread pool makes these small models' steps much slower, not faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def copy_sample(tmp_path: Path) -> Path:
-    target = tmp_path / "leaky_loop"
-    shutil.copytree(SAMPLE, target, ignore=shutil.ignore_patterns(".vram-bench", "__pycache__"))
-    return target
+    return conftest.copy_sample("leaky_loop", tmp_path)
 
 
 def census(live: Live) -> LeaksFound:

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.conftest import Live, is_event, open_session
 from tests.tour import TourEdit, tour_edits
 from workbench.events import BreakdownReady, Event, Rebuild, ShowBreakdown, Step
 from workbench.units import human_bytes
+from tests import conftest
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "sample_projects" / "lora_finetune"
@@ -35,25 +34,13 @@ FLOAT = 4
 
 
 def copy_sample(tmp_path: Path) -> Path:
-    """The sample in a tmp folder (its .vram-bench/ and every edit stay out of the checkout)."""
-    target = tmp_path / "lora_finetune"
-    shutil.copytree(SAMPLE, target, ignore=shutil.ignore_patterns(".vram-bench", "__pycache__"))
-    return target
+    return conftest.copy_sample("lora_finetune", tmp_path)
 
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One torch thread while the session runs: with other tests on the same 2 cores, two threads
-    waiting for each other make these tiny steps ten times slower. The training thread starts after
-    this, so it inherits the setting; the old value is put back afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_twenty_headless_steps_have_a_finite_falling_loss(tmp_path: Path) -> None:
@@ -197,7 +184,7 @@ class Tour:
         assert opt.param_groups[0]["lr"] == 3e-3
 
 
-def test_every_tour_edit_has_the_effect_the_readme_describes(tmp_path: Path, one_thread: None) -> None:
+def test_every_tour_edit_has_the_effect_the_readme_describes(tmp_path: Path, one_torch_thread: None) -> None:
     readme = README.read_text(encoding="utf-8")
     edits = tour_edits(README)
     project = copy_sample(tmp_path)

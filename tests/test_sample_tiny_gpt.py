@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,25 +16,18 @@ from tests.tour import tour_edits
 from workbench.events import Reload, Step
 from workbench.project import load_project
 from workbench.session import Session, SessionConfig
+from tests import conftest
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "sample_projects" / "tiny_gpt"
 README = SAMPLE / "README.md"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """On a busy shared machine, a thread pool makes these small models' steps much slower, not faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def copy_sample(tmp_path: Path) -> Path:
-    target = tmp_path / "tiny_gpt"
-    shutil.copytree(SAMPLE, target, ignore=shutil.ignore_patterns(".vram-bench", "__pycache__"))
-    return target / "train.py"
+    return conftest.copy_sample("tiny_gpt", tmp_path) / "train.py"
 
 
 def collect_steps(events, count: int, timeout: float = 120.0) -> list[Step]:
