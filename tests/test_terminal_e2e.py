@@ -219,8 +219,12 @@ class TmuxScreen:
         while self.exit_status() is None:
             if time.monotonic() > deadline:
                 pytest.fail(self.explain(f"the process did not exit within {timeout:.0f} s"), pytrace=False)
-            if not self.status_file.exists() and self._pane("#{pane_dead}") != "0":
-                pytest.fail(self.explain("the pane closed without an exit status"), pytrace=False)
+            # The shell writes the status file before the pane dies, so read it again after seeing
+            # a dead pane: the command may have ended between the two checks.
+            if self._pane("#{pane_dead}") != "0" and self.exit_status() is None:
+                time.sleep(0.5)  # an `echo $? >` caught between creating and writing the file
+                if self.exit_status() is None:
+                    pytest.fail(self.explain("the pane closed without an exit status"), pytrace=False)
             time.sleep(0.2)
         return self.exit_status()
 
