@@ -9,6 +9,7 @@ watcher, reload thread, memory sampler) and reads the events from `session.bus`.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import sys
@@ -234,6 +235,7 @@ def open_session(entry: Path, **config: Any) -> Iterator[Live]:
     finally:
         session.close()
     assert not session.worker.is_alive(), "the training thread did not stop on close()"
+    assert gc.get_freeze_count() == 0, "close() left objects frozen (gc.freeze): later collections would skip them"
     assert str(project.root) not in sys.path, "close() left the project folder on sys.path"
     leftovers = [n for n, m in list(sys.modules.items()) if str(getattr(m, "__file__", "") or "").startswith(str(project.root))]
     assert not leftovers, f"close() left the project's modules imported: {leftovers}"

@@ -62,6 +62,8 @@ class SessionConfig:
     memory_event_interval: float = 2.0
     debounce_ms: int = DEBOUNCE_MS
     step_ms: int = STEP_MS
+    freeze_gc: bool = True  # gc.freeze() after setup: full collections skip the long-lived objects
+    training_nice: int = 0  # lower the training thread's CPU priority by this much (thread_priority.py)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,8 @@ class Session:
             resume=config.resume,
             resume_partial=config.resume_partial,
             snapshot_keep=config.snapshot_keep,
+            freeze_gc=config.freeze_gc,
+            nice=config.training_nice,
         )
         self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
         self.watcher = (

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import gc
 import math
 import os
 import queue
@@ -71,6 +70,8 @@ from workbench.hotswap.planner import ChangeSet, ReloadError
 from workbench.hotswap.reloader import Reloader
 from workbench.memory.breakdown import session_breakdown, session_breakdown_for_gpus
 from workbench.memory.device import DeviceProbe
+from workbench.memory.gc_freeze import Frozen, collect_all, freeze_survivors
+from workbench.memory.gc_freeze import release as release_frozen
 from workbench.memory.leaks import find_leaks
 from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
@@ -79,6 +80,7 @@ from workbench.rebuild import carry_over
 from workbench.state_walk import find_instances
 from workbench.saved_bytes import SavedBytes
 from workbench.telemetry import Telemetry
+from workbench.thread_priority import lower_current_thread
 
 
 class RunState(str, enum.Enum):
@@ -149,6 +151,8 @@ class TrainingWorker(threading.Thread):
         resume: Path | None = None,
         resume_partial: bool = False,
         snapshot_keep: int = DEFAULT_KEEP,
+        freeze_gc: bool = True,
+        nice: int = 0,
     ) -> None:
         super().__init__(name="vram-bench-training", daemon=True)
         self.project = project
@@ -168,6 +172,10 @@ class TrainingWorker(threading.Thread):
         self.resume_path = resume
         self.resume_partial = resume_partial
         self.snapshot_keep = snapshot_keep
+        self.freeze_gc = freeze_gc  # freeze what setup() left alive: short full collections (memory/gc_freeze.py)
+        self.frozen: Frozen | None = None
+        self.nice_increment = nice
+        self.nice: int | None = None  # the training thread's nice value once lowered
         self.last_snapshot_step: int | None = None
         self.last_snapshot_path: str | None = None
         self.activity: str | None = None  # a long action running between steps, for the status bar
@@ -211,6 +219,7 @@ class TrainingWorker(threading.Thread):
     def run(self) -> None:
         if self.router is not None:
             self.router.capture_thread()
+        self.nice = lower_current_thread(self.nice_increment)  # before setup(): the threads it starts inherit it
         try:
             self._start_memory_recording()
             self._run_setup()
@@ -236,6 +245,8 @@ class TrainingWorker(threading.Thread):
             if self._profile is not None:
                 self._profile.abort()
                 self._profile = None
+            if self.frozen is not None:
+                release_frozen()
             self.state = RunState.STOPPED
             self.bus.publish(Exit(reason=self.exit_reason, step=self.step, code=self.exit_code))
             if self.router is not None:
@@ -285,10 +296,14 @@ class TrainingWorker(threading.Thread):
         self.eval_watch.refresh(self.user_state)
         self.bus.publish(Setup(status="done", seconds=self.setup_seconds))
         self.reloader.track_loaded_modules()  # modules that setup imported are watched too
+        resumed = True
         if self.resume_path is not None:
             path, self.resume_path = self.resume_path, None  # once: a later rebuild starts from the live state
-            if not self._resume_from(path):
-                return
+            resumed = self._resume_from(path)
+        if self.freeze_gc:
+            self.frozen = freeze_survivors()
+        if not resumed:
+            return
         if self.start_paused:
             self._pause("user")
         else:
@@ -427,7 +442,7 @@ class TrainingWorker(threading.Thread):
             if self._recording:
                 self._publish_or_report("memory snapshot", lambda: self._dump_memory("oom"))
             del exc
-            gc.collect()
+            collect_all()
             self.probe.empty_cache()
             self._pause("out of memory")
             return
@@ -775,14 +790,14 @@ class TrainingWorker(threading.Thread):
             message = f"rebuild failed: {type(exc).__name__}: {exc}; the old state and code keep running"
             self.bus.publish(Error(where="rebuild", message=message, file=file, line=line, traceback=self._format(exc)))
             traceback.clear_frames(exc.__traceback__)
-            gc.collect()  # the half-built new state (a rebuild that ran out of memory, say)
+            collect_all()  # the half-built new state (a rebuild that ran out of memory, say)
             self.probe.empty_cache()
             self.bus.publish(Rebuilt(ok=False, error=message, code_version=self.reloader.version))
             return
         self.user_state = new_state
         self.eval_watch.refresh(new_state)
         del new_state
-        gc.collect()
+        collect_all()  # the old state, frozen since setup: thawed, collected, and the new state frozen
         self.probe.empty_cache()
         version = self.reloader.version
         self.telemetry.record_version(self.step, version, ("rebuild", *changed))

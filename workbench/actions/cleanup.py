@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import gc
 import sys
 from functools import cache
 
 from workbench.events import Cleanup
 from workbench.memory.device import DeviceProbe
+from workbench.memory.gc_freeze import collect_all
 from workbench.memory.sampler import MemorySample, take_sample
 
 
@@ -55,7 +55,7 @@ def run_cleanup(probe: DeviceProbe) -> Cleanup:
     sys.last_traceback = sys.last_value = sys.last_type = None  # type: ignore[assignment]
     if hasattr(sys, "last_exc"):
         sys.last_exc = None  # type: ignore[attr-defined]
-    gc.collect()
+    collect_all()  # frozen objects too: what setup() built and later dropped in a cycle
     probe.empty_cache()
     trim_c_heap()
     probe.reset_peaks()

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from workbench.memory.gc_freeze import thawed
 from workbench.state_walk import find_modules_and_optimizers
 
 MODEL = "model"
@@ -112,6 +113,11 @@ def find_leaks(state: Any, *, max_suspects: int = 5, namespaces: dict[str, dict]
     in `sys.modules` under the name the user knows (the project's entry file).
     """
     start = time.perf_counter()
+    with thawed():  # frozen objects are invisible to gc.get_objects and gc.get_referrers
+        return _find_leaks(state, max_suspects, namespaces, start)
+
+
+def _find_leaks(state: Any, max_suspects: int, namespaces: dict[str, dict] | None, start: float) -> LeakReport:
     gc.collect()
     owners, state_graphs = _owned_storages(state)
     census = _Census(owners)

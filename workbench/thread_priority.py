@@ -1,0 +1,38 @@
+"""Let the screen win the CPU: the training thread runs at a lower priority in the TUI.
+
+Why: on a machine whose cores are all busy training (CPU training, or a Python-heavy
+loop feeding a GPU), the UI thread waits its turn behind the training thread and its
+intra-op threads, and a key takes a visible while to reach the screen. Linux keeps a
+nice value per thread, and threads (torch's intra-op pool, DataLoader workers) inherit
+it from the thread that starts them, so lowering the training thread before setup()
+lowers all of its helpers. When the UI is idle, which is nearly always, training gets
+the whole CPU as before; other processes on the machine also come first, which is why
+it is an option (`--training-nice 0` turns it off).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+MAX_NICE = 19
+
+
+def lower_current_thread(by: int) -> int | None:
+    """Raise the calling thread's nice value by `by` (Linux only); the new value, or None if unchanged."""
+    if by <= 0 or not sys.platform.startswith("linux"):
+        return None
+    try:
+        tid = threading.get_native_id()
+        nice = min(os.getpriority(os.PRIO_PROCESS, tid) + by, MAX_NICE)
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+        return nice
+    except OSError:  # a sandbox without setpriority: run as before
+        return None
+
+
+def current_thread_nice() -> int | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
