@@ -204,21 +204,70 @@ async def test_setup_panel_shows_progress_then_failure_then_recovers_on_save(tmp
         await until(pilot, lambda: not app.query_one("#chart-pane").has_class("-setup"), what="chart back")
 
 
+def help_shown(app) -> bool:
+    return app.query_one("#help").visible
+
+
 async def test_help_lists_every_key(tmp_path, session_factory):
     session = session_factory(write_project(tmp_path / "proj"))
     app = make_app(session)
     async with app.run_test(size=(100, 34)) as pilot:
         await pilot.press("question_mark")
-        await until(pilot, lambda: type(app.screen).__name__ == "HelpScreen", what="help screen")
+        await until(pilot, lambda: help_shown(app), what="help shown")
         console = Console(width=100, record=True, file=io.StringIO())
-        for widget in app.screen.query("Static"):
+        for widget in app.query("#help Static"):
             console.print(widget.content)
         shown = console.export_text()
         for action in ACTIONS:
             assert app.key_for(action.id) in shown and action.help[:40] in shown, action.id
         assert "? / F1" in shown and "tab / shift+tab" in shown and "ctrl+p" in shown
         await pilot.press("escape")
-        await until(pilot, lambda: type(app.screen).__name__ != "HelpScreen", what="help closed")
+        await until(pilot, lambda: not help_shown(app), what="help closed")
+
+
+async def test_help_is_drawn_over_the_panes_and_every_way_out_restores_them(tmp_path, session_factory):
+    session = session_factory(write_project(tmp_path / "proj"))
+    app = make_app(session)
+    async with app.run_test(size=(100, 34)) as pilot:
+        await until(pilot, lambda: session.status().state == "running", what="training")
+        panes = [app.query_one(selector) for selector in ("#status", "#top", "#log")]
+        log = app.query_one("#log")
+        assert app.focused is log
+        sizes = [pane.size for pane in panes]
+
+        for close in ("escape", "q", "question_mark", "f1"):
+            await pilot.press("question_mark")
+            await until(pilot, lambda: help_shown(app), what="help shown")
+            # Over the panes, on the same screen: nothing below resized (a resize re-renders the
+            # plot and re-wraps the log); the focus is in the help (so arrows scroll it).
+            assert app.screen is app.screen_stack[0]
+            assert [pane.size for pane in panes] == sizes
+            assert app.screen.virtual_size == app.screen.size  # no scrollbar: the help fits the screen
+            assert app.focused is not None and app.query_one("#help") in app.focused.ancestors_with_self
+            await pilot.press(close)
+            await until(pilot, lambda: not help_shown(app), what=f"help closed by {close}")
+            assert app.focused is log, close
+            assert [pane.size for pane in panes] == sizes
+        assert app.is_running and session.status().state == "running"  # q closed the help, did not quit
+
+        # tab moves on: the help closes and the focus stays where tab put it.
+        await pilot.press("question_mark")
+        await until(pilot, lambda: help_shown(app), what="help shown")
+        await pilot.press("tab")
+        await until(pilot, lambda: not help_shown(app), what="help closed by tab")
+        assert app.focused is not None and app.focused.id in ("chart-pane", "memory", "log")
+
+        # Opens over a maximized pane too, and escape closes the help before it restores the pane.
+        await pilot.press("z")
+        await until(pilot, lambda: app.screen.maximized is not None, what="zoom")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: help_shown(app), what="help over a zoomed pane")
+        assert app.query_one("#help").region.area > 0
+        await pilot.press("escape")
+        await until(pilot, lambda: not help_shown(app), what="help closed")
+        assert app.screen.maximized is not None
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen.maximized is None, what="zoom restored")
 
 
 async def test_prints_from_step_land_in_the_log(tmp_path, session_factory):
@@ -330,7 +379,7 @@ def test_help_screen_snapshot(tmp_path, snap_compare, monkeypatch):
     async def open_help(pilot) -> None:
         await until(pilot, lambda: session.status().state == "paused", what="5 steps")
         await pilot.press("question_mark")
-        await until(pilot, lambda: type(pilot.app.screen).__name__ == "HelpScreen", what="help")
+        await until(pilot, lambda: help_shown(pilot.app), what="help")
         await pilot.pause(0.5)
 
     try:

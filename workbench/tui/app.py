@@ -17,7 +17,6 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.theme import Theme
-from textual.widgets import Footer
 
 from workbench.config import DEFAULT_LOG_ENTRIES, UserConfig, save_theme
 from workbench.events import Command, DumpMemorySnapshot, Evaluate, Interrupt, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
@@ -25,14 +24,15 @@ from workbench.session import Session
 from workbench.tui.keys import ACTIONS, PROFILE_STEPS, bindings, check_keymap, key_label, keys_in_effect
 from workbench.tui.screens.breakdown import BreakdownScreen
 from workbench.tui.screens.confirm import ConfirmScreen
-from workbench.tui.screens.help import HelpScreen
 from workbench.tui.screens.leaks import LeaksScreen
 from workbench.tui.screens.profile import ProfileScreen
 from workbench.tui.screens.quit import ConfirmQuitScreen
 from workbench.tui.screens.versions import VersionsScreen
 from workbench.tui.theme_files import DEFAULT_THEME, load_catalog
 from workbench.tui.widgets.chart_pane import ChartPane
+from workbench.tui.widgets.help_panel import HelpPanel
 from workbench.tui.widgets.memory_gauges import MemoryGauges
+from workbench.tui.widgets.quiet_footer import QuietFooter
 from workbench.tui.widgets.reload_log import ReloadLog
 from workbench.tui.widgets.status_bar import StatusBar
 
@@ -49,6 +49,7 @@ class VramBenchApp(App[None]):
     TITLE = "vram-bench"
     BINDINGS = bindings()
     AUTO_FOCUS = "#log"  # arrows and page keys scroll the log from the start; tab moves on
+    ALLOW_IN_MAXIMIZED_VIEW = "Footer, HelpPanel"  # help opens over a maximized pane too
     # Below 100 columns the panes stack; below 30 rows the panes get their minimum heights.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
@@ -98,7 +99,8 @@ class VramBenchApp(App[None]):
         log = ReloadLog(self.session.bus, self.session.project.root, timestamps=self._timestamps, entries=entries, id="log")
         log.border_title = "Log"
         yield log
-        yield Footer()
+        yield HelpPanel(id="help")  # hidden; drawn over the panes in a layer of its own (app.tcss)
+        yield QuietFooter()
 
     def on_mount(self) -> None:
         # Started here, not before: Textual has redirected stdout by now, so the session's
@@ -159,6 +161,9 @@ class VramBenchApp(App[None]):
         self.exit()
 
     async def action_quit(self) -> None:
+        if self._help_shown():
+            self._help_panel().hide()  # q closes the help, as in the report screens
+            return
         unsaved = self.session.unsaved_steps
         if unsaved <= 0:
             self.exit()
@@ -249,8 +254,21 @@ class VramBenchApp(App[None]):
     def action_profile(self) -> None:
         self._send(RunProfile(steps=PROFILE_STEPS))
 
+    @property
+    def escape_to_minimize(self) -> bool:
+        """Escape closes the help first, even over a maximized pane."""
+        return super().escape_to_minimize and not self._help_shown()
+
+    def _help_panel(self) -> HelpPanel:
+        return self.screen_stack[0].query_one(HelpPanel)  # on the main screen, whatever is on top
+
+    def _help_shown(self) -> bool:
+        return self.screen is self.screen_stack[0] and self._help_panel().shown
+
     def action_zoom(self) -> None:
         """Maximize the focused pane (the chart if none has focus), or restore it."""
+        if self._help_shown():
+            return
         screen = self.screen
         if screen.maximized is not None:
             screen.minimize()
@@ -260,9 +278,14 @@ class VramBenchApp(App[None]):
         screen.maximize(target)
 
     def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            keys = [(self.key_for(a.id), a.help) for a in ACTIONS] + list(OTHER_KEYS)
-            self.push_screen(HelpScreen(keys))
+        """Show the help over the panes, or hide it (the help key toggles)."""
+        if self.screen is not self.screen_stack[0]:
+            return  # a dialog or report is open: it has the keyboard
+        panel = self._help_panel()
+        if panel.shown:
+            panel.hide()
+        else:
+            panel.show([(self.key_for(a.id), a.help) for a in ACTIONS] + list(OTHER_KEYS))
 
 
 def make_app(
