@@ -12,7 +12,7 @@ so every cost of the app is counted: Textual's rendering and the terminal (tmux)
 2. Keypress-to-screen latency while training flat out: `tmux send-keys` then `tmux capture-pane`
    back to back until the change is on the screen; the time runs from just before send-keys is
    spawned to the end of the first capture that shows it (nothing subtracted; one capture's cost is
-   the resolution, printed). Two keys: `?` (the help screen opens / closes; training keeps running
+   the resolution, printed). Two keys: `?` (help opens / closes over the panes; training keeps running
    under it) and `space` (pause: the first change on the status bar, e.g. PAUSING..., is the key
    reaching the screen; PAUSED itself also waits for the running step to end, shown for reference).
    Each pause press comes 100-300 ms (random) after the status bar said RUNNING again. Target: p95 <= 100 ms.
@@ -348,6 +348,8 @@ def latency(cleanup: Cleanup, entry: Path, env: dict[str, str], samples: int, tm
     paused_ms: list[float] = []
     resume_ms: list[float] = []
     help_ms: list[float] = []
+    help_open_ms: list[float] = []
+    help_close_ms: list[float] = []
     not_advanced = 0
     try:
         terminal.start(entry.parent, [*cli_argv(), "run", entry.name])
@@ -386,6 +388,7 @@ def latency(cleanup: Cleanup, entry: Path, env: dict[str, str], samples: int, tm
                 started = press("?")
                 screen, seen = terminal.wait_for(lambda s, v=visible: (HELP_TEXT in s) == v, KEY_TIMEOUT, f"the help screen {'open' if visible else 'closed'} after ?")
                 help_ms.append((seen - started) * 1000)
+                (help_open_ms if visible else help_close_ms).append((seen - started) * 1000)
         if not shows("RUNNING")(terminal.capture()):
             raise BenchError(f"training was not running at the end of the latency test:\n{status_line(screen)}")
         capture_ms = [s * 1000 for s in terminal.capture_seconds]
@@ -393,6 +396,8 @@ def latency(cleanup: Cleanup, entry: Path, env: dict[str, str], samples: int, tm
         terminal.close()
     return {
         "help_toggle": summarize(help_ms),
+        "help_open": summarize(help_open_ms),
+        "help_close": summarize(help_close_ms),
         "pause_first_change": summarize(pause_react_ms),
         "pause_to_paused": summarize(paused_ms),
         "resume_to_running": summarize(resume_ms),
@@ -529,6 +534,8 @@ def print_report(result: dict) -> None:  # type: ignore[type-arg]
     if lat:
         for key, label, target in (
             ("help_toggle", "key -> screen: ? help opens/closes", True),
+            ("help_open", "  ? -> help shown", False),
+            ("help_close", "  ? -> help gone", False),
             ("pause_first_change", "key -> screen: space, status bar reacts", True),
             ("pause_to_paused", "  space -> PAUSED (waits for the step end)", False),
             ("resume_to_running", "  space -> RUNNING (from paused)", False),
