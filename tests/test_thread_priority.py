@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import threading
 
 import pytest
 
-from workbench.cli import TUI_TRAINING_NICE, nice_increment, training_nice
+from workbench.cli import nice_increment
 from workbench.thread_priority import current_thread_nice, lower_current_thread
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
@@ -56,14 +57,16 @@ def test_a_session_lowers_its_training_thread(start_session) -> None:
     assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == worker.nice
 
 
-def test_the_tui_lowers_it_by_default_and_headless_runs_do_not() -> None:
-    assert training_nice(None, headless=False) == TUI_TRAINING_NICE > 0
-    assert training_nice(None, headless=True) == 0
-    assert training_nice(0, headless=False) == 0
-    assert training_nice(7, headless=True) == 7
-
-
 @pytest.mark.parametrize("text", ["-1", "20", "five"])
 def test_out_of_range_nice_is_a_clear_error(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="between 0|whole number"):
         nice_increment(text)
+
+
+def test_the_cli_rejects_an_out_of_range_value_before_loading_anything(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "workbench", "run", str(tmp_path / "train.py"), "--training-nice", "20"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--training-nice" in result.stderr and "between 0 (off) and 19" in result.stderr

@@ -45,18 +45,15 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-snapshots", type=positive_int, default=5, metavar="K", help="snapshots kept per project (default 5)")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
-    parser.add_argument("--training-nice", type=nice_increment, metavar="N",
-                        help=f"lower the training thread's CPU priority by N (0-19) so keys reach the screen at once "
-                        f"when the CPU is saturated (default: {TUI_TRAINING_NICE} in the TUI, 0 headless)")
+    parser.add_argument("--training-nice", type=nice_increment, default=0, metavar="N",
+                        help="lower the training thread's CPU priority by N (0-19): keys reach the screen sooner "
+                        "when training saturates the CPU, at some cost in steps/s (default 0)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="do not gc.freeze() what setup() leaves alive (full collections then walk it all)")
     parser.add_argument("--no-mouse", action="store_true", help="TUI: keyboard only, no mouse capture")
     parser.add_argument("--theme", metavar="NAME", help="TUI theme for this run: vram-dark, vram-light, vram-high-contrast, "
                         "vram-ansi, or a theme file's name (default: the one last picked in the palette)")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
-
-
-TUI_TRAINING_NICE = 5  # workbench/thread_priority.py says why
 
 
 def nice_increment(text: str) -> int:
@@ -68,13 +65,6 @@ def nice_increment(text: str) -> int:
     if not 0 <= value <= 19:
         raise argparse.ArgumentTypeError("must be between 0 (off) and 19")
     return value
-
-
-def training_nice(requested: int | None, *, headless: bool) -> int:
-    """Headless runs have no screen to keep responsive: full priority unless asked."""
-    if requested is not None:
-        return requested
-    return 0 if headless else TUI_TRAINING_NICE
 
 
 def positive_int(text: str) -> int:
@@ -175,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         resume_partial=args.resume_partial,
         snapshot_keep=args.keep_snapshots,
         freeze_gc=not args.no_gc_freeze,
-        training_nice=training_nice(args.training_nice, headless=args.headless),
+        training_nice=args.training_nice,
     )
     if args.headless:
         from workbench.headless import run_headless

@@ -1,13 +1,16 @@
-"""Let the screen win the CPU: the training thread runs at a lower priority in the TUI.
+"""Let the screen win the CPU: `--training-nice N` runs the training thread at a lower priority.
 
 Why: on a machine whose cores are all busy training (CPU training, or a Python-heavy
 loop feeding a GPU), the UI thread waits its turn behind the training thread and its
 intra-op threads, and a key takes a visible while to reach the screen. Linux keeps a
 nice value per thread, and threads (torch's intra-op pool, DataLoader workers) inherit
 it from the thread that starts them, so lowering the training thread before setup()
-lowers all of its helpers. When the UI is idle, which is nearly always, training gets
-the whole CPU as before; other processes on the machine also come first, which is why
-it is an option (`--training-nice 0` turns it off).
+lowers all of its helpers.
+
+It is off by default: measured on 2 cores (bench/RESULTS.md), nice 5 took help's
+key-to-screen p95 from 171 to 113 ms but cost about 7% of steps/s in the TUI, since
+the UI and the terminal then preempt one of the intra-op threads mid-operation and
+the other waits for it; other processes on the machine also come first.
 """
 
 from __future__ import annotations
