@@ -205,7 +205,7 @@ async def test_setup_panel_shows_progress_then_failure_then_recovers_on_save(tmp
 
 
 def help_shown(app) -> bool:
-    return app.query_one("#help").visible
+    return app.query_one("#help").display
 
 
 async def test_help_lists_every_key(tmp_path, session_factory):

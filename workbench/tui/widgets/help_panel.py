@@ -85,7 +85,7 @@ class HelpPanel(Container):
 
     @property
     def shown(self) -> bool:
-        return self.visible
+        return self.display
 
     def show(self, keys: list[tuple[str, str]]) -> None:
         """Draw the keys in effect (only when they or the width changed), then show and focus the help."""
@@ -98,15 +98,15 @@ class HelpPanel(Container):
             self.query_one("#help-words", Static).update(closing_words())
         focused = self.screen.focused
         self._return_focus = None if focused is None or self in focused.ancestors_with_self else focused
-        self.visible = True
+        self.display = True
         body = self.query_one("#help-body", VerticalScroll)
         body.scroll_home(animate=False)
         body.focus()
 
     def hide(self, *, restore_focus: bool = True) -> None:
-        if not self.visible:
+        if not self.display:
             return
-        self.visible = False
+        self.display = False
         returning, self._return_focus = self._return_focus, None
         if restore_focus and returning is not None and returning.is_attached:
             returning.focus()
@@ -117,5 +117,5 @@ class HelpPanel(Container):
     def on_descendant_blur(self, event: DescendantBlur) -> None:
         """Tab moved the focus under the help: hide it and leave the focus where it went."""
         focused = self.screen.focused
-        if self.visible and (focused is None or self not in focused.ancestors_with_self):
+        if self.display and (focused is None or self not in focused.ancestors_with_self):
             self.hide(restore_focus=False)
