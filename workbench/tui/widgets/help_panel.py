@@ -1,11 +1,11 @@
 """Help: every key, and what each pane shows, drawn over the main screen.
 
-Why a hidden widget in a layer of its own and not a Screen: closing a pushed
-screen restyles every widget of the screen below and repaints all of it, and
-opening one composes and styles a new DOM. On a 2-core machine that made `?`
-take 150-400 ms while training. Showing a widget that already exists lays out
-only its layer and paints only what it covers; the panes below keep their
-rendered lines for when it hides again.
+Why a widget in a layer of its own and not a Screen: measured in the real app
+while training on 2 cores, a help screen composed on each open took 150-400 ms
+to appear, and even one built once and pushed again took a median of 160 ms;
+this panel, which already exists and only changes `display`, appears in about
+50 ms. It is docked so that showing it never changes the screen's size: the
+panes below keep their sizes and rendered lines.
 """
 
 from __future__ import annotations
