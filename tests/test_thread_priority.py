@@ -11,7 +11,13 @@ import threading
 import pytest
 
 from workbench.cli import nice_increment
-from workbench.thread_priority import current_thread_nice, lower_current_thread
+from workbench.thread_priority import lower_current_thread
+
+def current_thread_nice() -> int | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 

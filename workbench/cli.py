@@ -56,12 +56,16 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
 
 
-def nice_increment(text: str) -> int:
-    """An argparse type for --training-nice: how much lower the training thread's priority is."""
+def _whole_number(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def nice_increment(text: str) -> int:
+    """An argparse type for --training-nice: how much lower the training thread's priority is."""
+    value = _whole_number(text)
     if not 0 <= value <= 19:
         raise argparse.ArgumentTypeError("must be between 0 (off) and 19")
     return value
@@ -69,10 +73,7 @@ def nice_increment(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """An argparse type for counts (steps, snapshots kept, versions)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _whole_number(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value

@@ -33,9 +33,3 @@ def lower_current_thread(by: int) -> int | None:
         return nice
     except OSError:  # a sandbox without setpriority: run as before
         return None
-
-
-def current_thread_nice() -> int | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

@@ -20,7 +20,6 @@ The price, and how it is paid:
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,15 +28,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Frozen:
     objects: int  # in the permanent generation afterwards
-    seconds: float  # the collection before the freeze, and the freeze
 
 
 def freeze_survivors() -> Frozen:
     """Collect, then freeze every survivor: only live objects are frozen, never garbage."""
-    started = time.perf_counter()
     gc.collect()
     gc.freeze()
-    return Frozen(objects=gc.get_freeze_count(), seconds=time.perf_counter() - started)
+    return Frozen(objects=gc.get_freeze_count())
 
 
 def is_frozen() -> bool:
