@@ -9,10 +9,13 @@ so every cost of the app is counted: Textual's rendering and the terminal (tmux)
    from `<project>/.vram-bench/events.jsonl`), alternating over R rounds so drift hits both alike.
    Steps/s is the steady state, from the step events' own timestamps between step W (warm-up,
    N/5) and step N. Target: TUI >= 97% of headless (medians).
-2. Keypress-to-screen latency while training flat out: `tmux send-keys` then `tmux capture-pane`
-   back to back until the change is on the screen; the time runs from just before send-keys is
-   spawned to the end of the first capture that shows it (nothing subtracted; one capture's cost is
-   the resolution, printed). Two keys: `?` (help opens / closes over the panes; training keeps running
+2. Keypress-to-screen latency while training flat out. A tmux control-mode client (`tmux -C`, the
+   way a terminal attaches) sends the key and gets a `%output` line each time the app writes to the
+   pane; after each write the screen is captured over the same connection until it shows the change.
+   The time runs from just before the key is sent to the reply of the first capture that shows it
+   (nothing subtracted). `--watch poll` instead runs `tmux capture-pane` processes back to back, as
+   this benchmark did before 2026-11-22; on 2 cores those process starts take CPU from the app they
+   measure. Two keys: `?` (help opens / closes over the panes; training keeps running
    under it) and `space` (pause: the first change on the status bar, e.g. PAUSING..., is the key
    reaching the screen; PAUSED itself also waits for the running step to end, shown for reference).
    Each pause press comes 100-300 ms (random) after the status bar said RUNNING again. Target: p95 <= 100 ms.
@@ -24,6 +27,7 @@ so every cost of the app is counted: Textual's rendering and the terminal (tmux)
     python bench/tui_cost.py                      # 3 rounds x 400 steps each way, 40 latency samples, 20 s idle
     python bench/tui_cost.py --steps 150 --rounds 1 --latency-samples 10 --idle-seconds 5   # a quick check
     python bench/tui_cost.py --project path/to/train.py --json
+    python bench/tui_cost.py --only latency --latency-samples 30   # one part (repeat --only for more)
 
 Needs tmux (apt-get install tmux) and psutil (a dependency of vram-bench). Takes about
 2 x rounds x (setup + N steps), plus about two minutes; run it on a quiet machine.
@@ -37,6 +41,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import queue
 import random
 import re
 import shlex
@@ -46,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -64,6 +70,7 @@ HELP_TEXT = "pause / resume training"  # a line of the help screen's key table
 TARGET_RATIO = 0.97
 TARGET_P95_MS = 100.0
 TARGET_IDLE_PCT = 2.0
+PARTS = ("throughput", "latency", "idle")
 
 
 class BenchError(RuntimeError):
@@ -174,6 +181,105 @@ class Tmux:
             if path is not None:
                 with contextlib.suppress(OSError):
                     path.unlink()
+
+
+class ControlWatcher:
+    """Watches the pane the way a terminal does: tmux control mode (`tmux -C`) pushes `%output` as
+    the app writes, and only then is the screen captured, over the same connection.
+
+    Polling with a `tmux capture-pane` process back to back spends most of a core on process
+    starts; on a 2-core machine that is taken from the app it measures. Here keys and captures are
+    lines on one pipe (no process each), and nothing runs between the app's writes."""
+
+    def __init__(self, terminal: Tmux) -> None:
+        self.terminal = terminal
+        self.process = subprocess.Popen(
+            ["tmux", "-u", "-L", terminal.socket, "-f", str(terminal.conf), "-C", "attach-session", "-t", "bench"],
+            env=terminal.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
+        )
+        self.replies: queue.Queue[tuple[float, str, bool]] = queue.Queue()
+        self.changed = threading.Condition()
+        self.outputs = 0  # %output notifications so far: the app wrote to the pane
+        self.closed = False
+        self.capture_seconds: list[float] = []
+        self.reader = threading.Thread(target=self._read, name="tmux-control-reader", daemon=True)
+        self.reader.start()
+        _, text, attached = self.replies.get(timeout=30)  # attach-session's own reply: commands sent before it fail
+        if not attached:
+            raise BenchError(f"tmux control mode could not attach: {text}")
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        block: list[str] | None = None
+        for raw in self.process.stdout:
+            now = time.perf_counter()
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            if block is not None:
+                if line.startswith(("%end ", "%error ")):
+                    self.replies.put((now, "\n".join(block), line.startswith("%end ")))
+                    block = None
+                else:
+                    block.append(line)
+            elif line.startswith("%begin "):
+                block = []
+            elif line.startswith("%output "):
+                with self.changed:
+                    self.outputs += 1
+                    self.changed.notify_all()
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
+        self.replies.put((time.perf_counter(), "tmux control client ended", False))
+
+    def _command(self, command: str) -> tuple[float, str]:
+        """Runs one tmux command over the pipe; its output and when the reply ended."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(command.encode("utf-8") + b"\n")
+        when, text, ok = self.replies.get(timeout=30)
+        if not ok:
+            raise BenchError(f"tmux {command!r} failed: {text}")
+        return when, text
+
+    def send(self, *keys: str) -> None:
+        self._command(" ".join(["send-keys", "-t", "bench", *map(shlex.quote, keys)]))
+
+    def capture(self) -> str:
+        started = time.perf_counter()
+        when, screen = self._command("capture-pane -p -t bench")
+        self.capture_seconds.append(when - started)
+        return screen + "\n"
+
+    def wait_for(self, condition: Callable[[str], bool], timeout: float, what: str) -> tuple[str, float]:
+        """Captures now, then after each write of the app's until `condition(screen)`; the screen and
+        when the capture that showed it came back."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            with self.changed:
+                seen = self.outputs
+            started = time.perf_counter()
+            when, screen = self._command("capture-pane -p -t bench")
+            self.capture_seconds.append(when - started)
+            screen += "\n"
+            if condition(screen):
+                return screen, when
+            with self.changed:
+                while self.outputs == seen and not self.closed:
+                    left = deadline - time.perf_counter()
+                    if left <= 0:
+                        raise BenchError(f"waiting for {what}: not on the screen after {timeout:.0f} s:\n{screen.rstrip()}")
+                    self.changed.wait(left)
+                if self.closed:
+                    raise BenchError(f"the app or tmux exited while waiting for {what}:\n{screen.rstrip()}")
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
 
 
 def kill_and_reap(pid: int) -> None:
@@ -340,7 +446,7 @@ def status_words(screen: str) -> str:
     return re.sub(r"\bstep \d+|[\d.]+ steps/s", "", status_line(screen))
 
 
-def latency(cleanup: Cleanup, entry: Path, env: dict[str, str], samples: int, tmp: Path) -> dict[str, object]:
+def latency(cleanup: Cleanup, entry: Path, env: dict[str, str], samples: int, tmp: Path, watch: str) -> dict[str, object]:
     fresh_run_dir(entry)
     terminal = cleanup.terminal(tmp, env)
     rng = random.Random(7)
@@ -351,14 +457,16 @@ def latency(cleanup: Cleanup, entry: Path, env: dict[str, str], samples: int, tm
     help_open_ms: list[float] = []
     help_close_ms: list[float] = []
     not_advanced = 0
+    watcher: Tmux | ControlWatcher = terminal
     try:
         terminal.start(entry.parent, [*cli_argv(), "run", entry.name])
-        screen, _ = terminal.wait_for(lambda s: shows("RUNNING")(s) and step_shown(s) >= 20, STARTUP_TIMEOUT, "RUNNING at step 20")
-        terminal.capture_seconds.clear()
+        watcher = ControlWatcher(terminal) if watch == "control" else terminal
+        screen, _ = watcher.wait_for(lambda s: shows("RUNNING")(s) and step_shown(s) >= 20, STARTUP_TIMEOUT, "RUNNING at step 20")
+        watcher.capture_seconds.clear()
 
         def press(key: str) -> float:
             started = time.perf_counter()
-            terminal.send(key)
+            watcher.send(key)
             return started
 
         last_step = -1
@@ -369,30 +477,32 @@ def latency(cleanup: Cleanup, entry: Path, env: dict[str, str], samples: int, tm
             time.sleep(rng.uniform(0.1, 0.3))
             before = status_words(screen)
             started = press("Space")
-            screen, seen = terminal.wait_for(lambda s: status_words(s) != before, KEY_TIMEOUT, "a change on the status bar after space")
+            screen, seen = watcher.wait_for(lambda s: status_words(s) != before, KEY_TIMEOUT, "a change on the status bar after space")
             pause_react_ms.append((seen - started) * 1000)
             if not shows("PAUSED")(screen):
-                screen, seen = terminal.wait_for(shows("PAUSED"), KEY_TIMEOUT, "PAUSED after space")
+                screen, seen = watcher.wait_for(shows("PAUSED"), KEY_TIMEOUT, "PAUSED after space")
             paused_ms.append((seen - started) * 1000)
             if step_shown(screen) <= last_step:
                 not_advanced += 1
             last_step = step_shown(screen)
             time.sleep(rng.uniform(0.1, 0.3))
             started = press("Space")
-            screen, seen = terminal.wait_for(shows("RUNNING"), KEY_TIMEOUT, "RUNNING after space")
+            screen, seen = watcher.wait_for(shows("RUNNING"), KEY_TIMEOUT, "RUNNING after space")
             resume_ms.append((seen - started) * 1000)
         for _ in range(samples):
             # ?: the help screen opens, then closes; training keeps running under it.
             for visible in (True, False):
                 time.sleep(rng.uniform(0.1, 0.3))
                 started = press("?")
-                screen, seen = terminal.wait_for(lambda s, v=visible: (HELP_TEXT in s) == v, KEY_TIMEOUT, f"the help screen {'open' if visible else 'closed'} after ?")
+                screen, seen = watcher.wait_for(lambda s, v=visible: (HELP_TEXT in s) == v, KEY_TIMEOUT, f"the help screen {'open' if visible else 'closed'} after ?")
                 help_ms.append((seen - started) * 1000)
                 (help_open_ms if visible else help_close_ms).append((seen - started) * 1000)
-        if not shows("RUNNING")(terminal.capture()):
+        if not shows("RUNNING")(watcher.capture()):
             raise BenchError(f"training was not running at the end of the latency test:\n{status_line(screen)}")
-        capture_ms = [s * 1000 for s in terminal.capture_seconds]
+        capture_ms = [s * 1000 for s in watcher.capture_seconds]
     finally:
+        if watcher is not terminal:
+            watcher.close()
         terminal.close()
     return {
         "help_toggle": summarize(help_ms),
@@ -401,6 +511,7 @@ def latency(cleanup: Cleanup, entry: Path, env: dict[str, str], samples: int, tm
         "pause_first_change": summarize(pause_react_ms),
         "pause_to_paused": summarize(paused_ms),
         "resume_to_running": summarize(resume_ms),
+        "watch": watch,
         "capture_ms_median": round(statistics.median(capture_ms), 2),
         "pauses_without_new_steps": not_advanced,
     }
@@ -543,7 +654,8 @@ def print_report(result: dict) -> None:  # type: ignore[type-arg]
             s = lat[key]
             rows.append((f"{label}, p95", f"{s['p95']:.1f} ms (p50 {s['p50']:.1f}, max {s['max']:.1f}, n={s['n']})",
                          f"<= {TARGET_P95_MS:.0f} ms" if target else "", verdict(s["p95"] <= TARGET_P95_MS) if target else ""))
-        rows.append(("  one capture-pane (poll resolution)", f"{lat['capture_ms_median']:.1f} ms median", "", ""))
+        how = "tmux control mode, a capture after each write" if lat["watch"] == "control" else "capture-pane processes back to back"
+        rows.append((f"  one capture ({how})", f"{lat['capture_ms_median']:.2f} ms median", "", ""))
     idle = result.get("idle")
     if idle:
         rows.append(("idle CPU while paused, TUI", f"{idle['tui_app_pct']:.2f}% of a core", f"<= {TARGET_IDLE_PCT:.0f}%",
@@ -570,6 +682,11 @@ def main() -> None:
     parser.add_argument("--latency-samples", type=int, default=40, help="presses per key for the latency test (default 40)")
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="idle CPU measured over this long (default 20)")
     parser.add_argument("--project", type=Path, default=SAMPLE, help="entry file or folder (default: the tiny_gpt sample); copied to a tmp dir")
+    parser.add_argument("--watch", choices=("control", "poll"), default="control",
+                        help="how the latency test sees the screen: control = tmux control mode, a capture after each write "
+                             "of the app's (default); poll = `tmux capture-pane` processes back to back (the method before 2026-11-22)")
+    parser.add_argument("--only", choices=PARTS, action="append",
+                        help="run only this part (repeatable; default: all of throughput, latency, idle)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
     if shutil.which("tmux") is None:
@@ -577,10 +694,12 @@ def main() -> None:
     if args.steps < 20 or args.rounds < 1 or args.latency_samples < 1 or args.idle_seconds <= 0:
         sys.exit("tui_cost.py: need --steps >= 20, --rounds >= 1, --latency-samples >= 1, --idle-seconds > 0")
     warmup = max(10, args.steps // 5)
+    parts = set(args.only or PARTS)
     result: dict[str, object] = {"machine": machine()}
     result["config"] = {"project": str(args.project.resolve().relative_to(REPO) if args.project.resolve().is_relative_to(REPO) else args.project),
                         "steps": args.steps, "warmup": warmup, "rounds": args.rounds,
-                        "latency_samples": args.latency_samples, "idle_seconds": args.idle_seconds}
+                        "latency_samples": args.latency_samples, "idle_seconds": args.idle_seconds,
+                        "watch": args.watch, "parts": sorted(parts)}
     progress = (lambda text: print(text, file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="vram-bench-tui-cost-") as tmp_name, cleanup_on_exit() as cleanup:
         tmp = Path(tmp_name)
@@ -588,31 +707,34 @@ def main() -> None:
         entry = copy_project(args.project.resolve(), tmp)
         headless: list[tuple[float, float]] = []
         tui: list[tuple[float, float]] = []
-        for i in range(args.rounds):
+        for i in range(args.rounds if "throughput" in parts else 0):
             order = (("headless", throughput_headless, headless), ("TUI", throughput_tui, tui))
             for name, run, into in order if i % 2 == 0 else order[::-1]:
                 into.append(run(cleanup, entry, env, args.steps, warmup, tmp))
                 progress(f"round {i + 1}/{args.rounds}: {name} {into[-1][0]:.2f} steps/s")
-        h, u = statistics.median(r for r, _ in headless), statistics.median(r for r, _ in tui)
-        result["throughput"] = {
-            "headless": [round(r, 2) for r, _ in headless], "tui": [round(r, 2) for r, _ in tui],
-            "headless_median": round(h, 2), "tui_median": round(u, 2), "ratio": round(u / h, 4),
-            "headless_step_ms": round(statistics.median(ms for _, ms in headless), 2),
-            "tui_step_ms": round(statistics.median(ms for _, ms in tui), 2),
-            "target_ratio": TARGET_RATIO, "pass": u / h >= TARGET_RATIO,
-        }
-        progress("latency...")
-        lat = latency(cleanup, entry, env, args.latency_samples, tmp)
-        lat["target_p95_ms"] = TARGET_P95_MS
-        lat["pass"] = lat["help_toggle"]["p95"] <= TARGET_P95_MS and lat["pause_first_change"]["p95"] <= TARGET_P95_MS  # type: ignore[index]
-        result["latency"] = lat
-        progress("idle CPU...")
-        idle = idle_tui(cleanup, entry, env, args.idle_seconds, tmp)
-        result["idle"] = {
-            "tui_app_pct": idle["app_pct"], "tmux_server_pct": idle["tmux_server_pct"],
-            "headless_pct": idle_headless(cleanup, entry, env, args.idle_seconds, tmp),
-            "target_pct": TARGET_IDLE_PCT, "pass": idle["app_pct"] <= TARGET_IDLE_PCT,
-        }
+        if headless:
+            h, u = statistics.median(r for r, _ in headless), statistics.median(r for r, _ in tui)
+            result["throughput"] = {
+                "headless": [round(r, 2) for r, _ in headless], "tui": [round(r, 2) for r, _ in tui],
+                "headless_median": round(h, 2), "tui_median": round(u, 2), "ratio": round(u / h, 4),
+                "headless_step_ms": round(statistics.median(ms for _, ms in headless), 2),
+                "tui_step_ms": round(statistics.median(ms for _, ms in tui), 2),
+                "target_ratio": TARGET_RATIO, "pass": u / h >= TARGET_RATIO,
+            }
+        if "latency" in parts:
+            progress(f"latency (watching the screen by {args.watch})...")
+            lat = latency(cleanup, entry, env, args.latency_samples, tmp, args.watch)
+            lat["target_p95_ms"] = TARGET_P95_MS
+            lat["pass"] = lat["help_toggle"]["p95"] <= TARGET_P95_MS and lat["pause_first_change"]["p95"] <= TARGET_P95_MS  # type: ignore[index]
+            result["latency"] = lat
+        if "idle" in parts:
+            progress("idle CPU...")
+            idle = idle_tui(cleanup, entry, env, args.idle_seconds, tmp)
+            result["idle"] = {
+                "tui_app_pct": idle["app_pct"], "tmux_server_pct": idle["tmux_server_pct"],
+                "headless_pct": idle_headless(cleanup, entry, env, args.idle_seconds, tmp),
+                "target_pct": TARGET_IDLE_PCT, "pass": idle["app_pct"] <= TARGET_IDLE_PCT,
+            }
     result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]  # type: ignore[index]
     if args.json:
         print(json.dumps(result, indent=2))
