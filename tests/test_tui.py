@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from rich.console import Console
+from textual.errors import NoWidget
 
 from tests.fakes import FakeDevice, frozen_host
 from workbench.project import load_project
@@ -238,24 +239,30 @@ async def test_help_is_drawn_over_the_panes_and_every_way_out_restores_them(tmp_
         for close in ("escape", "q", "question_mark", "f1"):
             await pilot.press("question_mark")
             await until(pilot, lambda: help_shown(app), what="help shown")
-            # Over the panes, on the same screen: nothing below resized (a resize re-renders the
-            # plot and re-wraps the log); the focus is in the help (so arrows scroll it).
+            # Over the panes, on the same screen; the focus is in the help (so arrows scroll it).
             assert app.screen is app.screen_stack[0]
-            assert [pane.size for pane in panes] == sizes
             assert app.screen.virtual_size == app.screen.size  # no scrollbar: the help fits the screen
             assert app.focused is not None and app.query_one("#help") in app.focused.ancestors_with_self
+            for pane in panes:  # out of the layout while covered: their updates draw nothing
+                with pytest.raises(NoWidget):
+                    app.screen.find_widget(pane)
             await pilot.press(close)
             await until(pilot, lambda: not help_shown(app), what=f"help closed by {close}")
             assert app.focused is log, close
-            assert [pane.size for pane in panes] == sizes
+            assert [pane.size for pane in panes] == sizes  # back as they were (a resize re-renders the plot, re-wraps the log)
+            assert all(app.screen.find_widget(pane).region.area > 0 for pane in panes)
         assert app.is_running and session.status().state == "running"  # q closed the help, did not quit
 
-        # tab moves on: the help closes and the focus stays where tab put it.
-        await pilot.press("question_mark")
-        await until(pilot, lambda: help_shown(app), what="help shown")
-        await pilot.press("tab")
-        await until(pilot, lambda: not help_shown(app), what="help closed by tab")
-        assert app.focused is not None and app.focused.id in ("chart-pane", "memory", "log")
+        # tab and shift+tab close the help and move on from the pane that had the focus.
+        order = [w.id for w in app.screen.focus_chain]
+        for key, step in (("tab", 1), ("shift+tab", -1)):
+            start = app.focused
+            await pilot.press("question_mark")
+            await until(pilot, lambda: help_shown(app), what="help shown")
+            await pilot.press(key)
+            await until(pilot, lambda: not help_shown(app), what=f"help closed by {key}")
+            assert app.focused is not None and app.focused.id == order[(order.index(start.id) + step) % len(order)], key
+            assert all(app.screen.find_widget(pane).region.area > 0 for pane in panes)
 
         # Opens over a maximized pane too, and escape closes the help before it restores the pane.
         await pilot.press("z")
@@ -268,6 +275,25 @@ async def test_help_is_drawn_over_the_panes_and_every_way_out_restores_them(tmp_
         assert app.screen.maximized is not None
         await pilot.press("escape")
         await until(pilot, lambda: app.screen.maximized is None, what="zoom restored")
+
+
+async def test_lines_logged_under_the_help_are_there_and_followed_when_it_closes(tmp_path, session_factory):
+    source = TRAIN.replace("    return {", "    print(f'line from step {bench.step}')\n    return {")
+    session = session_factory(write_project(tmp_path / "proj", source))
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        log = app.query_one(ReloadLog)
+        await until(pilot, lambda: log.max_scroll_y > 0, what="a log longer than its pane")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: help_shown(app), what="help shown")
+        lines_before = len(log.lines)
+        await until(pilot, lambda: len(log.lines) > lines_before + 20, what="lines logged under the help")
+        await pilot.press("escape")
+        await until(pilot, lambda: not help_shown(app), what="help closed")
+        await pilot.pause(0.3)
+        assert log.scroll_y == log.max_scroll_y > 0  # still following the newest line
+        shown = "\n".join(strip.text for strip in log.render_lines(log.scrollable_content_region.reset_offset))
+        assert "line from step" in shown
 
 
 async def test_prints_from_step_land_in_the_log(tmp_path, session_factory):

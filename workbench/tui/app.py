@@ -99,7 +99,7 @@ class VramBenchApp(App[None]):
         log = ReloadLog(self.session.bus, self.session.project.root, timestamps=self._timestamps, entries=entries, id="log")
         log.border_title = "Log"
         yield log
-        yield HelpPanel(id="help")  # hidden; drawn over the panes in a layer of its own (app.tcss)
+        yield HelpPanel(id="help", covers=("#status", "#top", "#log"))  # hidden; over the panes in a layer of its own (app.tcss)
         yield QuietFooter()
 
     def on_mount(self) -> None:
