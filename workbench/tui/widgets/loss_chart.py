@@ -15,6 +15,7 @@ from textual_plot import HiResMode, PlotWidget
 
 from workbench.telemetry import Series, Telemetry
 from workbench.tui.format import short_number
+from workbench.tui.pane_clock import on_beat
 from workbench.tui.roles import roles
 from workbench.tui.shown_text import ShownText
 
@@ -58,7 +59,7 @@ class LossChart(Vertical):
         self.redraw()
         # Once a second: drawing the braille plot is the UI's largest cost, and on a machine where torch
         # already uses every core, each redraw slows training (bench/tui_cost.py measures it).
-        self.set_interval(1.0, self.redraw)
+        on_beat(self, 1.0, self.redraw, name="chart")
 
     def on_resize(self) -> None:
         """Switch between plot and sparkline rows as soon as the pane's size changes, not at the next tick."""

@@ -18,6 +18,7 @@ from workbench.memory.device import GpuMemory
 from workbench.memory.sampler import MemorySample
 from workbench.telemetry import Telemetry
 from workbench.tui.format import bar, human_bytes
+from workbench.tui.pane_clock import on_beat
 from workbench.tui.roles import DEFAULT_ROLES, Roles, roles
 from workbench.tui.shown_text import ShownText
 from workbench.tui.widgets.loss_chart import sparkline
@@ -54,7 +55,7 @@ class MemoryGauges(Static, can_focus=True):
 
     def on_mount(self) -> None:
         self.redraw()
-        self.set_interval(0.5, self.redraw)
+        on_beat(self, 0.5, self.redraw, name="memory")
 
     def redraw(self) -> None:
         sample = self._telemetry.memory

@@ -34,6 +34,7 @@ from workbench.events import (
     Start,
 )
 from workbench.tui.format import human_bytes
+from workbench.tui.pane_clock import on_beat
 from workbench.tui.roles import DEFAULT_ROLES, Roles, roles
 from workbench.tui.traceback_view import render_traceback
 
@@ -68,7 +69,7 @@ class ReloadLog(RichLog, can_focus=True):
         return len(self._line_counts)
 
     def on_mount(self) -> None:
-        self.set_interval(0.25, self.pull)
+        on_beat(self, 0.25, self.pull, name="log")
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self.redraw_all())
 
     def on_unmount(self) -> None:

@@ -9,6 +9,7 @@ from textual.timer import Timer
 from textual.widgets import Static
 
 from workbench.session import Session
+from workbench.tui.pane_clock import on_beat
 from workbench.tui.roles import roles
 from workbench.tui.shown_text import ShownText
 
@@ -20,7 +21,7 @@ FOLLOW_INTERVAL = 0.02
 
 
 class StatusBar(Static):
-    """Redraws at 4 Hz; right after a key it also shows at once that the key was taken ("PAUSING...")
+    """Redraws at 2 Hz (on the panes' beat); right after a key it also shows at once that the key was taken ("PAUSING...")
     and redraws every 20 ms until the worker has acted on it, so a keypress reaches the screen fast."""
 
     def __init__(self, session: Session, *, id: str | None = None) -> None:
@@ -34,7 +35,7 @@ class StatusBar(Static):
 
     def on_mount(self) -> None:
         self.refresh_status()
-        self.set_interval(0.25, self.refresh_status)
+        on_beat(self, 0.5, self.refresh_status, name="status")
 
     def follow(self, pending: str | None = None) -> None:
         """A command was just sent: show `pending` until the state moves, watching closely meanwhile."""
