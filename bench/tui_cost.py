@@ -189,7 +189,8 @@ class ControlWatcher:
 
     Polling with a `tmux capture-pane` process back to back spends most of a core on process
     starts; on a 2-core machine that is taken from the app it measures. Here keys and captures are
-    lines on one pipe (no process each), and nothing runs between the app's writes."""
+    lines on one pipe (no process each), read in large chunks, and nothing runs between the app's
+    writes but reading them."""
 
     def __init__(self, terminal: Tmux) -> None:
         self.terminal = terminal
@@ -197,45 +198,75 @@ class ControlWatcher:
             ["tmux", "-u", "-L", terminal.socket, "-f", str(terminal.conf), "-C", "attach-session", "-t", "bench"],
             env=terminal.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
         )
-        self.replies: queue.Queue[tuple[float, str, bool]] = queue.Queue()
+        # (when the block ended, its text, %end rather than %error, its flags: 1 = a command of ours)
+        self.replies: queue.Queue[tuple[float, str, bool, str]] = queue.Queue()
         self.changed = threading.Condition()
         self.outputs = 0  # %output notifications so far: the app wrote to the pane
         self.closed = False
         self.capture_seconds: list[float] = []
         self.reader = threading.Thread(target=self._read, name="tmux-control-reader", daemon=True)
         self.reader.start()
-        _, text, attached = self.replies.get(timeout=30)  # attach-session's own reply: commands sent before it fail
-        if not attached:
-            raise BenchError(f"tmux control mode could not attach: {text}")
+        try:
+            _, text, attached, _ = self._reply()  # attach-session's own reply: commands sent before it fail
+            if not attached:
+                raise BenchError(f"tmux control mode could not attach: {text}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _lines(self) -> Iterator[tuple[float, str]]:
+        """The client's output line by line, read in chunks (unbuffered line iteration reads a
+        byte at a time: 20,000 reads for one frame) and stamped with when their chunk arrived."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        pending = b""
+        while chunk := os.read(fd, 1 << 16):
+            now = time.perf_counter()
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                yield now, line.decode("utf-8", errors="replace")
 
     def _read(self) -> None:
-        assert self.process.stdout is not None
         block: list[str] | None = None
-        for raw in self.process.stdout:
-            now = time.perf_counter()
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            if block is not None:
-                if line.startswith(("%end ", "%error ")):
-                    self.replies.put((now, "\n".join(block), line.startswith("%end ")))
-                    block = None
-                else:
-                    block.append(line)
-            elif line.startswith("%begin "):
-                block = []
-            elif line.startswith("%output "):
-                with self.changed:
-                    self.outputs += 1
-                    self.changed.notify_all()
-        with self.changed:
-            self.closed = True
-            self.changed.notify_all()
-        self.replies.put((time.perf_counter(), "tmux control client ended", False))
+        opened = ""  # the %begin line's time and command number: its %end or %error carries the same
+        try:
+            for now, line in self._lines():
+                if block is not None:
+                    ending = line.split(" ")
+                    if ending[0] in ("%end", "%error") and " ".join(ending[1:3]) == opened:
+                        self.replies.put((now, "\n".join(block), ending[0] == "%end", ending[3] if len(ending) > 3 else ""))
+                        block = None
+                    else:
+                        block.append(line)
+                elif line.startswith("%begin "):
+                    block, opened = [], " ".join(line.split(" ")[1:3])
+                elif line.startswith("%output "):
+                    with self.changed:
+                        self.outputs += 1
+                        self.changed.notify_all()
+        finally:
+            with self.changed:
+                self.closed = True
+                self.changed.notify_all()
+            self.replies.put((time.perf_counter(), "the tmux control client ended", False, "1"))
+
+    def _reply(self) -> tuple[float, str, bool, str]:
+        try:
+            return self.replies.get(timeout=30)
+        except queue.Empty:
+            raise BenchError("tmux did not answer the control client within 30 s") from None
 
     def _command(self, command: str) -> tuple[float, str]:
         """Runs one tmux command over the pipe; its output and when the reply ended."""
         assert self.process.stdin is not None
-        self.process.stdin.write(command.encode("utf-8") + b"\n")
-        when, text, ok = self.replies.get(timeout=30)
+        try:
+            self.process.stdin.write(command.encode("utf-8") + b"\n")
+        except OSError as exc:
+            raise BenchError(f"the tmux control client is gone ({exc}) before {command!r}") from None
+        while True:
+            when, text, ok, flags = self._reply()
+            if flags == "1":  # not a block tmux sent for something else
+                break
         if not ok:
             raise BenchError(f"tmux {command!r} failed: {text}")
         return when, text
@@ -249,9 +280,12 @@ class ControlWatcher:
         self.capture_seconds.append(when - started)
         return screen + "\n"
 
+    def pane_dead(self) -> bool:
+        return self._command("display-message -p -t bench '#{pane_dead}'")[1].strip() == "1"
+
     def wait_for(self, condition: Callable[[str], bool], timeout: float, what: str) -> tuple[str, float]:
         """Captures now, then after each write of the app's until `condition(screen)`; the screen and
-        when the capture that showed it came back."""
+        when the capture that showed it came back. Checks each second that the app is still there."""
         deadline = time.perf_counter() + timeout
         while True:
             with self.changed:
@@ -262,14 +296,18 @@ class ControlWatcher:
             screen += "\n"
             if condition(screen):
                 return screen, when
+            if when > deadline:
+                raise BenchError(f"waiting for {what}: not on the screen after {timeout:.0f} s:\n{screen.rstrip()}")
             with self.changed:
                 while self.outputs == seen and not self.closed:
                     left = deadline - time.perf_counter()
                     if left <= 0:
-                        raise BenchError(f"waiting for {what}: not on the screen after {timeout:.0f} s:\n{screen.rstrip()}")
-                    self.changed.wait(left)
-                if self.closed:
-                    raise BenchError(f"the app or tmux exited while waiting for {what}:\n{screen.rstrip()}")
+                        break
+                    if not self.changed.wait(min(left, 1.0)):
+                        break  # a quiet second: look at the pane again
+                closed = self.closed
+            if closed or (self.outputs == seen and self.pane_dead()):
+                raise BenchError(f"the app exited while waiting for {what}:\n{screen.rstrip()}")
 
     def close(self) -> None:
         if self.process.stdin is not None:

@@ -28,10 +28,10 @@ def load_tui_cost() -> ModuleType:
 
 
 @pytest.fixture
-def pane(tmp_path: Path):
+def pane(tmp_path: Path, request: pytest.FixtureRequest):
     tui_cost = load_tui_cost()
-    script = tmp_path / "echo_later.py"
-    script.write_text(ECHO_LATER, encoding="utf-8")
+    script = tmp_path / "program.py"
+    script.write_text(getattr(request, "param", ECHO_LATER), encoding="utf-8")
     terminal = tui_cost.Tmux(tmp_path, tui_cost.make_env(tmp_path))
     try:
         terminal.start(tmp_path, [sys.executable, "-u", str(script)])
@@ -60,3 +60,12 @@ def test_control_watcher_gives_up_with_the_screen_when_nothing_changes(pane) -> 
     tui_cost, watcher = pane
     with pytest.raises(tui_cost.BenchError, match="not on the screen after 1 s"):
         watcher.wait_for(lambda s: "never printed" in s, 1.0, "something never printed")
+
+
+@pytest.mark.parametrize("pane", ["import time\nprint('bye')\ntime.sleep(0.5)\n"], indirect=True)
+def test_control_watcher_says_when_the_program_is_gone(pane) -> None:
+    tui_cost, watcher = pane
+    started = time.perf_counter()
+    with pytest.raises(tui_cost.BenchError, match="exited while waiting for something never printed"):
+        watcher.wait_for(lambda s: "never printed" in s, 30.0, "something never printed")
+    assert time.perf_counter() - started < 10  # not the whole timeout
