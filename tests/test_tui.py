@@ -290,8 +290,8 @@ async def test_lines_logged_under_the_help_are_there_and_followed_when_it_closes
         await until(pilot, lambda: len(log.lines) > lines_before + 20, what="lines logged under the help")
         await pilot.press("escape")
         await until(pilot, lambda: not help_shown(app), what="help closed")
-        await pilot.pause(0.3)
-        assert log.scroll_y == log.max_scroll_y > 0  # still following the newest line
+        # Still following the newest line (RichLog scrolls after the refresh that follows a write).
+        await until(pilot, lambda: log.scroll_y == log.max_scroll_y > 0, what="the log at its newest line")
         shown = "\n".join(strip.text for strip in log.render_lines(log.scrollable_content_region.reset_offset))
         assert "line from step" in shown
 

@@ -1,39 +1,75 @@
-"""One beat for every pane's timer, so the redraws of a beat reach the terminal as one frame.
+"""One clock for every pane's timer, so the redraws due at the same moment reach the terminal as one frame.
 
 Each pane polls its telemetry on its own interval (status 0.5 s, memory 0.5 s, chart 1 s, log
-0.25 s). Textual starts a timer when it is made, so panes mounted apart ticked out of step: while
-training the screen was composed and written about 7 times a second (status then at 0.25 s).
-Textual already folds the refreshes made within one frame (1/60 s) into one update; starting every
-pane timer on the same beat of the monotonic clock makes them land in one. Measured in
-`run_test` on tiny_gpt: 3 screen updates a second, the UI thread 2.2% of a core instead of 2.9%.
+0.25 s). With a Textual timer each, started when its widget mounted, the panes ticked out of step:
+while training the screen was composed and written about 7 times a second (the status bar then at
+0.25 s). Here one timer per app beats every 0.25 s and calls every pane due on that beat, one after
+the other in the same callback, so Textual folds their refreshes into one screen update: every
+second the chart's tick falls with the status bar's and the memory pane's.
 """
 
 from __future__ import annotations
 
-import time
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from textual.timer import Timer
+from textual.app import App
 from textual.widget import Widget
 
 BEAT = 0.25  # seconds; every pane interval is a whole number of beats
 
 
-def until_next_beat(now: float | None = None, beat: float = BEAT) -> float:
-    """Seconds from `now` (the monotonic clock Textual's timers use) to the next whole beat."""
-    now = time.monotonic() if now is None else now
-    return beat - (now % beat)
+@dataclass
+class PaneTick:
+    """One pane's place on the clock; `stop()` takes it off."""
+
+    widget: Widget
+    every: int  # beats
+    callback: Callable[[], object]
+    stopped: bool = False
+
+    def stop(self) -> None:
+        self.stopped = True
 
 
-def on_beat(widget: Widget, interval: float, callback: Callable[[], object], *, name: str | None = None) -> Timer:
-    """`widget.set_interval(interval, callback)`, started on the next beat instead of now.
+class PaneClock:
+    """The app's beat: one Textual interval timer, made with the first pane that asks for it."""
 
-    The timer is made paused and resumed on the beat; Textual counts a timer's ticks from when it
-    first runs, so every pane's ticks fall on beats. `interval` must be a whole number of beats.
-    """
+    def __init__(self, app: App[object]) -> None:
+        self._ticks: list[PaneTick] = []
+        self._count = 0
+        app.set_interval(BEAT, self._beat, name="pane-clock")
+
+    def add(self, tick: PaneTick) -> None:
+        self._ticks.append(tick)
+
+    def _beat(self) -> None:
+        self._count += 1
+        # Panes that were removed (or stopped) leave the clock; the rest due now are called in turn.
+        self._ticks = [t for t in self._ticks if not t.stopped and t.widget.is_attached]
+        for tick in list(self._ticks):
+            if self._count % tick.every == 0 and not tick.stopped:
+                tick.callback()
+
+
+# The app holds its clock (through the clock's timer); this only finds it. Both sides weak: a clock
+# held here would hold its panes, and through them the app, for good.
+_clocks: weakref.WeakKeyDictionary[App[object], weakref.ref[PaneClock]] = weakref.WeakKeyDictionary()
+
+
+def on_beat(widget: Widget, interval: float, callback: Callable[[], object]) -> PaneTick:
+    """Like `widget.set_interval(interval, callback)`, on the app's shared beat; call from `on_mount`.
+    `interval` must be a whole number of beats."""
     beats = interval / BEAT
     if interval <= 0 or abs(beats - round(beats)) > 1e-9:
         raise ValueError(f"a pane interval must be a whole number of {BEAT} s beats, not {interval}")
-    timer = widget.set_interval(interval, callback, name=name, pause=True)
-    widget.set_timer(until_next_beat(), timer.resume, name=f"{name or 'pane'}-start")
-    return timer
+    app = widget.app
+    found = _clocks.get(app)
+    clock = found() if found is not None else None
+    if clock is None:
+        clock = PaneClock(app)
+        _clocks[app] = weakref.ref(clock)
+    tick = PaneTick(widget, round(beats), callback)
+    clock.add(tick)
+    return tick

@@ -5,7 +5,7 @@ while training on 2 cores, a help screen composed on each open took 150-400 ms
 to appear, and even one built once and pushed again took a median of 160 ms;
 this panel, which already exists and only changes `display`, appears in about
 50 ms. It is docked so that showing it never changes the screen's size: the
-panes below keep their sizes and rendered lines.
+panes below keep their sizes (a resize would re-render the plot, re-wrap the log).
 
 While it is shown, the panes it covers (`covers`) are taken out of the layout
 (`display: none`, sizes kept). Textual draws every widget in its map, covered or
@@ -77,9 +77,9 @@ class HelpPanel(Container):
     """
 
     BINDINGS = [
-        Binding("escape", "close", "Close help", show=False),
-        Binding("tab", "close_and_move(1)", "Close help, next pane", show=False),
-        Binding("shift+tab", "close_and_move(-1)", "Close help, previous pane", show=False),
+        Binding("escape", "close", "Close help", id="help_close", show=False),
+        Binding("tab", "close_and_move(1)", "Close help, next pane", id="help_next_pane", show=False),
+        Binding("shift+tab", "close_and_move(-1)", "Close help, previous pane", id="help_previous_pane", show=False),
     ]
 
     def __init__(self, *, covers: tuple[str, ...] = (), id: str | None = None) -> None:  # noqa: A002 - Textual's name
@@ -102,6 +102,8 @@ class HelpPanel(Container):
 
     def show(self, keys: list[tuple[str, str]]) -> None:
         """Draw the keys in effect (only when they or the width changed), then show and focus the help."""
+        if self.display:
+            return
         width = help_width(self.app.size.width)
         wanted = (tuple(keys), width)
         if wanted != self._drawn_for:

@@ -59,7 +59,7 @@ class LossChart(Vertical):
         self.redraw()
         # Once a second: drawing the braille plot is the UI's largest cost, and on a machine where torch
         # already uses every core, each redraw slows training (bench/tui_cost.py measures it).
-        on_beat(self, 1.0, self.redraw, name="chart")
+        on_beat(self, 1.0, self.redraw)
 
     def on_resize(self) -> None:
         """Switch between plot and sparkline rows as soon as the pane's size changes, not at the next tick."""

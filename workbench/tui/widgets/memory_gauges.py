@@ -55,7 +55,7 @@ class MemoryGauges(Static, can_focus=True):
 
     def on_mount(self) -> None:
         self.redraw()
-        on_beat(self, 0.5, self.redraw, name="memory")
+        on_beat(self, 0.5, self.redraw)
 
     def redraw(self) -> None:
         sample = self._telemetry.memory

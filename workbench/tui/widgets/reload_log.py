@@ -69,7 +69,7 @@ class ReloadLog(RichLog, can_focus=True):
         return len(self._line_counts)
 
     def on_mount(self) -> None:
-        on_beat(self, 0.25, self.pull, name="log")
+        on_beat(self, 0.25, self.pull)
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self.redraw_all())
 
     def on_unmount(self) -> None:

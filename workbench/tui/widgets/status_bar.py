@@ -35,7 +35,7 @@ class StatusBar(Static):
 
     def on_mount(self) -> None:
         self.refresh_status()
-        on_beat(self, 0.5, self.refresh_status, name="status")
+        on_beat(self, 0.5, self.refresh_status)
 
     def follow(self, pending: str | None = None) -> None:
         """A command was just sent: show `pending` until the state moves, watching closely meanwhile."""
