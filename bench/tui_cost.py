@@ -193,7 +193,6 @@ class ControlWatcher:
     writes but reading them."""
 
     def __init__(self, terminal: Tmux) -> None:
-        self.terminal = terminal
         self.process = subprocess.Popen(
             ["tmux", "-u", "-L", terminal.socket, "-f", str(terminal.conf), "-C", "attach-session", "-t", "bench"],
             env=terminal.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
@@ -274,11 +273,15 @@ class ControlWatcher:
     def send(self, *keys: str) -> None:
         self._command(" ".join(["send-keys", "-t", "bench", *map(shlex.quote, keys)]))
 
-    def capture(self) -> str:
+    def _capture(self) -> tuple[str, float]:
+        """The pane's text, and when the reply came back."""
         started = time.perf_counter()
         when, screen = self._command("capture-pane -p -t bench")
         self.capture_seconds.append(when - started)
-        return screen + "\n"
+        return screen + "\n", when
+
+    def capture(self) -> str:
+        return self._capture()[0]
 
     def pane_dead(self) -> bool:
         return self._command("display-message -p -t bench '#{pane_dead}'")[1].strip() == "1"
@@ -290,10 +293,7 @@ class ControlWatcher:
         while True:
             with self.changed:
                 seen = self.outputs
-            started = time.perf_counter()
-            when, screen = self._command("capture-pane -p -t bench")
-            self.capture_seconds.append(when - started)
-            screen += "\n"
+            screen, when = self._capture()
             if condition(screen):
                 return screen, when
             if when > deadline:
