@@ -429,11 +429,11 @@ def test_apply_all_undoes_everything_when_one_patch_fails(load_module: Loader) -
         return with_freevar
 
     patches = [
-        ReplaceCode(f, new_f),
+        ReplaceCode.taking(f, new_f),
         SetAttribute(holder, "x", 99),
         SetAttribute(holder, "added", 5),
         RunInNamespace(compile("LIMIT = 2\nNEW_NAME = 3\n", "<test>", "exec"), module.__dict__, ("LIMIT", "NEW_NAME")),
-        ReplaceCode(g, make_closure()),  # CPython refuses: g has no free variables
+        ReplaceCode.taking(g, make_closure()),  # CPython refuses: g has no free variables
     ]
     with pytest.raises(ValueError):
         apply_all(patches)
@@ -471,7 +471,7 @@ def test_a_planned_reload_is_all_or_nothing(load_module: Loader) -> None:
         def apply(self) -> None:
             raise Boom("patch failed")
 
-    changeset.patches[-1] = FailingPatch(second, changeset.patches[-1].source_of_truth)
+    changeset.patches[-1] = FailingPatch(second, changeset.patches[-1].code)
     with pytest.raises(Boom):
         apply_all(changeset.patches)
     assert first() == 1 and second() == 2

@@ -14,39 +14,20 @@ from __future__ import annotations
 import functools
 import itertools
 import types
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from workbench.hotswap.code_identity import CodeChanges, code_name
 from workbench.hotswap.patches import Patch, RunInNamespace
 
 _MAX_DEPTH = 6
 _MAX_OBJECTS = 5_000
 # Closures sit near the top of a state, not at item 50,000 of a dataset list: look at the first items only.
 _MAX_ITEMS = 256
-
-
-def nested_code_pairs(old: types.CodeType, new: types.CodeType) -> dict[types.CodeType, types.CodeType]:
-    """Old → new code of the functions defined inside a function, matched by qualified name."""
-    def collect(code: types.CodeType, out: dict[str, list[types.CodeType]]) -> None:
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                out.setdefault(getattr(const, "co_qualname", const.co_name), []).append(const)
-                collect(const, out)
-
-    olds: dict[str, list[types.CodeType]] = {}
-    news: dict[str, list[types.CodeType]] = {}
-    collect(old, olds)
-    collect(new, news)
-    # Two lambdas in one function share a qualified name: which new one is which old one cannot be
-    # told, so those are not paired (their live closures keep the old code) rather than guessed.
-    return {
-        codes[0]: news[name][0]
-        for name, codes in olds.items()
-        if len(codes) == 1 and len(news.get(name, ())) == 1 and news[name][0] != codes[0]
-    }
 
 
 def iter_live(roots: list[Any]) -> Iterator[tuple[str, Any]]:
@@ -108,35 +89,48 @@ def _named(roots: list[Any]) -> Iterator[tuple[str, Any]]:
 class UpdateLiveCopies(Patch):
     """Give closures the new nested code; note generators and optimizers still holding old values.
 
+    Live copies are matched to new code by stable name (file and qualified name, see
+    code_identity.py), never by code object: the closure a factory made three saves and a
+    line shift ago is found as surely as one made a moment ago.
+
     `roots` is filled in by the training thread just before commit: the session state,
     and the project's module namespaces.
     """
 
-    codes: dict[types.CodeType, types.CodeType]
-    generator_codes: dict[types.CodeType, str]
+    changes: CodeChanges
     rebinds: list[RunInNamespace]
     roots: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    _patched: list[tuple[types.FunctionType, types.CodeType]] = field(default_factory=list)
+    # Weak: the history keeps patches, and a closure may hold a whole model (a loss closing over it).
+    _patched: list[tuple[weakref.ref[types.FunctionType], types.CodeType]] = field(default_factory=list)
 
     def apply(self) -> None:
         self.notes, self._patched = [], []
         held_back: list[str] = []
+        ambiguous: list[str] = []
+        removed: list[str] = []
         for path, obj in iter_live(self.roots):
             if isinstance(obj, types.FunctionType):
-                new = self.codes.get(obj.__code__)
+                name = code_name(obj.__code__)
+                new = self.changes.new.get(name)
                 if new is None:
+                    if name in self.changes.ambiguous:
+                        ambiguous.append(f"{path} ({name[1]})")
+                    elif name in self.changes.changed:
+                        removed.append(f"{path} ({name[1]})")
+                    continue
+                if new is obj.__code__:
                     continue
                 if new.co_freevars != obj.__code__.co_freevars:
-                    held_back.append(f"{path} ({obj.__qualname__})")
+                    held_back.append(f"{path} ({name[1]})")
                     continue
-                self._patched.append((obj, obj.__code__))
+                self._patched.append((weakref.ref(obj), obj.__code__))
                 obj.__code__ = new
             elif isinstance(obj, types.GeneratorType) and obj.gi_frame is not None:
-                owner = self.generator_codes.get(obj.gi_code)
-                if owner is not None:
+                name = code_name(obj.gi_code)
+                if name in self.changes.changed or name in self.changes.ambiguous:
                     self.notes.append(
-                        f"{path} is a running generator made by the old {owner}(): it keeps the old code until it "
+                        f"{path} is a running generator made by the old {name[1]}(): it keeps the old code until it "
                         "is created again (R rebuilds)"
                     )
         if self._patched:
@@ -145,6 +139,16 @@ class UpdateLiveCopies(Patch):
             self.notes.append(
                 "the variables these closures capture changed, so their live copies keep the old code (R rebuilds "
                 f"them): {', '.join(held_back[:5])}"
+            )
+        if ambiguous:
+            self.notes.append(
+                "these live closures come from a scope that defines several functions of the same name (lambdas), so "
+                f"which new one replaces which cannot be told: they keep the old code (R rebuilds them): {', '.join(ambiguous[:5])}"
+            )
+        if removed:
+            self.notes.append(
+                "these live closures were made from code that is no longer in the file (renamed or removed), so they "
+                f"keep the old code (R rebuilds them): {', '.join(removed[:5])}"
             )
         self._note_optimizers()
 
@@ -172,8 +176,10 @@ class UpdateLiveCopies(Patch):
                         )
 
     def undo(self) -> None:
-        for fn, code in reversed(self._patched):
-            fn.__code__ = code
+        for ref, code in reversed(self._patched):
+            fn = ref()
+            if fn is not None:
+                fn.__code__ = code
         self._patched = []
 
 

@@ -25,21 +25,35 @@ class Patch:
 
 @dataclass
 class ReplaceCode(Patch):
-    """Give an existing function new code and defaults: every holder of a reference sees it."""
+    """Give an existing function new code and defaults: every holder of a reference sees it.
+
+    It keeps the new function's parts, not the function: a function planned in a scratch copy of
+    the module has that copy as its globals, and the history would keep every value in it alive
+    (a model in a module global, one more per rebuild).
+    """
 
     target: types.FunctionType
-    source_of_truth: types.FunctionType
+    code: types.CodeType
+    defaults: tuple[Any, ...] | None = None
+    kwdefaults: dict[str, Any] | None = None
+    doc: str | None = None
+    annotations: dict[str, Any] = field(default_factory=dict)
     moved_only: bool = False  # same code at new line numbers (tracebacks stay right)
     _saved: tuple[Any, ...] = field(default=(), init=False)
 
+    @classmethod
+    def taking(cls, target: types.FunctionType, new: types.FunctionType, *, moved_only: bool = False) -> ReplaceCode:
+        """The patch that makes `target` run what `new` runs."""
+        return cls(target, new.__code__, new.__defaults__, new.__kwdefaults__, new.__doc__, dict(new.__annotations__), moved_only)
+
     def apply(self) -> None:
-        t, new = self.target, self.source_of_truth
+        t = self.target
         self._saved = (t.__code__, t.__defaults__, t.__kwdefaults__, t.__doc__, dict(t.__annotations__))
-        t.__code__ = new.__code__
-        t.__defaults__ = new.__defaults__
-        t.__kwdefaults__ = new.__kwdefaults__
-        t.__doc__ = new.__doc__
-        t.__annotations__ = dict(new.__annotations__)
+        t.__code__ = self.code
+        t.__defaults__ = self.defaults
+        t.__kwdefaults__ = self.kwdefaults
+        t.__doc__ = self.doc
+        t.__annotations__ = dict(self.annotations)
 
     def undo(self) -> None:
         t = self.target

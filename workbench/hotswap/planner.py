@@ -18,7 +18,8 @@ from typing import Any
 
 from workbench.errors import ContractError
 from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute, ShiftLines
-from workbench.hotswap.live_objects import UpdateLiveCopies, nested_code_pairs
+from workbench.hotswap.code_identity import CodeChanges
+from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.scopes import Scope, index_statements, label_for
 from workbench.hotswap.source_index import SourceIndex, diff_source
 
@@ -139,23 +140,14 @@ def defined_names(nodes: Any) -> set[str]:
 
 def _live_copies_patch(patches: list[Patch]) -> UpdateLiveCopies | None:
     """A last patch that finds closures, generators and optimizers still holding the old code or values."""
-    codes: dict[types.CodeType, types.CodeType] = {}
-    generators: dict[types.CodeType, str] = {}
+    changes = CodeChanges()
     for patch in patches:
-        if not isinstance(patch, ReplaceCode):
-            continue
-        old, new = patch.target.__code__, patch.source_of_truth.__code__
-        nested = nested_code_pairs(old, new)
-        codes.update(nested)  # moved code too: live closures get the right line numbers
-        if patch.moved_only:
-            continue
-        for code in (old, *nested):
-            if code.co_flags & inspect.CO_GENERATOR:
-                generators[code] = getattr(code, "co_qualname", code.co_name)
+        if isinstance(patch, ReplaceCode):
+            changes.add(patch.target.__code__, patch.code)
     rebinds = [p for p in patches if isinstance(p, RunInNamespace) and p.binds]
-    if not (codes or generators or rebinds):
+    if not (changes.has_live_copies or rebinds):
         return None
-    return UpdateLiveCopies(codes, generators, rebinds)
+    return UpdateLiveCopies(changes, rebinds)
 
 
 def _changed_or_moved(old: Scope | None, new: Scope) -> bool:
@@ -318,7 +310,7 @@ class _Planner:
             return False
         if live.__name__ != "<lambda>" or live.__code__.co_freevars != new.__code__.co_freevars:
             return False
-        self.patches.append(ReplaceCode(live, new))
+        self.patches.append(ReplaceCode.taking(live, new))
         self.changed.append(scope.name)
         return True
 
@@ -351,7 +343,7 @@ class _Planner:
         if old is not None and live_obj is not None and _decorators(old.node) == _decorators(new.node):
             pairs = _function_pairs(live_obj, new_obj)
             if pairs and _same_freevars(pairs):
-                self.patches.extend(ReplaceCode(o, n, moved_only=moved_only) for o, n in pairs)
+                self.patches.extend(ReplaceCode.taking(o, n, moved_only=moved_only) for o, n in pairs)
                 if not moved_only:
                     self.changed.append(name)
                 return
@@ -414,7 +406,7 @@ class _Planner:
             new_attr = new_cls.__dict__.get(new.name)
             pairs = _function_pairs(live_attr, new_attr) if old is not None and live_attr is not None else None
             if pairs and _same_freevars(pairs) and _decorators(old.node) == _decorators(new.node):  # type: ignore[union-attr]
-                self.patches.extend(ReplaceCode(o, n, moved_only=moved_only) for o, n in pairs)
+                self.patches.extend(ReplaceCode.taking(o, n, moved_only=moved_only) for o, n in pairs)
                 if not moved_only:
                     self.changed.append(qual)
                     if new.name == "__init__":
