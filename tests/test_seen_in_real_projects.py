@@ -64,3 +64,63 @@ def test_running_generator_is_named_after_a_line_shift(start_session) -> None:
     reload = live.wait_for(is_event("reload", file="train.py"))
     assert reload.ok, reload
     assert any("running generator" in note and "make_counter" in note for note in reload.notes), reload.notes
+
+
+# --------------------------------------------------------------------------- models in module globals
+
+GLOBAL_MODEL_PY = """\
+import torch
+
+MODEL = None
+OPT = None
+WIDTH = 8
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(WIDTH, 1)
+        self.tag = 0
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def setup(bench):
+    global MODEL, OPT
+    MODEL = Net()
+    OPT = torch.optim.AdamW(MODEL.parameters(), lr=1e-3)
+    return {"model": MODEL, "opt": OPT}
+
+
+def step(state, bench):
+    loss = MODEL(torch.ones(2, WIDTH)).pow(2).mean()
+    loss.backward()
+    OPT.step()
+    OPT.zero_grad(set_to_none=True)
+    return loss
+"""
+
+
+def test_rebuilds_leave_one_model_alive_when_setup_keeps_it_in_a_module_global(start_session) -> None:
+    from workbench.events import Rebuild, RunCleanup
+
+    live = start_session({"train.py": GLOBAL_MODEL_PY})
+    live.wait_running(2)
+    models = [weakref.ref(live.session.worker.user_state["model"])]
+    source = GLOBAL_MODEL_PY
+    for n in range(1, 4):
+        source = source.replace(f"self.tag = {n - 1}", f"self.tag = {n}")
+        save(live.entry, source)
+        held = live.wait_for(is_event("reload", file="train.py"))
+        assert held.needs_rebuild, held
+        live.send(Rebuild())
+        assert live.wait_for(is_event("rebuild")).ok
+        live.send(RunCleanup())
+        live.wait_for(is_event("cleanup"))
+        live.events.steps(1)
+        models.append(weakref.ref(live.session.worker.user_state["model"]))
+    gc.collect()
+    assert live.session.project.module.MODEL.tag == 3
+    alive = [n for n, ref in enumerate(models) if ref() is not None]
+    assert alive == [3], f"models alive after three rebuilds (0 is setup's): {alive}"
