@@ -124,3 +124,118 @@ def test_rebuilds_leave_one_model_alive_when_setup_keeps_it_in_a_module_global(s
     assert live.session.project.module.MODEL.tag == 3
     alive = [n for n, ref in enumerate(models) if ref() is not None]
     assert alive == [3], f"models alive after three rebuilds (0 is setup's): {alive}"
+
+
+# --------------------------------------------------------------------------- scripts with argparse at import
+
+ARGPARSE_PY = """\
+import argparse
+import sys
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=4)
+parser.add_argument("--width", type=int, default=2)
+args = parser.parse_args()
+BATCH = args.batch_size
+ARGV = list(sys.argv)
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(args.width, 1)}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "batch": float(BATCH), "width": float(args.width)}
+"""
+
+
+def test_run_statements_runs_an_edited_parser_again_with_what_depends_on_it(start_session) -> None:
+    from workbench.events import RunStatements, StepOnce
+
+    live = start_session({"train.py": ARGPARSE_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, ARGPARSE_PY.replace("default=2", "default=3"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert any("press x" in note for note in reload.notes), reload.notes
+    assert any("x also runs" in note for note in reload.notes), reload.notes
+    live.send(RunStatements())
+    ran = live.wait_for(is_event("reload", file="train.py"))
+    assert ran.ok and {"parser", "args", "BATCH"} <= set(ran.changed), ran
+    live.send(StepOnce())
+    step = live.wait_for(is_event("step"))
+    assert step.scalars["width"] == 3.0 and step.scalars["batch"] == 4.0
+
+
+# --------------------------------------------------------------------------- the script as `python train.py ARGS` runs it
+
+SCRIPT_PY = """\
+import argparse
+import os
+import sys
+
+import torch
+
+print("banner at import")
+sys.stdout.write("config: lr=0.1\\n")
+os.write(1, b"native write at import\\n")
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=4)
+args = parser.parse_args()
+print("argv", sys.argv[1:], "cwd", os.path.basename(os.getcwd()))
+with open("data.txt") as f:  # a path relative to the project folder
+    DATA = f.read().strip()
+
+
+def setup(bench):
+    print("setup says hi")
+    os.write(1, b"native write in setup\\n")
+    return {"model": torch.nn.Linear(1, 1)}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "batch": float(args.batch_size), "data": float(DATA)}
+"""
+
+
+def test_headless_script_gets_its_arguments_its_folder_and_a_clean_protocol(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from conftest import make_project
+
+    root = make_project(tmp_path, {"train.py": SCRIPT_PY, "data.txt": "7\n"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench", "run", str(root / "train.py"), "--headless", "--max-steps", "1",
+         "--", "--batch-size", "8"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in proc.stdout.splitlines()]  # every stdout line is a protocol line
+    assert events[0]["event"] == "start"
+    printed = [e["text"] for e in events if e["event"] == "print"]
+    assert printed[:4] == ["banner at import", "config: lr=0.1", "argv ['--batch-size', '8'] cwd proj", "setup says hi"]
+    step = next(e for e in events if e["event"] == "step")
+    assert step["scalars"] == {"batch": 8.0, "data": 7.0}
+    assert "native write at import" in proc.stderr and "native write in setup" in proc.stderr
+
+
+def test_a_script_that_fails_at_import_shows_what_it_printed_and_one_error_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import make_project
+
+    root = make_project(tmp_path, {"train.py": "print('loading config')\nraise RuntimeError('no config')\n"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench", "run", str(root / "train.py"), "--headless"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "loading config",
+        f"vram-bench: error: {root / 'train.py'}:2: importing train.py raised RuntimeError: no config. Fix it and run again.",
+    ]

@@ -7,11 +7,14 @@ device), so a mistake is one clear line and exit code 2, not a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import replace
 import traceback
 from pathlib import Path
 
 import workbench
+from workbench.early_output import EarlyOutput
 from workbench.errors import UserError
 from workbench.samples import DEFAULT_SAMPLE, SAMPLES
 
@@ -23,6 +26,7 @@ examples:
   vram-bench run train.py --device cuda:1     pick a GPU (default: auto)
   vram-bench run train.py --headless          JSON-lines events on stdout, commands on stdin
   vram-bench run train.py --headless --max-steps 100 < /dev/null
+  vram-bench run train.py -- --batch-size 8   the script's own arguments go after --: it sees sys.argv == [train.py, --batch-size, 8]
   vram-bench run train.py --resume latest     continue from the newest snapshot in .vram-bench/snapshots/
   vram-bench load-bench --size 124M           compare memory-efficient ways to load GPT-2-sized weights
 
@@ -96,10 +100,19 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         description="Run a project: PATH is its entry file (or a folder with a train.py).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="vram-bench run PATH [options] [-- PROJECT ARGS]",
     )
     run.add_argument("path", help="the project's entry file, e.g. train.py")
     _add_run_options(run)
     return top, run
+
+
+def split_script_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """vram-bench's own arguments, and the project's: everything after the first `--`."""
+    if "--" not in args:
+        return args, []
+    cut = args.index("--")
+    return args[:cut], args[cut + 1 :]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,10 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         return load_bench(args_list[1:])
     top, run = build_parsers()
     if args_list and args_list[0] == "run":
-        args = run.parse_args(args_list[1:])
+        ours, script_args = split_script_args(args_list[1:])
+        args, unknown = run.parse_known_args(ours)
+        if unknown:
+            run.error(
+                f"unrecognized arguments: {' '.join(unknown)}. Arguments for the project itself go after --: "
+                f"vram-bench run {args.path} -- {' '.join(unknown)}"
+            )
+        args.script_args = script_args
     else:
         args = top.parse_args(args_list)
-        args.path = None
+        args.path, args.script_args = None, []
     try:
         return _run(args)
     except UserError as exc:
@@ -127,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     # Imports that pull in torch wait until the arguments are known good (--help stays instant).
-    from workbench.project import load_project
+    from workbench.project import resolve_entry
     from workbench.samples import sample_entry
-    from workbench.session import Session, SessionConfig, resolve_device
+    from workbench.session import Session, resolve_device
 
     if args.path is None:
         try:
@@ -147,9 +167,67 @@ def _run(args: argparse.Namespace) -> int:
         from workbench.tui.settings import tui_settings as load_tui_settings
 
         tui_settings = load_tui_settings(args.theme)
-    project = load_project(entry)
-    resume = _check_resume(args, project)
-    config = SessionConfig(
+    entry = resolve_entry(entry)
+    config = _session_config(args, device)
+    if args.headless:
+        from workbench.fdcapture import ProtocolStdout
+        from workbench.headless import run_headless
+
+        with ProtocolStdout() as protocol:
+            project, early, resume = _load_as_a_script(entry, args)
+            session = Session(project, replace(config, resume=resume), stdout_passthrough=sys.stderr, early_output=early)
+            code = run_headless(session, protocol.stream, sys.stdin)
+        _report_setup_failure(session, args.debug)
+        _report_final_snapshot(session)
+        return code
+
+    from rich.console import Console
+
+    from workbench.fdcapture import NativeOutputToEvents
+    from workbench.tui.app import make_app
+
+    early = EarlyOutput()
+    # C code and handlers that kept the original streams write to fds 1 and 2: into the log, not over the screen.
+    with NativeOutputToEvents(early.publish, fd=1), NativeOutputToEvents(early.publish, fd=2):
+        project, early, resume = _load_as_a_script(entry, args, early)
+        session = Session(project, replace(config, resume=resume), early_output=early)
+        app = make_app(session, **tui_settings)
+        # If the UI itself fails, Textual prints why after leaving the screen: to the terminal, not the log pipe.
+        app.error_console = Console(file=sys.__stderr__, markup=False, highlight=False)
+        try:
+            app.run(mouse=not args.no_mouse)
+        finally:
+            session.close()
+    _report_final_snapshot(session)
+    if _report_setup_failure(session, args.debug):
+        return 2
+    return app.return_code or session.exit_code
+
+
+def _load_as_a_script(entry: Path, args: argparse.Namespace, early: EarlyOutput | None = None):  # type: ignore[no-untyped-def]
+    """Import the project as `python train.py ARGS` would run it: in its folder, with its arguments.
+
+    What it prints meanwhile is kept for the session's log; if the import fails, it is shown
+    on stderr above the error, where the user would have seen it.
+    """
+    from workbench.project import load_project
+
+    early = early or EarlyOutput()
+    os.chdir(entry.parent)  # the project's relative paths ("data/input.txt") mean what they mean to it
+    sys.argv = [str(entry), *args.script_args]  # for the whole run: setup() and step() may read it too
+    try:
+        with early.capture():
+            project = load_project(entry, args.script_args)
+    except BaseException:
+        early.replay_to_stderr()
+        raise
+    return project, early, _check_resume(args, project)
+
+
+def _session_config(args: argparse.Namespace, device):  # type: ignore[no-untyped-def]
+    from workbench.session import SessionConfig
+
+    return SessionConfig(
         device=device,
         max_steps=args.max_steps,
         exit_at_max_steps=args.headless,
@@ -162,43 +240,11 @@ def _run(args: argparse.Namespace) -> int:
         record_memory=args.record_memory,
         memory_interval=1.0 / max(args.sample_hz, 0.1),
         memory_window=args.memory_window,
-        resume=resume,
         resume_partial=args.resume_partial,
         snapshot_keep=args.keep_snapshots,
         freeze_gc=not args.no_gc_freeze,
         training_nice=args.training_nice,
     )
-    if args.headless:
-        from workbench.headless import run_headless
-
-        from workbench.fdcapture import ProtocolStdout
-
-        with ProtocolStdout() as protocol:
-            session = Session(project, config, stdout_passthrough=sys.stderr)
-            code = run_headless(session, protocol.stream, sys.stdin)
-        _report_setup_failure(session, args.debug)
-        _report_final_snapshot(session)
-        return code
-
-    from rich.console import Console
-
-    from workbench.tui.app import make_app
-
-    from workbench.fdcapture import NativeStderrToEvents
-
-    session = Session(project, config)
-    with NativeStderrToEvents(session.bus.publish):
-        app = make_app(session, **tui_settings)
-        # If the UI itself fails, Textual prints why after leaving the screen: to the terminal, not the log pipe.
-        app.error_console = Console(file=sys.__stderr__, markup=False, highlight=False)
-        try:
-            app.run(mouse=not args.no_mouse)
-        finally:
-            session.close()
-    _report_final_snapshot(session)
-    if _report_setup_failure(session, args.debug):
-        return 2
-    return app.return_code or session.exit_code
 
 
 def _check_resume(args: argparse.Namespace, project) -> Path | None:  # type: ignore[no-untyped-def]

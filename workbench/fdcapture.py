@@ -18,50 +18,62 @@ from typing import TextIO
 from workbench.events import Print
 
 
-class NativeStderrToEvents:
-    """Point fd 2 at a pipe whose lines become `print` events; the terminal keeps a private fd.
+class NativeOutputToEvents:
+    """Point fd 1 or 2 at a pipe whose lines become `print` events; the terminal keeps a private fd.
 
-    While active, `sys.__stderr__` is a file on a duplicate of the original fd 2,
-    so a UI that draws on stderr (Textual does) still reaches the terminal.
+    While active, `sys.__stdout__`/`sys.__stderr__` is a file on a duplicate of the
+    original fd, so a UI that draws there (Textual draws on stderr) still reaches the
+    terminal, while C code writing to the descriptor (kineto, NCCL, a `printf`) and
+    handlers that kept the original stream reach the log instead of tearing the screen.
     """
 
-    def __init__(self, publish: Callable[[Print], None]) -> None:
+    _DUNDER = {1: "__stdout__", 2: "__stderr__"}
+
+    def __init__(self, publish: Callable[[Print], None], fd: int = 2) -> None:
         self._publish = publish
+        self._fd = fd
+        self._stream = "stdout" if fd == 1 else "stderr"
         self._saved_fd: int | None = None
         self._saved_dunder: TextIO | None = None
         self._reader: threading.Thread | None = None
 
-    def __enter__(self) -> NativeStderrToEvents:
+    def __enter__(self) -> NativeOutputToEvents:
+        dunder = self._DUNDER[self._fd]
         try:
-            sys.__stderr__.flush()  # type: ignore[union-attr]
-            self._saved_fd = os.dup(2)
+            getattr(sys, dunder).flush()
+            self._saved_fd = os.dup(self._fd)
         except (OSError, AttributeError, ValueError):
             return self
         read_fd, write_fd = os.pipe()
-        os.dup2(write_fd, 2)
+        os.dup2(write_fd, self._fd)
         os.close(write_fd)
-        self._saved_dunder = sys.__stderr__
+        self._saved_dunder = getattr(sys, dunder)
         encoding = getattr(self._saved_dunder, "encoding", None) or "utf-8"
-        sys.__stderr__ = open(os.dup(self._saved_fd), "w", encoding=encoding, errors="replace")  # type: ignore[misc]  # noqa: SIM115
-        self._reader = threading.Thread(target=self._pump, args=(read_fd,), name="vram-bench-native-stderr", daemon=True)
+        setattr(sys, dunder, open(os.dup(self._saved_fd), "w", encoding=encoding, errors="replace"))  # noqa: SIM115
+        self._reader = threading.Thread(target=self._pump, args=(read_fd,), name=f"vram-bench-native-{self._stream}", daemon=True)
         self._reader.start()
         return self
 
     def _pump(self, read_fd: int) -> None:
         with os.fdopen(read_fd, "rb") as pipe:
             for raw in pipe:
-                self._publish(Print(stream="stderr", text=raw.decode("utf-8", "replace").rstrip("\n")))
+                self._publish(Print(stream=self._stream, text=raw.decode("utf-8", "replace").rstrip("\n")))
 
     def __exit__(self, *exc: object) -> None:
         if self._saved_fd is None:
             return
-        os.dup2(self._saved_fd, 2)  # closes the pipe's last writer: the reader thread ends
+        dunder = self._DUNDER[self._fd]
+        try:
+            sys.stdout.flush() if self._fd == 1 else sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        os.dup2(self._saved_fd, self._fd)  # closes the pipe's last writer: the reader thread ends
         os.close(self._saved_fd)
         if self._saved_dunder is not None:
-            replaced = sys.__stderr__
-            sys.__stderr__ = self._saved_dunder  # type: ignore[misc]
+            replaced = getattr(sys, dunder)
+            setattr(sys, dunder, self._saved_dunder)
             try:
-                replaced.close()  # type: ignore[union-attr]
+                replaced.close()
             except OSError:
                 pass
         if self._reader is not None:

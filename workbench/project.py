@@ -7,6 +7,7 @@ hot-swapper can patch the very module objects the training code uses.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import inspect
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
+from collections.abc import Iterator, Sequence
 
 from workbench.errors import ContractError
 
@@ -33,6 +35,7 @@ class Project:
     entry: Path
     root: Path
     module: ModuleType
+    argv: tuple[str, ...] = ()  # the project's own arguments (`vram-bench run train.py -- ARGS`)
     _modules_cache: tuple[tuple[int, str | None], dict[Path, ModuleType]] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -43,6 +46,12 @@ class Project:
         """Looked up on every call, so a re-bound name is seen at once."""
         fn = self.module.__dict__.get(name)
         return fn if callable(fn) else None
+
+    @contextlib.contextmanager
+    def as_script(self) -> Iterator[None]:
+        """sys.argv as `python train.py ARGS` gives it, while module code runs (import, `x`)."""
+        with script_argv(self.entry, self.argv):
+            yield
 
     def relative(self, path: Path | str) -> str:
         try:
@@ -115,8 +124,38 @@ def _remove_recorder(root: Path) -> None:
         del IMPORTED_SOURCES[path]
 
 
-def load_project(path: Path | str) -> Project:
-    """Import the entry file and validate it; every failure is a ContractError naming file:line."""
+@contextlib.contextmanager
+def script_argv(entry: Path, argv: Sequence[str]) -> Iterator[None]:
+    """Let module code that parses sys.argv at import see its own arguments, not vram-bench's."""
+    saved = sys.argv
+    sys.argv = [str(entry), *argv]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def load_project(path: Path | str, argv: Sequence[str] = ()) -> Project:
+    """Import the entry file and validate it; every failure is a ContractError naming file:line.
+
+    `argv` is what the project sees after its own path in sys.argv while it is imported.
+    """
+    entry = resolve_entry(path)
+    root = entry.parent
+    _evict_other_projects(root)
+    with script_argv(entry, argv):
+        module = _import_entry(entry, root)
+    project = Project(entry=entry, root=root, module=module, argv=tuple(argv))
+    try:
+        check_contract(module.__dict__, entry)
+    except ContractError:
+        unload_project(project)
+        raise
+    return project
+
+
+def resolve_entry(path: Path | str) -> Path:
+    """The project's entry file, absolute: PATH itself, or PATH/train.py for a folder."""
     entry = Path(path).expanduser()
     if entry.is_dir():
         candidate = entry / "train.py"
@@ -129,17 +168,7 @@ def load_project(path: Path | str) -> Project:
         raise ContractError("no such file.", file=entry, hint="Check the path, e.g. vram-bench run path/to/train.py.")
     if entry.suffix != ".py":
         raise ContractError("is not a Python file.", file=entry, hint="Pass the project's .py entry file.")
-    entry = entry.resolve()
-    root = entry.parent
-    _evict_other_projects(root)
-    module = _import_entry(entry, root)
-    project = Project(entry=entry, root=root, module=module)
-    try:
-        check_contract(module.__dict__, entry)
-    except ContractError:
-        unload_project(project)
-        raise
-    return project
+    return entry.resolve()
 
 
 def check_contract(namespace: dict[str, Any], entry: Path) -> None:

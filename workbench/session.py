@@ -18,6 +18,7 @@ import torch
 
 from workbench import __version__
 from workbench.bench import Bench
+from workbench.early_output import EarlyOutput
 from workbench.eventbus import EventBus
 from workbench.eventlog import EventLogWriter
 from workbench.events import Command, Error, Interrupt, Quit, ReloadNow, Start
@@ -116,8 +117,10 @@ class Session:
         probe: DeviceProbe | None = None,
         stdout_passthrough: TextIO | None = None,
         host_reader: HostReader = read_host_memory,
+        early_output: EarlyOutput | None = None,
     ) -> None:
         self.project = project
+        self._early_output = early_output  # what the project printed while it was imported
         self.config = config
         self.bus = EventBus()
         self.telemetry = Telemetry(memory_history=int(config.memory_window / max(config.memory_interval, 0.01)) + 1)
@@ -198,6 +201,8 @@ class Session:
                 pid=os.getpid(),
             )
         )
+        if self._early_output is not None:
+            self._early_output.connect(self.bus.publish)
         if self.event_log is not None:
             self.event_log.start()
         if self.config.sample_memory:

@@ -704,7 +704,8 @@ class TrainingWorker(threading.Thread):
             return
         for path, statements in list(self._statements.items()):
             try:
-                apply_all([patch for _, patch in statements])
+                with self.project.as_script():
+                    apply_all([patch for _, patch in statements])
             except Exception as exc:  # noqa: BLE001 - undone by apply_all; the old values stay
                 file, line = self._where(exc)
                 self.bus.publish(

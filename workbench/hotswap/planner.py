@@ -22,6 +22,7 @@ from workbench.hotswap.code_identity import CodeChanges
 from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.scopes import Scope, index_statements, label_for
 from workbench.hotswap.source_index import SourceIndex, diff_source
+from workbench.hotswap.statement_slice import bound_names, rerun_slice
 
 RESTART_HINT = "restart vram-bench to use it"
 
@@ -117,7 +118,7 @@ def plan_reload(
         plan.patches.append(live_copies)
     changeset.patches, changeset.changed, changeset.notes = plan.patches, plan.changed, plan.notes
     changeset.rebuild_if_live = plan.rebuild_if_live
-    changeset.statements = plan.statements
+    changeset.statements = plan.statements_to_run([s.current_node() for s in diff.new_index.statements])
     if "setup" in plan.changed and required:
         changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
     return changeset
@@ -258,7 +259,7 @@ class _Planner:
         self.changed: list[str] = []
         self.notes: list[str] = []
         self.dirty: set[str] = set()  # constants re-bound so far, in source order
-        self.statements: list[tuple[str, RunInNamespace]] = []  # not re-run; the user may ask for it
+        self.edited_statements: list[ast.stmt] = []  # module statements with calls: not re-run unless asked
 
     def statement(self, old: Scope | None, new: Scope) -> None:
         moved_only = old is not None and old.fingerprint == new.fingerprint
@@ -279,12 +280,32 @@ class _Planner:
             self.rerun(new)
         else:
             label = f"line {new.line}: `{label_for(new.node, self.source)}`"
-            binds = tuple(new.name.split(",")) if new.kind == "assign" else ()
-            self.statements.append((label, RunInNamespace(compile_nodes(new.nodes, self.path), self.live, binds)))
+            self.edited_statements.extend(new.nodes)
             self.notes.append(
                 f"{label} was not re-run: module statements that call code run once at import, and running it "
                 "could rebuild what is live; press x (command `run-statements`) to run it now"
             )
+
+    def statements_to_run(self, module: list[ast.stmt]) -> list[tuple[str, RunInNamespace]]:
+        """What `run-statements` (x) runs: the edited statements with the ones that make what they use
+        and the ones that use what they make (statement_slice.py), in source order."""
+        if not self.edited_statements:
+            return []
+        picked = rerun_slice(module, self.edited_statements) or self.edited_statements
+        edited = {id(node) for node in self.edited_statements}
+        extra = [node.lineno for node in picked if id(node) not in edited]
+        if extra:
+            self.notes.append(
+                f"x also runs the statements they depend on or that depend on them, as a fresh start would: "
+                f"line(s) {', '.join(map(str, extra))}"
+            )
+        return [
+            (
+                f"line {node.lineno}: `{label_for(node, self.source)}`",
+                RunInNamespace(compile_nodes((node,), self.path), self.live, tuple(sorted(bound_names(node)))),
+            )
+            for node in picked
+        ]
 
     def shift_lines(self, node: ast.stmt, shift: int) -> None:
         """A def or class that only moved: its live functions get their new line numbers (tracebacks)."""

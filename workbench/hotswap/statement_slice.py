@@ -1,0 +1,86 @@
+"""Which module statements to run again so an edited one means what it means in a fresh start.
+
+Scripts build objects step by step at import: `parser = ArgumentParser()`, then
+`parser.add_argument(...)` a few times, then `args = parser.parse_args()`, then
+`BATCH = args.batch_size`. Running only the edited `add_argument` line again on
+the live parser fails ("conflicting option string"), and would not reach `args`
+anyway. The statements to run are the edited ones, the statements that made the
+objects they use (the latest binding of each name they read, when that binding
+calls code), and every later statement that reads what those bind: a slice of
+the module, in source order.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+
+_SKIPPED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+
+
+def bound_names(node: ast.stmt) -> set[str]:
+    """Module names a top-level statement binds (its own scope only)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    names: set[str] = set()
+    for sub in _own_scope(node):
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+            names.add(sub.id)
+        elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in sub.names)
+        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(sub.name)
+    return names
+
+
+def read_names(node: ast.stmt) -> set[str]:
+    """Module names a top-level statement reads (not those read inside functions it defines)."""
+    return {sub.id for sub in _own_scope(node) if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load)}
+
+
+def calls_code(node: ast.stmt) -> bool:
+    return any(isinstance(sub, (ast.Call, ast.Await)) for sub in _own_scope(node))
+
+
+def _own_scope(node: ast.AST) -> Iterable[ast.AST]:
+    """Every node of a statement, without descending into function or class bodies."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if current is not node and isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        stack.extend(ast.iter_child_nodes(current))
+
+
+def rerun_slice(module: list[ast.stmt], edited: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of `module` (a file's top-level statements, in order) to run for the `edited` ones."""
+    position = {id(node): i for i, node in enumerate(module)}
+    chosen: set[int] = set()
+    for node in edited:
+        index = position.get(id(node))
+        if index is None:
+            continue
+        chosen.add(index)
+        for name in read_names(node):
+            maker = _latest_binding(module, index, name)
+            if maker is not None and calls_code(module[maker]):
+                chosen.add(maker)  # the object this statement uses was made by code: make it again
+    if not chosen:
+        return []
+    tainted: set[str] = set()
+    picked: list[ast.stmt] = []
+    for i in range(min(chosen), len(module)):
+        node = module[i]
+        if i in chosen or (not isinstance(node, _SKIPPED) and read_names(node) & tainted):
+            picked.append(node)
+            tainted |= bound_names(node)
+    return picked
+
+
+def _latest_binding(module: list[ast.stmt], before: int, name: str) -> int | None:
+    for i in range(before - 1, -1, -1):
+        node = module[i]
+        if name in bound_names(node):
+            return None if isinstance(node, _SKIPPED) else i
+    return None
