@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from pathlib import Path
 
 from conftest import is_event, save
 
@@ -239,3 +240,27 @@ def test_a_script_that_fails_at_import_shows_what_it_printed_and_one_error_line(
         "loading config",
         f"vram-bench: error: {root / 'train.py'}:2: importing train.py raised RuntimeError: no config. Fix it and run again.",
     ]
+
+
+def test_a_relative_resume_path_means_where_the_user_typed_it(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    import torch
+
+    from conftest import TRAIN_PY, make_project
+    from workbench.actions.snapshot import write_snapshot
+
+    root = make_project(tmp_path, {"train.py": TRAIN_PY})
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    written = write_snapshot({"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}, 7, 0, tmp_path / "elsewhere", 5)
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench", "run", str(root / "train.py"), "--headless", "--max-steps", "8",
+         "--resume", str(Path(written.path).relative_to(tmp_path))],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    resumed = next(json.loads(line) for line in proc.stdout.splitlines() if '"event":"resume"' in line)
+    assert resumed["ok"] and resumed["step"] == 7, resumed

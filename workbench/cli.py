@@ -168,6 +168,8 @@ def _run(args: argparse.Namespace) -> int:
 
         tui_settings = load_tui_settings(args.theme)
     entry = resolve_entry(entry)
+    if args.resume and args.resume != "latest":
+        args.resume = str(Path(args.resume).expanduser().absolute())  # typed relative to here, before the chdir
     config = _session_config(args, device)
     if args.headless:
         from workbench.fdcapture import ProtocolStdout
