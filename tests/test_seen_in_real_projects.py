@@ -264,3 +264,56 @@ def test_a_relative_resume_path_means_where_the_user_typed_it(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     resumed = next(json.loads(line) for line in proc.stdout.splitlines() if '"event":"resume"' in line)
     assert resumed["ok"] and resumed["step"] == 7, resumed
+
+
+# --------------------------------------------------------------------------- a dataclass config held by the model
+
+CONFIG_MODEL_PY = """\
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Config:
+    width: int = 4
+    scale: float = 1.0
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.fc = torch.nn.Linear(config.width, 1)
+
+    def forward(self, x):
+        return self.fc(x) * self.config.scale
+"""
+
+CONFIG_TRAIN_PY = """\
+import torch
+
+from model import GPT, Config
+
+
+def setup(bench):
+    return {"model": GPT(Config())}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "scale": state["model"].config.scale}
+"""
+
+
+def test_a_changed_dataclass_whose_instance_the_model_holds_is_held_for_rebuild(start_session) -> None:
+    from workbench.events import Rebuild, StepOnce
+
+    live = start_session({"train.py": CONFIG_TRAIN_PY, "model.py": CONFIG_MODEL_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.root / "model.py", CONFIG_MODEL_PY.replace("scale: float = 1.0", "scale: float = 2.0"))
+    reload = live.wait_for(is_event("reload", file="model.py"))
+    assert any("model.config" in reason for reason in reload.needs_rebuild), reload
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars["scale"] == 2.0

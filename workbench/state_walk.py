@@ -61,10 +61,16 @@ def find_instances(state: Any, cls: type, limit: int = 50) -> list[str]:
             return
         seen.add(id(obj))
         if isinstance(obj, torch.nn.Module):
-            for name, sub in obj.named_modules(prefix=path or "model"):
+            modules = list(obj.named_modules(prefix=path or "model"))
+            for name, sub in modules:
                 if isinstance(sub, cls) and len(found) < limit:
                     found.append(name)
                 seen.add(id(sub))
+            for name, sub in modules:
+                # What a module keeps besides parameters and children: `self.config = GPTConfig(...)`.
+                for key, value in list(vars(sub).items()):
+                    if not key.startswith("_") and not isinstance(value, (torch.nn.Module, torch.Tensor)):
+                        visit(value, f"{name}.{key}", depth + 1)
             return
         if isinstance(obj, cls):
             found.append(path or "state")
