@@ -317,3 +317,37 @@ def test_a_changed_dataclass_whose_instance_the_model_holds_is_held_for_rebuild(
     assert live.wait_for(is_event("rebuild")).ok
     live.send(StepOnce())
     assert live.wait_for(is_event("step")).scalars["scale"] == 2.0
+
+
+# --------------------------------------------------------------------------- a held change saved back
+
+HELD_PY = """\
+import torch
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1), "made_by": 1.0}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "made_by": state["made_by"]}
+"""
+
+
+def test_a_held_setup_edit_saved_back_is_dropped_and_a_rebuild_runs_the_code_on_disk(start_session) -> None:
+    from workbench.events import Rebuild, StepOnce
+
+    live = start_session({"train.py": HELD_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, HELD_PY.replace('"made_by": 1.0', '"made_by": 2.0'))
+    held = live.wait_for(is_event("reload", file="train.py"))
+    assert held.needs_rebuild and "setup" in held.held, held
+    assert live.session.status().needs_rebuild == ("train.py",)
+    save(live.entry, HELD_PY)
+    dropped = live.wait_for(is_event("reload", file="train.py"))
+    assert any("held for a rebuild is dropped" in note for note in dropped.notes), dropped
+    assert live.session.status().needs_rebuild == ()
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars["made_by"] == 1.0

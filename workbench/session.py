@@ -309,8 +309,8 @@ class Session:
         )
 
     # Internals ---------------------------------------------------------------------------
-    def _submit_changes(self, changeset) -> None:  # type: ignore[no-untyped-def]
-        self.worker.commands.put(ApplyChanges(changeset))
+    def _submit_changes(self, prepared) -> None:  # type: ignore[no-untyped-def]
+        self.worker.commands.put(ApplyChanges(prepared))
 
     def _watch_failed(self, message: str) -> None:
         self.bus.publish(Error(where="watcher", message=message))

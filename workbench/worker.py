@@ -68,6 +68,7 @@ from workbench.hotswap.compiled import reset_compiled_code
 from workbench.hotswap.patches import RunInNamespace, apply_all
 from workbench.hotswap.planner import ChangeSet, ReloadError
 from workbench.hotswap.reloader import Reloader
+from workbench.hotswap.service import SourceUnchanged
 from workbench.memory.breakdown import session_breakdown, session_breakdown_for_gpus
 from workbench.memory.device import DeviceProbe
 from workbench.memory.gc_freeze import Frozen, collect_all, freeze_survivors
@@ -97,9 +98,9 @@ AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out
 
 @dataclass(frozen=True)
 class ApplyChanges(Command):
-    """Internal: a prepared reload, applied at the next step boundary."""
+    """Internal: a prepared reload (or word that a file holds the live code), handled at the next step boundary."""
 
-    changeset: ChangeSet
+    changeset: ChangeSet | SourceUnchanged
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
@@ -631,7 +632,20 @@ class TrainingWorker(threading.Thread):
             return
         self.bus.publish(Profile(status="started", steps=steps))
 
-    def _apply(self, changeset: ChangeSet) -> None:
+    def _source_unchanged(self, unchanged: SourceUnchanged) -> None:
+        """The file is back to the live code: a change held for rebuild is dropped, and the user told."""
+        relative = self.project.relative(unchanged.path)
+        ms = (time.monotonic() - unchanged.detected_at) * 1000
+        if self._held.pop(unchanged.path, None) is not None:
+            note = "the file is back to the live code: the change held for a rebuild is dropped (nothing is held)"
+            self.bus.publish(Reload(ok=True, file=relative, ms=ms, code_version=self.reloader.version, notes=(note,)))
+        elif not unchanged.manual:
+            self.bus.publish(Reload(ok=True, file=relative, ms=ms, code_version=self.reloader.version, notes=("no code changes",)))
+
+    def _apply(self, changeset: ChangeSet | SourceUnchanged) -> None:
+        if isinstance(changeset, SourceUnchanged):
+            self._source_unchanged(changeset)
+            return
         relative = self.project.relative(changeset.path)
         try:
             self.reloader.refresh(changeset)  # decide on what would really be applied now

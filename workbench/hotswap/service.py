@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.events import Event, Reload
@@ -23,8 +24,19 @@ _SETTLE_SECONDS = 0.05
 _RESCAN = object()
 
 
+@dataclass(frozen=True)
+class SourceUnchanged:
+    """A save (or `reload`) found the file's code equal to the live code."""
+
+    path: Path
+    detected_at: float
+    manual: bool
+
+
 class ReloadService(threading.Thread):
-    def __init__(self, reloader: Reloader, submit: Callable[[ChangeSet], None], publish: Callable[[Event], None]) -> None:
+    def __init__(
+        self, reloader: Reloader, submit: Callable[[ChangeSet | SourceUnchanged], None], publish: Callable[[Event], None]
+    ) -> None:
         super().__init__(name="vram-bench-reload", daemon=True)
         self._reloader = reloader
         self._submit = submit
@@ -78,17 +90,9 @@ class ReloadService(threading.Thread):
             )
             return
         if changeset is None:
-            if manual:
-                return
-            self._publish(
-                Reload(
-                    ok=True,
-                    file=relative,
-                    ms=(time.monotonic() - detected_at) * 1000,
-                    code_version=self._reloader.version,
-                    notes=("no code changes",),
-                )
-            )
+            # The file holds the live code. The training thread says so, and drops a change it held
+            # back for a rebuild: that change is no longer on disk, so no rebuild may apply it.
+            self._submit(SourceUnchanged(path, detected_at, manual))
             return
         self._submit(changeset)
 
