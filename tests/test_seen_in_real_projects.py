@@ -351,3 +351,36 @@ def test_a_held_setup_edit_saved_back_is_dropped_and_a_rebuild_runs_the_code_on_
     assert live.wait_for(is_event("rebuild")).ok
     live.send(StepOnce())
     assert live.wait_for(is_event("step")).scalars["made_by"] == 1.0
+
+
+# --------------------------------------------------------------------------- a trainer's own evaluate()
+
+OWN_EVALUATE_PY = """\
+import torch
+
+
+def evaluate(data_source):
+    raise AssertionError("vram-bench must not call the project's own evaluate(data_source)")
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1)}
+
+
+def step(state, bench):
+    return 0.0
+"""
+
+
+def test_a_trainers_own_evaluate_with_another_signature_is_ignored_and_said_once(start_session) -> None:
+    from workbench.events import Evaluate
+
+    live = start_session({"train.py": OWN_EVALUATE_PY}, eval_every=1)
+    live.wait_running(3)
+    notices = [e for e in live.events.of("error") if e.where == "contract"]
+    assert len(notices) == 1 and "evaluate(data_source) is not vram-bench's evaluate(state, bench)" in notices[0].message
+    assert notices[0].is_warning
+    live.send(Evaluate())
+    refused = live.wait_for(is_event("error", where="command"))
+    assert "defines no evaluate(state, bench)" in refused.message
+    assert not [e for e in live.events.of("error") if e.where == "evaluate"]

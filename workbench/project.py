@@ -44,6 +44,8 @@ class Project:
 
     def function(self, name: str) -> Callable[..., Any] | None:
         """Looked up on every call, so a re-bound name is seen at once."""
+        if name in _OPTIONAL:
+            return optional_hook(self.module.__dict__, name)
         fn = self.module.__dict__.get(name)
         return fn if callable(fn) else None
 
@@ -172,16 +174,45 @@ def resolve_entry(path: Path | str) -> Path:
 
 
 def check_contract(namespace: dict[str, Any], entry: Path) -> None:
-    """setup(bench) and step(state, bench) exist and accept those arguments; evaluate too if present."""
+    """setup(bench) and step(state, bench) exist and accept those arguments (evaluate: see optional_hook)."""
     for name, params in _REQUIRED.items():
         fn = namespace.get(name)
         if fn is None:
             raise ContractError(f"defines no {name}({', '.join(params)}) function.", file=entry, hint=CONTRACT_HINT)
         _check_signature(fn, name, params, entry)
+
+
+def optional_hook(namespace: dict[str, Any], name: str) -> Callable[..., Any] | None:
+    """An optional contract function (`evaluate`), only if it takes the contract's arguments.
+
+    Real trainers often have an `evaluate(data_source)` of their own: it is theirs, not a
+    vram-bench hook, and must neither stop the session nor be called with the wrong arguments.
+    """
+    fn = namespace.get(name)
+    if not callable(fn):
+        return None
+    try:
+        _check_signature(fn, name, _OPTIONAL[name], Path("?"))
+    except ContractError:
+        return None
+    return fn
+
+
+def ignored_hooks(namespace: dict[str, Any]) -> list[str]:
+    """Sentences for optional functions that exist with another signature (said once at start)."""
+    notes = []
     for name, params in _OPTIONAL.items():
         fn = namespace.get(name)
-        if fn is not None:
-            _check_signature(fn, name, params, entry)
+        if fn is not None and optional_hook(namespace, name) is None:
+            try:
+                shown = f"{name}{inspect.signature(fn)}"
+            except (TypeError, ValueError):
+                shown = f"{name}"
+            notes.append(
+                f"{shown} is not vram-bench's {name}({', '.join(params)}), so vram-bench does not call it "
+                f"(e and --eval-every do nothing); define {name}({', '.join(params)}) to use them"
+            )
+    return notes
 
 
 def _check_signature(fn: Any, name: str, params: tuple[str, ...], entry: Path) -> None:

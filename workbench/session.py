@@ -30,7 +30,7 @@ from workbench.memory.device import DeviceProbe, TorchNvmlProbe
 from workbench.memory.host import read_host_memory
 from workbench.memory.sampler import HostReader, MemorySampler
 from workbench.output import OutputRouter
-from workbench.project import Project, unload_project
+from workbench.project import Project, ignored_hooks, unload_project
 from workbench.telemetry import Telemetry
 from workbench.watchdog import StepWatchdog
 from workbench.worker import ApplyChanges, RunState, TrainingWorker
@@ -203,6 +203,8 @@ class Session:
         )
         if self._early_output is not None:
             self._early_output.connect(self.bus.publish)
+        for note in ignored_hooks(self.project.module.__dict__):
+            self.bus.publish(Error(where="contract", message=note))
         if self.event_log is not None:
             self.event_log.start()
         if self.config.sample_memory:
