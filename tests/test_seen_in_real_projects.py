@@ -384,3 +384,35 @@ def test_a_trainers_own_evaluate_with_another_signature_is_ignored_and_said_once
     refused = live.wait_for(is_event("error", where="command"))
     assert "defines no evaluate(state, bench)" in refused.message
     assert not [e for e in live.events.of("error") if e.where == "evaluate"]
+
+
+# --------------------------------------------------------------------------- the app's log
+
+async def test_the_apps_log_shows_a_successful_resume_and_what_the_project_printed_at_import(tmp_path) -> None:
+    import torch
+
+    from conftest import TRAIN_PY, make_project
+    from tests.test_tui import log_text, until
+    from workbench.actions.snapshot import write_snapshot
+    from workbench.early_output import EarlyOutput
+    from workbench.project import load_project
+    from workbench.session import Session, SessionConfig
+    from workbench.tui.app import make_app
+
+    root = make_project(tmp_path, {"train.py": "print('banner from import')\n" + TRAIN_PY})
+    model = torch.nn.Linear(4, 1)
+    snap = write_snapshot({"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}, 12, 0, tmp_path / "old", 5)
+    early = EarlyOutput()
+    with early.capture():
+        project = load_project(root / "train.py")
+    config = SessionConfig(device=torch.device("cpu"), exit_at_max_steps=False, resume=Path(snap.path), start_paused=True)
+    session = Session(project, config, early_output=early)
+    app = make_app(session)
+    try:
+        async with app.run_test(size=(140, 40)) as pilot:
+            await until(pilot, lambda: "RESUMED FROM" in log_text(app), what="the resume line")
+            text = log_text(app)
+            assert "at step 12: 2 tensors, 1 optimizer(s)" in text
+            assert "[stdout] banner from import" in text
+    finally:
+        session.close()

@@ -29,6 +29,7 @@ from workbench.events import (
     Rebuilt,
     Reload,
     Resumed,
+    ResumeLoaded,
     Setup,
     Snapshot,
     Start,
@@ -38,7 +39,10 @@ from workbench.tui.pane_clock import on_beat
 from workbench.tui.roles import DEFAULT_ROLES, Roles, roles
 from workbench.tui.traceback_view import render_traceback
 
-LOGGED = (Reload, Rebuilt, MemorySnapshotTaken, Evaluation, Error, Paused, Resumed, Setup, Snapshot, Cleanup, Profile, Print, Exit, Start)
+LOGGED = (
+    Reload, Rebuilt, MemorySnapshotTaken, Evaluation, Error, Paused, Resumed, ResumeLoaded, Setup, Snapshot, Cleanup, Profile,
+    Print, Exit, Start,
+)
 DEFAULT_ENTRIES = 1000
 
 
@@ -187,6 +191,16 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
             line.append("setup() finished" + (f" in {event.seconds:.1f} s" if event.seconds >= 1 else ""))
         else:
             line.append("setup() failed", style=roles.error)
+    elif isinstance(event, ResumeLoaded):
+        if event.ok:  # a failed resume is also an error event, logged as such
+            line.append("RESUMED FROM ", style=roles.bold("ok"))
+            line.append(
+                f"{_relative(event.path, root)} at step {event.step}: {event.tensors} tensors, {event.optimizers} "
+                f"optimizer(s) in {event.seconds:.1f} s"
+            )
+            skipped = [*event.missing, *event.unexpected, *event.mismatched]
+            if skipped:
+                line.append(f"; not loaded: {', '.join(skipped[:6])}" + (" ..." if len(skipped) > 6 else ""), style=roles.warning)
     elif isinstance(event, Snapshot):
         line.append("SNAPSHOT ", style=roles.bold("info"))
         line.append(f"{_relative(event.path, root)} ({human_bytes(event.bytes)}) at step {event.step}")
