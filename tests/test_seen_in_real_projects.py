@@ -416,3 +416,30 @@ async def test_the_apps_log_shows_a_successful_resume_and_what_the_project_print
             assert "[stdout] banner from import" in text
     finally:
         session.close()
+
+
+# --------------------------------------------------------------------------- commands with absurd arguments
+
+def test_profile_steps_are_capped_and_profile_0_cancels(start_session) -> None:
+    import pytest
+
+    from workbench.events import MAX_PROFILE_STEPS, CommandError, RunProfile, parse_command
+
+    with pytest.raises(CommandError, match=f"1 to {MAX_PROFILE_STEPS} steps"):
+        parse_command("profile 999999999")
+    with pytest.raises(CommandError) as refused:
+        parse_command("x" * 10_000_000)
+    assert len(str(refused.value)) < 300 and "10,000,000 characters" in str(refused.value)
+    assert parse_command("profile 0") == RunProfile(steps=0)
+
+    live = start_session()
+    live.wait_running(2)
+    live.send(RunProfile(steps=0))
+    assert "none is running" in live.wait_for(is_event("error", where="command")).message
+    live.send(RunProfile(steps=MAX_PROFILE_STEPS))
+    live.wait_for(is_event("profile", status="started"))
+    live.send(RunProfile(steps=0))
+    cancelled = live.wait_for(is_event("profile"))
+    assert cancelled.status == "cancelled" and 0 < cancelled.steps <= MAX_PROFILE_STEPS + 1
+    assert not live.session.worker.profiling
+    assert not list((live.root / ".vram-bench").rglob("*.json*")), "a cancelled profile writes no trace"

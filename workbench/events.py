@@ -170,7 +170,7 @@ class Cleanup(Event):
 
 @dataclass(frozen=True)
 class Profile(Event):
-    """`status="started"` when profiling begins, `"done"` with the trace path."""
+    """`status="started"` when profiling begins, `"done"` with the trace path, `"cancelled"` on `profile 0`."""
 
     name: ClassVar[str] = "profile"
     status: str
@@ -368,6 +368,14 @@ class CommandError(ValueError):
     """A command line that cannot be understood; the message says what is accepted."""
 
 
+MAX_PROFILE_STEPS = 100
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A word from the input as an error message quotes it: short, whatever its length."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
 def parse_command(line: str) -> Command:
     """Turn one stdin line (`profile 5`, `pause`, ...) into a command."""
     words = line.split()
@@ -376,17 +384,20 @@ def parse_command(line: str) -> Command:
     word, args = words[0].lower(), words[1:]
     kind = COMMANDS.get(word)
     if kind is None:
-        raise CommandError(f"unknown command {word!r}; known commands: {', '.join(COMMANDS)}")
+        raise CommandError(f"unknown command {_shown(word)}; known commands: {', '.join(COMMANDS)}")
     if kind is RunProfile:
         if len(args) > 1:
-            raise CommandError("usage: profile [N]  (N = number of steps to profile)")
+            raise CommandError("usage: profile [N]  (N = number of steps to profile, 0 cancels a running profile)")
         if args:
             try:
                 steps = int(args[0])
             except ValueError:
-                raise CommandError(f"profile takes a whole number of steps, not {args[0]!r}") from None
-            if steps < 1:
-                raise CommandError("profile needs at least 1 step")
+                raise CommandError(f"profile takes a whole number of steps, not {_shown(args[0])}") from None
+            if not 0 <= steps <= MAX_PROFILE_STEPS:
+                raise CommandError(
+                    f"profile takes 1 to {MAX_PROFILE_STEPS} steps (a trace keeps every op of every step in memory), "
+                    "or 0 to cancel a running profile"
+                )
             return RunProfile(steps=steps)
         return RunProfile()
     if args:

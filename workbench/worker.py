@@ -616,6 +616,12 @@ class TrainingWorker(threading.Thread):
         return dump_snapshot(self.bench.run_dir, self._gpu_index is not None, self._recording, reason)
 
     def _start_profile(self, steps: int) -> None:
+        if steps == 0:
+            if self._profile is None:
+                self._command_error("`profile 0` cancels a running profile, and none is running")
+                return
+            self._publish_or_report("profile", self._cancel_profile)
+            return
         if self._profile is not None:
             self._command_error(f"already profiling ({self._profile.remaining} steps to go)")
             return
@@ -641,6 +647,12 @@ class TrainingWorker(threading.Thread):
             self.bus.publish(Reload(ok=True, file=relative, ms=ms, code_version=self.reloader.version, notes=(note,)))
         elif not unchanged.manual:
             self.bus.publish(Reload(ok=True, file=relative, ms=ms, code_version=self.reloader.version, notes=("no code changes",)))
+
+    def _cancel_profile(self) -> Profile:
+        profile, self._profile = self._profile, None
+        assert profile is not None
+        profile.abort()
+        return Profile(status="cancelled", steps=profile.remaining)
 
     def _apply(self, changeset: ChangeSet | SourceUnchanged) -> None:
         if isinstance(changeset, SourceUnchanged):

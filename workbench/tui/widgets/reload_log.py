@@ -212,6 +212,8 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
         line.append("PROFILE ", style=roles.bold("accent"))
         if event.status == "started":
             line.append(f"recording the next {event.steps} steps...")
+        elif event.status == "cancelled":
+            line.append(f"cancelled with {event.steps} step(s) to go; no trace written")
         else:
             line.append(f"{event.steps} steps -> {_relative(event.trace or '', root)} (open in ui.perfetto.dev; o shows the table); top ops:")
     elif isinstance(event, Print):
