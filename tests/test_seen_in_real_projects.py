@@ -443,3 +443,49 @@ def test_profile_steps_are_capped_and_profile_0_cancels(start_session) -> None:
     assert cancelled.status == "cancelled" and 0 < cancelled.steps <= MAX_PROFILE_STEPS + 1
     assert not live.session.worker.profiling
     assert not list((live.root / ".vram-bench").rglob("*.json*")), "a cancelled profile writes no trace"
+
+
+# --------------------------------------------------------------------------- failures while the session starts
+
+def test_a_latin_1_source_with_a_coding_cookie_runs_and_reloads(tmp_path) -> None:
+    from conftest import TRAIN_PY, open_session
+
+    source = "# -*- coding: latin-1 -*-\n# Gr\u00f6\u00dfe\n" + TRAIN_PY
+    root = tmp_path / "latin1"
+    root.mkdir()
+    (root / "train.py").write_bytes(source.encode("latin-1"))
+    with open_session(root / "train.py") as live:
+        live.wait_running(1)
+        (root / "train.py").write_bytes(source.replace("SCALE = 1.0", "SCALE = 2.0").encode("latin-1"))
+        reload = live.wait_for(is_event("reload", file="train.py"))
+        assert reload.ok and reload.changed == ("SCALE",), reload
+
+
+def test_a_vram_bench_file_in_the_project_is_one_error_line_and_exit_2(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import TRAIN_PY, make_project
+
+    root = make_project(tmp_path, {"train.py": TRAIN_PY, ".vram-bench": "not a folder"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "workbench", "run", str(root / "train.py"), "--headless"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and ".vram-bench is a file" in lines[0] and "Move or rename" in lines[0], proc.stderr
+
+
+def test_an_unwritable_project_keeps_its_artifacts_in_the_users_state_folder(tmp_path, monkeypatch) -> None:
+    from workbench import run_folder
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    project = tmp_path / "shared_checkout"
+    project.mkdir()
+    monkeypatch.setattr(run_folder, "_can_write_in", lambda folder: not str(folder).startswith(str(project)))
+    folder, note = run_folder.choose_run_folder(project)
+    assert folder.is_dir() and folder.is_relative_to(tmp_path / "state" / "vram-bench")
+    assert note is not None and str(folder) in note
+    assert run_folder.choose_run_folder(project)[0] == folder, "the same project gets the same folder each run"

@@ -225,7 +225,7 @@ class Memory(Event):
 
 
 # `where` values of errors that are warnings: nothing failed and training goes on.
-WARNINGS = frozenset({"slow step", "eval mode", "contract"})
+WARNINGS = frozenset({"slow step", "eval mode", "contract", "run folder"})
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ IMPORTED_SOURCES: dict[Path, str] = {}
 class _RecordingLoader(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname: str):  # type: ignore[override]
         try:
-            IMPORTED_SOURCES[Path(self.path).resolve()] = self.get_data(self.path).decode("utf-8")
+            IMPORTED_SOURCES[Path(self.path).resolve()] = importlib.util.decode_source(self.get_data(self.path))
         except (OSError, UnicodeDecodeError):
             pass
         return super().get_code(fullname)
@@ -135,6 +135,12 @@ def script_argv(entry: Path, argv: Sequence[str]) -> Iterator[None]:
         yield
     finally:
         sys.argv = saved
+
+
+def read_source(path: Path) -> str:
+    """A Python file's text as Python reads it: its coding cookie (`# -*- coding: latin-1 -*-`) or UTF-8,
+    with universal newlines (what the parser sees, so positions agree)."""
+    return importlib.util.decode_source(path.read_bytes())
 
 
 def load_project(path: Path | str, argv: Sequence[str] = ()) -> Project:

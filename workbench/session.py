@@ -31,6 +31,7 @@ from workbench.memory.host import read_host_memory
 from workbench.memory.sampler import HostReader, MemorySampler
 from workbench.output import OutputRouter
 from workbench.project import Project, ignored_hooks, unload_project
+from workbench.run_folder import choose_run_folder
 from workbench.telemetry import Telemetry
 from workbench.watchdog import StepWatchdog
 from workbench.worker import ApplyChanges, RunState, TrainingWorker
@@ -87,6 +88,11 @@ class SessionStatus:
     unsaved_steps: int = 0
 
 
+def _join(thread: threading.Thread | None, timeout: float) -> None:
+    if thread is not None and thread.ident is not None:
+        thread.join(timeout)
+
+
 def resolve_device(spec: str) -> torch.device:
     """`auto` picks CUDA when torch can use it; an explicit `cuda` without a GPU is the user's to fix."""
     from workbench.errors import UserError
@@ -125,7 +131,7 @@ class Session:
         self.bus = EventBus()
         self.telemetry = Telemetry(memory_history=int(config.memory_window / max(config.memory_interval, 0.01)) + 1)
         self.probe: DeviceProbe = probe or TorchNvmlProbe()
-        self.run_dir = project.root / ".vram-bench"
+        self.run_dir, self._run_dir_note = choose_run_folder(project.root)  # a UserError before anything starts
         self.bench = Bench(config.device, self.run_dir)
         self.reloader = Reloader(project, REQUIRED_FUNCTIONS, config.max_history)
         self.router = (
@@ -205,6 +211,8 @@ class Session:
             self._early_output.connect(self.bus.publish)
         for note in ignored_hooks(self.project.module.__dict__):
             self.bus.publish(Error(where="contract", message=note))
+        if self._run_dir_note:
+            self.bus.publish(Error(where="run folder", message=self._run_dir_note))
         if self.event_log is not None:
             self.event_log.start()
         if self.config.sample_memory:
@@ -230,21 +238,19 @@ class Session:
             return
         self._stopped.set()
         if self._started:
+            # A start that failed part way (an unusable run folder) left some threads unstarted: join only started ones.
             self.worker.commands.put(Quit())
-            self.worker.join(timeout)
+            _join(self.worker, timeout)
             if self.watcher is not None:
                 self.watcher.stop()
             self.reload_service.stop()
             self.sampler.stop()
             self.watchdog.stop()
-            if self.watcher is not None:
-                self.watcher.join(2.0)
-            self.reload_service.join(2.0)
-            if self.sampler.is_alive():
-                self.sampler.join(2.0)
+            for thread in (self.watcher, self.reload_service, self.sampler):
+                _join(thread, 2.0)
             if self.event_log is not None:
                 self.event_log.stop()
-                self.event_log.join(2.0)
+                _join(self.event_log, 2.0)
         if self.router is not None:
             self.router.uninstall()
 

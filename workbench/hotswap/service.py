@@ -17,6 +17,7 @@ from pathlib import Path
 from workbench.events import Event, Reload
 from workbench.hotswap.planner import ChangeSet, ReloadError
 from workbench.hotswap.reloader import Reloader
+from workbench.project import read_source
 
 _STOP = object()
 _SETTLE_ATTEMPTS = 3
@@ -106,8 +107,8 @@ class ReloadService(threading.Thread):
                     raise
                 time.sleep(_SETTLE_SECONDS)
                 try:
-                    if path.read_text(encoding="utf-8") == exc.source:
+                    if read_source(path) == exc.source:
                         raise  # the file is as it was: a real error in what the user saved
-                except OSError:
+                except (OSError, UnicodeDecodeError, SyntaxError):
                     raise exc from None
         return None
