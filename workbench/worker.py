@@ -17,6 +17,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ from workbench.events import (
 from workbench.hotswap.compiled import reset_compiled_code
 from workbench.hotswap.patches import RunInNamespace, apply_all
 from workbench.hotswap.planner import ChangeSet, ReloadError
-from workbench.hotswap.reloader import Reloader
+from workbench.hotswap.reloader import AppliedVersion, Reloader
 from workbench.hotswap.service import SourceUnchanged
 from workbench.memory.breakdown import session_breakdown, session_breakdown_for_gpus
 from workbench.memory.device import DeviceProbe
@@ -752,12 +753,22 @@ class TrainingWorker(threading.Thread):
             )
 
     def _rebuild_reasons(self, changeset: ChangeSet) -> list[str]:
-        reasons = list(changeset.needs_rebuild)
-        for cls, why in changeset.rebuild_if_live.items():
+        return self._reasons_with_live_instances(
+            changeset.needs_rebuild, changeset.rebuild_if_live.items(), "live instances built by the old code"
+        )
+
+    def _reasons_with_live_instances(
+        self, always: Iterable[str], if_live: Iterable[tuple[type, str]], instances_are: str
+    ) -> list[str]:
+        """The reasons to rebuild: `always`, and each class's reason where the state holds instances of it."""
+        reasons = list(always)
+        for cls, why in if_live:
+            if any(reason.startswith(why) for reason in reasons):
+                continue  # the class and the one a reload made again in its place: said once
             instances = find_instances(self.user_state, cls) if self.user_state is not None else []
             if instances:
                 shown = ", ".join(instances[:5]) + (f" and {len(instances) - 5} more" if len(instances) > 5 else "")
-                reasons.append(f"{why}; live instances built by the old code: {shown}")
+                reasons.append(f"{why}; {instances_are}: {shown}")
         return reasons
 
     def _after_code_change(self) -> None:
@@ -768,26 +779,43 @@ class TrainingWorker(threading.Thread):
 
     def _rollback(self) -> None:
         try:
-            undone, version = self.reloader.rollback()
+            undone, version = self.reloader.rollback(roots=[("state", self.user_state)])
         except ReloadError as exc:
             self._command_error(exc.message)
             return
         self._held.pop(undone.path, None)
         self.telemetry.record_version(self.step, version, (f"rollback of v{undone.version}",))
         reset_compiled_code()
+        notes = [
+            f"rolled back version {undone.version}: the code before it runs again; "
+            "the file on disk still has the newer code (save it again to re-apply)",
+            *undone.notes,
+        ]
+        built_by_newer = self._rolled_back_rebuild_reasons(undone)
+        if built_by_newer:
+            notes.append(
+                "the live state was built by the rolled-back code, so it keeps its shape until R (command `rebuild`) "
+                f"runs setup() again with the code before it: {'; '.join(built_by_newer)}"
+            )
         self.bus.publish(
             Reload(
                 ok=True,
                 file=self.project.relative(undone.path),
                 changed=undone.changed,
                 code_version=version,
-                notes=(
-                    f"rolled back version {undone.version}: the code before it runs again; "
-                    "the file on disk still has the newer code (save it again to re-apply)",
-                ),
+                needs_rebuild=tuple(built_by_newer),
+                notes=tuple(notes),
             )
         )
         self._after_code_change()
+
+    def _rolled_back_rebuild_reasons(self, undone: AppliedVersion) -> list[str]:
+        """What of the undone version shaped the live state: its setup() or constructors, applied by a rebuild."""
+        if self.user_state is None:
+            return []
+        return self._reasons_with_live_instances(
+            undone.needs_rebuild, undone.rebuild_if_live, "live instances built by the rolled-back code"
+        )
 
     def _rebuild(self) -> None:
         """Apply held changes, run setup() again, carry tensors and optimizer state over, free the old state."""

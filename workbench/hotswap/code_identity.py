@@ -48,9 +48,11 @@ class CodeChanges:
     `changed`: names whose content changed (a running generator of one keeps the old body).
     `ambiguous`: names defined twice in one scope (two lambdas): which new one is which old one
     cannot be told, so their live copies keep the old code, and say so.
+    `old`: the code each name ran before, so a rollback can give it back to live copies made since.
     """
 
     new: dict[CodeName, types.CodeType] = field(default_factory=dict)
+    old: dict[CodeName, types.CodeType] = field(default_factory=dict)
     changed: set[CodeName] = field(default_factory=set)
     ambiguous: set[CodeName] = field(default_factory=set)
     # Only nested code and generators can have live copies the patched function itself does not
@@ -72,6 +74,8 @@ class CodeChanges:
                     self.ambiguous.add(name)
                 continue
             self.new[name] = codes[0]
+            if before:
+                self.old[name] = before[0]
             if before and not same_content(before[0], codes[0]):
                 self.changed.add(name)
         for name in olds.keys() - news.keys():

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from workbench.hotswap.code_identity import CodeChanges, code_name
+from workbench.hotswap.code_identity import CodeChanges, CodeName, code_name
 from workbench.hotswap.patches import Patch, RunInNamespace
 
 _MAX_DEPTH = 6
@@ -176,11 +176,60 @@ class UpdateLiveCopies(Patch):
                         )
 
     def undo(self) -> None:
+        """Give back the old code: to the closures patched at commit, and, when the training thread
+        set `roots` (a rollback), to closures made from the new code since (by a rebuild's setup())."""
         for ref, code in reversed(self._patched):
             fn = ref()
             if fn is not None:
                 fn.__code__ = code
         self._patched = []
+        self.notes = []
+        if self.roots:
+            self._revert_copies_made_since()
+
+    def _revert_copies_made_since(self) -> None:
+        kept: list[str] = []
+        captured: list[str] = []
+        reverted = 0
+        for path, obj in iter_live(self.roots):
+            if isinstance(obj, types.FunctionType):
+                name = code_name(obj.__code__)
+                if self.changes.new.get(name) is not obj.__code__:
+                    continue
+                if obj.__code__.co_freevars and self._maker_changed(name):
+                    captured.append(f"{path} ({name[1]})")
+                old = self.changes.old.get(name)
+                if old is None or old.co_freevars != obj.__code__.co_freevars:
+                    kept.append(f"{path} ({name[1]})")
+                    continue
+                obj.__code__ = old
+                reverted += 1
+            elif isinstance(obj, types.GeneratorType) and obj.gi_frame is not None:
+                name = code_name(obj.gi_code)
+                if self.changes.new.get(name) is obj.gi_code and name in self.changes.changed:
+                    self.notes.append(
+                        f"{path} is a running generator made by the rolled-back {name[1]}(): it keeps that code until "
+                        "it is created again (R rebuilds)"
+                    )
+        if reverted:
+            self.notes.append(f"gave the rolled-back code back to {reverted} live closure(s) made since")
+        if captured:
+            self.notes.append(
+                "these live closures were made by the rolled-back code and keep the values it gave the variables they "
+                f"capture until R rebuilds them: {', '.join(captured[:5])}"
+            )
+        if kept:
+            self.notes.append(
+                "these live closures were made by the rolled-back code and cannot take the code before it (what they "
+                f"capture differs): they keep the newer code until R rebuilds them: {', '.join(kept[:5])}"
+            )
+
+
+    def _maker_changed(self, name: CodeName) -> bool:
+        """Whether a function enclosing this code (`make_scale` of `make_scale.<locals>.f`) changed."""
+        file, qualname = name
+        parts = qualname.split(".<locals>.")
+        return any((file, ".<locals>.".join(parts[:i])) in self.changes.changed for i in range(1, len(parts)))
 
 
 def _optimizers(roots: list[Any]) -> Iterator[tuple[str, torch.optim.Optimizer]]:

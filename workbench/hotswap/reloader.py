@@ -22,7 +22,7 @@ from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.patches import Patch, apply_all, undo_all
 from workbench.hotswap.planner import ChangeSet, ReloadError, plan_reload
 from workbench.hotswap.source_index import SourceIndex
-from workbench.project import IMPORTED_SOURCES, Project
+from workbench.project import IMPORTED_SOURCES, Project, read_source
 
 DEFAULT_MAX_HISTORY = 50
 
@@ -36,6 +36,11 @@ class AppliedVersion:
     source: str
     applied_at: float
     patches: tuple[Patch, ...] = field(repr=False, default=())
+    # What made this version need a rebuild, if anything: rolling it back after a rebuild leaves
+    # live objects built by its code (the worker names them in the rollback's event).
+    needs_rebuild: tuple[str, ...] = ()
+    rebuild_if_live: tuple[tuple[type, str], ...] = field(repr=False, default=())
+    notes: list[str] = field(repr=False, default_factory=list)  # what the last undo could not give back
 
 
 class Reloader:
@@ -60,8 +65,8 @@ class Reloader:
             source = IMPORTED_SOURCES.get(path)  # what was imported, even if saved over since
             if source is None:
                 try:
-                    source = path.read_text(encoding="utf-8")
-                except OSError:
+                    source = read_source(path)
+                except (OSError, UnicodeDecodeError, SyntaxError):
                     continue
             with self._lock:
                 self._applied.setdefault(path, source)
@@ -124,12 +129,12 @@ class Reloader:
                 detected_at=detected_at or time.monotonic(),
             )
         try:
-            source = path.read_text(encoding="utf-8")
+            source = read_source(path)
         except FileNotFoundError:
             missing = ReloadError(f"{path.name} was deleted; the old code keeps running. Restore the file to go on.")
             missing.source = ""  # editors that save by rename delete the file for a moment
             raise missing from None
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, SyntaxError) as exc:
             raise ReloadError(f"cannot read {path.name}: {exc}") from None
         if source == base:
             return None
@@ -192,6 +197,8 @@ class Reloader:
                         changeset.new_source,
                         time.time(),
                         tuple(changeset.patches),
+                        tuple(changeset.needs_rebuild),
+                        _classes_old_and_new(changeset),
                     )
                 )
             return self.version
@@ -218,17 +225,24 @@ class Reloader:
         changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
         changeset.statements, changeset.base_source, changeset.index = fresh.statements, applied, fresh.index
 
-    def rollback(self) -> tuple[AppliedVersion, int]:
-        """Undo the last applied version (training thread). Versions only count up: the result is a new one."""
+    def rollback(self, roots: list[Any] | None = None) -> tuple[AppliedVersion, int]:
+        """Undo the last applied version (training thread). Versions only count up: the result is a new one.
+
+        `roots` (the session state): live closures made from the undone code since it was applied
+        (a rebuild's setup() made them) get the code before it too; the version's `notes` say what could not.
+        """
+        folded_notes: list[str] = []
         with self._lock:
             while self._history and not self._history[-1].changed:
                 # Line-number-only updates are folded into the rollback of what came before them.
                 folded = self._history.pop()
-                undo_all(list(folded.patches))
+                self._undo_patches(folded, roots)
+                folded_notes.extend(folded.notes)
                 self._applied[folded.path] = self._prepared[folded.path] = folded.previous_source
             if not self._history:
                 raise ReloadError("nothing to roll back: no applied reload is left in the history")
-        last = self._undo_last()
+        last = self._undo_last(roots)
+        last.notes[:0] = folded_notes
         with self._lock:
             self.version += 1
             return last, self.version
@@ -240,14 +254,26 @@ class Reloader:
             with self._lock:
                 self.version = last.version - 1
 
-    def _undo_last(self) -> AppliedVersion:
+    def _undo_last(self, roots: list[Any] | None = None) -> AppliedVersion:
         with self._lock:
             last = self._history.pop()
-        undo_all(list(last.patches))
+        self._undo_patches(last, roots)
         with self._lock:
             self._applied[last.path] = last.previous_source
             self._prepared[last.path] = last.previous_source
         return last
+
+    def _undo_patches(self, version: AppliedVersion, roots: list[Any] | None) -> None:
+        live_copies = [p for p in version.patches if isinstance(p, UpdateLiveCopies)]
+        if roots is not None:
+            for patch in live_copies:
+                patch.roots = [*roots, *((f"module {m.__name__}", m.__dict__) for m in self.project.modules().values())]
+        try:
+            undo_all(list(version.patches))
+        finally:
+            for patch in live_copies:
+                version.notes.extend(patch.notes)
+                patch.roots = []
 
     def _others(self, path: Path) -> list[dict]:
         """The namespaces of the project's other modules (where `from x import y` copies live)."""
@@ -261,3 +287,16 @@ class Reloader:
         with self._lock:
             if path in self._applied:
                 self._prepared[path] = self._applied[path]
+
+
+def _classes_old_and_new(changeset: ChangeSet) -> tuple[tuple[type, str], ...]:
+    """Each class whose live instances would need a rebuild, and the class now bound to its name where a
+    reload made it again (a changed dataclass): a rebuild builds instances of the new one."""
+    found: list[tuple[type, str]] = []
+    namespace = changeset.module.__dict__ if changeset.module is not None else {}
+    for cls, why in changeset.rebuild_if_live.items():
+        found.append((cls, why))
+        now = namespace.get(cls.__name__)
+        if isinstance(now, type) and now is not cls:
+            found.append((now, why))
+    return tuple(found)

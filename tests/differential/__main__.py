@@ -1,0 +1,46 @@
+"""The long run: `python tests/differential --count 3000` (random seeds), or `--first 0 --count 300` (CI's set).
+
+Prints the summary and every silent mismatch or harness problem in full (seed, edits as diffs,
+events, values); exit code 1 when there is one. A mismatch found here becomes a named case in
+tests/test_differential.py's REGRESSIONS once fixed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a folder: import `differential` from tests/
+
+from differential.generator import generate  # noqa: E402
+from differential.report import explain, failures, summary  # noqa: E402
+from differential.runner import Harness  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python tests/differential", description=__doc__)
+    parser.add_argument("--count", type=int, default=1000, help="sequences to run (default 1000)")
+    parser.add_argument("--first", type=int, default=None, help="first seed (default: a random one, printed)")
+    parser.add_argument("--progress", type=int, default=100, help="print a line every N sequences (0: never)")
+    args = parser.parse_args(argv)
+    first = args.first if args.first is not None else random.randrange(10**6, 10**9)
+    print(f"seeds {first} to {first + args.count - 1}", flush=True)
+    started = time.monotonic()
+    results = []
+    with Harness() as harness:
+        for number, seed in enumerate(range(first, first + args.count), start=1):
+            result = harness.run(generate(seed))
+            results.append(result)
+            if result in failures([result]):
+                print(explain(result), flush=True)
+            if args.progress and number % args.progress == 0:
+                print(f"{number} sequences, {len(failures(results))} failing, {time.monotonic() - started:.0f} s", flush=True)
+    print(summary(results, time.monotonic() - started))
+    return 1 if failures(results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Run a sequence on a live session and check every step against a fresh start.
+
+After the first step (the start is a fresh start, so it must equal one exactly)
+and after every save, rebuild and rollback, one step runs and its scalars are
+judged against the oracle's for the reference sources: the files on disk, or
+what a rollback restored. A save that cannot run (a syntax error) must fail to
+reload and leave every value as it was.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench.events import Error, Event, Rebuilt, Reload
+
+from differential.generator import Action, RebuildNow, RollbackNow, Save, Sequence
+from differential.judge import Verdict, judge, unchanged
+from differential.ledger import Ledger, texts_of
+from differential.live import LiveProject
+from differential.oracle import Oracle
+
+APPLIED, REPORTED, SILENT = "applied", "held/noted", "silent"
+
+
+@dataclass
+class Check:
+    """One step after one action, and what the judge made of it."""
+
+    action: str
+    events: list[Event]
+    live: dict[str, float]
+    fresh: dict[str, float]
+    verdict: Verdict
+    against: str  # "disk", "rolled-back sources", or "the values before" (a save that cannot run)
+    step_error: str | None = None
+
+
+@dataclass
+class Result:
+    sequence: Sequence
+    checks: list[Check] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the harness could not judge: a bug here or a hung session
+
+    @property
+    def outcome(self) -> str:
+        if any(c.verdict.silent for c in self.checks):
+            return SILENT
+        if any(c.verdict.differing for c in self.checks):
+            return REPORTED
+        return APPLIED
+
+
+class Harness:
+    """One oracle process and one scratch folder for many sequences."""
+
+    def __init__(self) -> None:
+        self.oracle = Oracle()
+        self.root = Path(tempfile.mkdtemp(prefix="vram-bench-differential-"))
+        self.count = 0
+
+    def close(self) -> None:
+        self.oracle.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, sequence: Sequence) -> Result:
+        self.count += 1
+        folder = self.root / f"seq{self.count}"
+        try:
+            return _Run(sequence, self.oracle, folder).run()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class _Run:
+    def __init__(self, sequence: Sequence, oracle: Oracle, folder: Path) -> None:
+        self.sequence = sequence
+        self.oracle = oracle
+        self.folder = folder
+        self.ledger = Ledger(sequence.initial_files())
+        self.result = Result(sequence)
+        self.window: list[Event] = []  # reload/rebuild events since the state was last built fresh
+        self.last_live: dict[str, float] = {}
+
+    def run(self) -> Result:
+        with LiveProject(self.folder, self.sequence.initial_files()) as live:
+            self.live = live
+            if not self._check("start", []):
+                return self.result
+            for action in self.sequence.actions:
+                events = self._act(action)
+                if events is None or not self._check(action.what, events, action.file if isinstance(action, Save) and action.broken else None):
+                    break
+        return self.result
+
+    def _act(self, action: Action) -> list[Event] | None:
+        if isinstance(action, Save):
+            self.ledger.saved(action.file, action.text)
+            events = self.live.save(action.file, action.text)
+            for event in events:
+                if isinstance(event, Reload):
+                    self.ledger.reload(event)
+        elif isinstance(action, RebuildNow):
+            events = self.live.rebuild()
+            rebuilt = events[-1]
+            assert isinstance(rebuilt, Rebuilt)
+            self.ledger.rebuilt(rebuilt)
+            if rebuilt.ok:
+                self.window = []
+        else:
+            assert isinstance(action, RollbackNow)
+            undone = self.ledger.rollback()
+            events = self.live.rollback()
+            answer = events[-1]
+            if undone is None and not (isinstance(answer, Error) and "nothing to roll back" in answer.message):
+                self.result.problems.append(f"rollback: the ledger has nothing to roll back, the session answered {answer}")
+                return None
+            if undone is not None and not (isinstance(answer, Reload) and answer.ok and answer.file == undone.file):
+                self.result.problems.append(f"rollback: the ledger expected {undone.file} rolled back, the session answered {answer}")
+                return None
+        self.window.extend(e for e in events if isinstance(e, (Reload, Rebuilt)))
+        return events
+
+    def _check(self, action: str, events: list[Event], broken_file: str | None = None) -> bool:
+        """Run one step and judge it; False when the sequence cannot go on."""
+        step, step_events = self.live.step()
+        broken = broken_file is not None
+        events = [*events, *step_events]
+        self.window.extend(e for e in step_events if isinstance(e, (Reload, Rebuilt)))
+        fresh = self.oracle.run(self.ledger.reference)
+        if fresh.error is not None:
+            failed = any(isinstance(e, Reload) and not e.ok for e in events)
+            if not (broken and failed):
+                why = "the saved files cannot run, but no reload failed" if broken else f"the generated project cannot run: {fresh.error}"
+                self.result.problems.append(f"after {action}: {why}")
+                return False
+            # The broken file keeps its live code; other files a rescan re-applied count as saved.
+            assert broken_file is not None
+            fresh = self.oracle.run(self.ledger.live_instead_of(broken_file))
+            if fresh.error is not None:
+                verdict, against = unchanged(step.scalars, self.last_live), "the values before"
+            else:
+                verdict, against = judge(step.scalars, fresh.scalars, texts_of(self.window)), f"the live {broken_file}"
+        else:
+            verdict = judge(step.scalars, fresh.scalars, texts_of(self.window))
+            against = "rolled-back sources" if self.ledger.reference != self.ledger.disk else "disk"
+        if action == "start" and verdict.differing:
+            self.result.problems.append(f"the start differs from a fresh start: {verdict.differing}")
+        self.result.checks.append(Check(action, events, step.scalars, fresh.scalars, verdict, against, step.error))
+        self.last_live = step.scalars
+        return step.error is None  # a step that raised pauses on an error; a reload would resume training
