@@ -67,6 +67,48 @@ def test_running_generator_is_named_after_a_line_shift(start_session) -> None:
     assert any("running generator" in note and "make_counter" in note for note in reload.notes), reload.notes
 
 
+CAPTURE_PY = CLOSURE_PY.replace("    def f(x):\n        return x * 2.0", "    k = 2.0\n\n    def f(x):\n        return x * k")
+
+
+def test_a_closure_keeps_what_it_captured_from_a_changed_factory_and_the_reload_says_so(start_session) -> None:
+    from workbench.events import StepOnce
+
+    live = start_session({"train.py": CAPTURE_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, CAPTURE_PY.replace("k = 2.0", "k = 3.0"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.ok and "make_scale" in reload.changed, reload
+    assert any("keep the values" in n and "make_scale.<locals>.f" in n for n in reload.notes), reload.notes
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars["closure"] == 2.0, "what it captured stays: said above, not silent"
+
+
+def test_rollback_after_a_rebuild_names_what_the_live_state_keeps(start_session) -> None:
+    from workbench.events import Rebuild, Rollback, StepOnce
+
+    source = CAPTURE_PY.replace('"model": torch.nn.Linear(1, 1)', '"model": Net()').replace(
+        "def setup(bench):", "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.width = 1\n\n\ndef setup(bench):"
+    )
+    live = start_session({"train.py": source}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    newer = source.replace("self.width = 1", "self.width = 2").replace("k = 2.0", "k = 3.0")
+    save(live.entry, newer)
+    held = live.wait_for(is_event("reload", file="train.py"))
+    assert "Net.__init__" in held.held, held
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    live.send(Rollback())
+    rolled = live.wait_for(is_event("reload", file="train.py"))
+    said = " ".join((*rolled.needs_rebuild, *rolled.notes))
+    assert "Net.__init__" in said and "model" in said, rolled  # the model was built by the rolled-back __init__
+    assert "make_scale.<locals>.f" in said, rolled  # the closure setup() made keeps k = 3.0
+    assert "R (command `rebuild`)" in said, rolled
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars["closure"] == 3.0
+    assert live.session.worker.user_state["model"].width == 2
+
+
 # --------------------------------------------------------------------------- models in module globals
 
 GLOBAL_MODEL_PY = """\

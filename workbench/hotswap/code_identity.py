@@ -31,6 +31,16 @@ def same_content(a: types.CodeType, b: types.CodeType) -> bool:
     return a is b or without_lines(a) == without_lines(b)
 
 
+def same_own_content(a: types.CodeType, b: types.CodeType) -> bool:
+    """Equal apart from the code nested in it: a factory whose own lines (what its closures capture) did not change."""
+
+    def own(code: types.CodeType) -> types.CodeType:
+        plain = without_lines(code)
+        return plain.replace(co_consts=tuple(("<code>", code_name(c)[1]) if isinstance(c, types.CodeType) else c for c in plain.co_consts))
+
+    return a is b or own(a) == own(b)
+
+
 def walk_codes(code: types.CodeType) -> list[types.CodeType]:
     """The code and every code object defined inside it, depth first."""
     found = [code]
@@ -53,6 +63,8 @@ class CodeChanges:
 
     new: dict[CodeName, types.CodeType] = field(default_factory=dict)
     old: dict[CodeName, types.CodeType] = field(default_factory=dict)
+    # Names whose own lines changed, apart from code nested in them: a factory computing other values for its closures.
+    own_changed: set[CodeName] = field(default_factory=set)
     changed: set[CodeName] = field(default_factory=set)
     ambiguous: set[CodeName] = field(default_factory=set)
     # Only nested code and generators can have live copies the patched function itself does not
@@ -78,6 +90,8 @@ class CodeChanges:
                 self.old[name] = before[0]
             if before and not same_content(before[0], codes[0]):
                 self.changed.add(name)
+                if not same_own_content(before[0], codes[0]):
+                    self.own_changed.add(name)
         for name in olds.keys() - news.keys():
             self.changed.add(name)  # removed from its function: a live copy runs code no longer on disk
         top_is_generator = bool(old.co_flags & _GENERATOR_FLAGS) and code_name(old) in self.changed

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from workbench.hotswap.code_identity import CodeChanges, CodeName, code_name
+from workbench.hotswap.code_identity import CodeChanges, CodeName, code_name, same_content
 from workbench.hotswap.patches import Patch, RunInNamespace
 
 _MAX_DEPTH = 6
@@ -109,9 +109,12 @@ class UpdateLiveCopies(Patch):
         held_back: list[str] = []
         ambiguous: list[str] = []
         removed: list[str] = []
+        captured: list[str] = []
         for path, obj in iter_live(self.roots):
             if isinstance(obj, types.FunctionType):
                 name = code_name(obj.__code__)
+                if obj.__code__.co_freevars and self._maker_changed(name):
+                    captured.append(f"{path} ({name[1]})")
                 new = self.changes.new.get(name)
                 if new is None:
                     if name in self.changes.ambiguous:
@@ -135,6 +138,11 @@ class UpdateLiveCopies(Patch):
                     )
         if self._patched:
             self.notes.append(f"updated {len(self._patched)} live closure(s) made from the changed code")
+        if captured:
+            self.notes.append(
+                "these live closures keep the values the old code of the function that made them gave the variables "
+                f"they capture (R rebuilds them): {', '.join(captured[:5])}"
+            )
         if held_back:
             self.notes.append(
                 "the variables these closures capture changed, so their live copies keep the old code (R rebuilds "
@@ -194,7 +202,7 @@ class UpdateLiveCopies(Patch):
         for path, obj in iter_live(self.roots):
             if isinstance(obj, types.FunctionType):
                 name = code_name(obj.__code__)
-                if self.changes.new.get(name) is not obj.__code__:
+                if not self._runs_the_new_code(name, obj.__code__):
                     continue
                 if obj.__code__.co_freevars and self._maker_changed(name):
                     captured.append(f"{path} ({name[1]})")
@@ -206,7 +214,7 @@ class UpdateLiveCopies(Patch):
                 reverted += 1
             elif isinstance(obj, types.GeneratorType) and obj.gi_frame is not None:
                 name = code_name(obj.gi_code)
-                if self.changes.new.get(name) is obj.gi_code and name in self.changes.changed:
+                if name in self.changes.changed and self._runs_the_new_code(name, obj.gi_code):
                     self.notes.append(
                         f"{path} is a running generator made by the rolled-back {name[1]}(): it keeps that code until "
                         "it is created again (R rebuilds)"
@@ -225,11 +233,23 @@ class UpdateLiveCopies(Patch):
             )
 
 
+    def _runs_the_new_code(self, name: CodeName, code: types.CodeType) -> bool:
+        """Made from this version's code: that very object, or the same code at lines a later save moved
+        (a rollback undoes those moved-only versions first)."""
+        new = self.changes.new.get(name)
+        if new is None:
+            return False
+        if new is code:
+            return True
+        old = self.changes.old.get(name)
+        return same_content(new, code) and (old is None or not same_content(old, code))
+
     def _maker_changed(self, name: CodeName) -> bool:
-        """Whether a function enclosing this code (`make_scale` of `make_scale.<locals>.f`) changed."""
+        """Whether a function enclosing this code (`make_scale` of `make_scale.<locals>.f`) changed its own lines:
+        then what a closure made by it captured may differ from what the code on disk would give it."""
         file, qualname = name
         parts = qualname.split(".<locals>.")
-        return any((file, ".<locals>.".join(parts[:i])) in self.changes.changed for i in range(1, len(parts)))
+        return any((file, ".<locals>.".join(parts[:i])) in self.changes.own_changed for i in range(1, len(parts)))
 
 
 def _optimizers(roots: list[Any]) -> Iterator[tuple[str, torch.optim.Optimizer]]:
