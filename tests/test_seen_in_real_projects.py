@@ -531,3 +531,16 @@ def test_an_unwritable_project_keeps_its_artifacts_in_the_users_state_folder(tmp
     assert folder.is_dir() and folder.is_relative_to(tmp_path / "state" / "vram-bench")
     assert note is not None and str(folder) in note
     assert run_folder.choose_run_folder(project)[0] == folder, "the same project gets the same folder each run"
+
+
+# --------------------------------------------------------------------------- an error raised in a module a save imports
+
+def test_an_error_in_a_module_the_save_imports_names_that_module_and_line(start_session) -> None:
+    from conftest import TRAIN_PY
+
+    live = start_session({"train.py": TRAIN_PY, "helper.py": "X = 1\n\nraise ValueError('bad helper')\n"})
+    live.wait_running(1)
+    save(live.entry, "import helper\n" + TRAIN_PY)
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert not reload.ok and reload.line == 1, reload
+    assert "ValueError: bad helper" in reload.error and "helper.py:3" in reload.error, reload.error

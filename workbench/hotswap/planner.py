@@ -174,8 +174,27 @@ def _run_in_scratch(
     try:
         exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), scratch)  # noqa: S102
     except Exception as exc:  # noqa: BLE001 - any failure here is reported, nothing live changed
-        raise ReloadError(f"{type(exc).__name__}: {exc}", _line_in(exc, path)) from None
+        raise ReloadError(f"{type(exc).__name__}: {exc}{_raised_elsewhere(exc, path)}", _line_in(exc, path)) from None
     return scratch
+
+
+def _raised_elsewhere(exc: BaseException, path: Path) -> str:
+    """Where in another file of the project the error came from (a module the saved file imports), if it did:
+    the event's line is the saved file's, and alone it would point at an innocent `import`."""
+    where: tuple[str, int] | None = None
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        where = (exc.filename, exc.lineno)
+    else:
+        tb = exc.__traceback__
+        while tb is not None:
+            where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+            tb = tb.tb_next
+    if where is None or where[0] == str(path):
+        return ""
+    file = Path(where[0])
+    if not file.is_relative_to(path.parent):
+        return ""
+    return f" (raised at {file.relative_to(path.parent)}:{where[1]})"
 
 
 def _line_in(exc: BaseException, path: Path) -> int | None:
