@@ -544,3 +544,55 @@ def test_an_error_in_a_module_the_save_imports_names_that_module_and_line(start_
     reload = live.wait_for(is_event("reload", file="train.py"))
     assert not reload.ok and reload.line == 1, reload
     assert "ValueError: bad helper" in reload.error and "helper.py:3" in reload.error, reload.error
+
+
+# --------------------------------------------------------------------------- a Dataset edit and the loader's workers
+
+LOADER_PY = """\
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+def scale(i):
+    return float(i) * 1.0
+
+
+class Numbers(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.tensor([scale(i)])
+
+
+def setup(bench):
+    loader = DataLoader(Numbers(), batch_size=8, num_workers=1, persistent_workers=PERSISTENT)
+    return {"loader": loader, "it": iter(loader), "model": torch.nn.Linear(1, 1)}
+
+
+def step(state, bench):
+    try:
+        batch = next(state["it"])
+    except StopIteration:
+        state["it"] = iter(state["loader"])
+        batch = next(state["it"])
+    return {"loss": 0.0, "first": float(batch[0, 0])}
+"""
+
+
+def test_a_dataset_edit_says_the_loader_workers_keep_the_old_code(start_session) -> None:
+    for persistent in (True, False):
+        source = "PERSISTENT = %s\n" % persistent + LOADER_PY
+        live = start_session({"train.py": source})
+        live.wait_running(2)
+        save(live.entry, source.replace("float(i) * 1.0", "float(i) * 2.0"))
+        reload = live.wait_for(is_event("reload", file="train.py"))
+        assert reload.ok and reload.changed == ("scale",), reload
+        said = [n for n in reload.notes if "worker processes" in n]
+        assert len(said) == 1 and "state['loader']" in said[0] and "scale" in said[0], reload.notes
+        assert ("R (command `rebuild`)" in said[0]) is persistent, said
+        assert ("next epoch" in said[0]) is not persistent, said
+        # A change the workers never run says nothing about them.
+        save(live.entry, source.replace("float(i) * 1.0", "float(i) * 2.0").replace('"loss": 0.0', '"loss": 1.0'))
+        other = live.wait_for(is_event("reload", file="train.py"))
+        assert other.changed == ("step",) and not any("worker" in n for n in other.notes), other

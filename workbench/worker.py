@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 import workbench
 from workbench.actions.cleanup import run_cleanup
@@ -66,6 +68,7 @@ from workbench.events import (
     TakeSnapshot,
 )
 from workbench.hotswap.compiled import reset_compiled_code
+from workbench.hotswap.loader_workers import worker_notes
 from workbench.hotswap.patches import RunInNamespace, apply_all
 from workbench.hotswap.planner import ChangeSet, ReloadError
 from workbench.hotswap.reloader import AppliedVersion, Reloader
@@ -711,6 +714,8 @@ class TrainingWorker(threading.Thread):
             self.telemetry.record_version(self.step, version, tuple(changeset.changed))
             if reset_compiled_code():
                 notes.append("torch.compile caches were reset: compiled code recompiles on its next call")
+            if changeset.module is not None:
+                notes.extend(worker_notes(self._loader_roots(), changeset.changed, changeset.module))
         self.bus.publish(
             Reload(
                 ok=True,
@@ -723,6 +728,17 @@ class TrainingWorker(threading.Thread):
         )
         if changeset.changed:
             self._after_code_change()
+
+    def _loader_roots(self) -> list[tuple[str, Any]]:
+        """Where DataLoaders live: the state, and module globals of script-style trainers (`train_loader = ...`)."""
+        roots: list[tuple[str, Any]] = [("state", self.user_state)]
+        for module in self.project.modules().values():
+            roots.extend(
+                (f"{module.__name__}.{name}", value)
+                for name, value in list(vars(module).items())
+                if isinstance(value, (DataLoader, types.GeneratorType))
+            )
+        return roots
 
     def _run_statements(self) -> None:
         """Run the changed module statements that a reload did not re-run, because the user asked."""
