@@ -596,3 +596,79 @@ def test_a_dataset_edit_says_the_loader_workers_keep_the_old_code(start_session)
         save(live.entry, source.replace("float(i) * 1.0", "float(i) * 2.0").replace('"loss": 0.0', '"loss": 1.0'))
         other = live.wait_for(is_event("reload", file="train.py"))
         assert other.changed == ("step",) and not any("worker" in n for n in other.notes), other
+
+
+# --------------------------------------------------------------------------- optimizers setup() does not make
+
+LAZY_OPTIMIZERS_PY = """\
+import torch
+
+OPT_G = None
+WIDTH = 2
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(WIDTH, 1)
+        self.tag = 0
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    return {"gen": Net(), "disc": Net()}
+
+
+def step(state, bench):
+    global OPT_G
+    if OPT_G is None:  # made on first use, in a module global
+        OPT_G = torch.optim.SGD(state["gen"].parameters(), lr=0.1, momentum=0.9)
+    if "opt_d" not in state:  # made on first use, in the state
+        state["opt_d"] = torch.optim.Adam(state["disc"].parameters(), lr=0.01)
+    x = torch.ones(4, WIDTH)
+    loss = state["gen"](x).pow(2).mean() + state["disc"](x).pow(2).mean()
+    loss.backward()
+    OPT_G.step()
+    state["opt_d"].step()
+    OPT_G.zero_grad()
+    state["opt_d"].zero_grad()
+    return loss
+"""
+
+
+def test_a_rebuild_carries_optimizers_step_makes_and_they_train_the_new_model(start_session) -> None:
+    from workbench.events import Rebuild, StepOnce
+
+    live = start_session({"train.py": LAZY_OPTIMIZERS_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for _ in range(3):
+        live.send(StepOnce())
+        live.wait_for(is_event("step"))
+    old_disc_state = live.session.worker.user_state["opt_d"].state
+    assert len(old_disc_state) == 2
+    save(live.entry, LAZY_OPTIMIZERS_PY.replace("self.tag = 0", "self.tag = 1"))
+    assert live.wait_for(is_event("reload", file="train.py")).needs_rebuild
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok, rebuilt
+    said = " ".join(rebuilt.notes)
+    assert "state['opt_d']" in said and "train.OPT_G" in said and "made again" in said, rebuilt.notes
+    state, module = live.session.worker.user_state, live.session.project.module
+    new_gen, new_disc = state["gen"], state["disc"]
+    assert {id(p) for g in module.OPT_G.param_groups for p in g["params"]} == {id(p) for p in new_gen.parameters()}
+    assert {id(p) for g in state["opt_d"].param_groups for p in g["params"]} == {id(p) for p in new_disc.parameters()}
+    assert module.OPT_G.param_groups[0]["momentum"] == 0.9 and len(module.OPT_G.state) == 2, "its state came along"
+    assert state["opt_d"].state[new_disc.fc.weight]["step"] == 3
+    before = new_gen.fc.weight.detach().clone()
+    live.send(StepOnce())
+    live.wait_for(is_event("step"))
+    assert not torch_equal(new_gen.fc.weight, before), "the new model trains (the optimizer was not left on the old one)"
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a.detach(), b))

@@ -117,6 +117,7 @@ class Rebuilt(Event):
     mismatched: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
     error: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

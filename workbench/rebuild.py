@@ -70,3 +70,72 @@ def carry_over(old_state: Any, new_state: Any) -> CarryReport:
                 }
                 report.optimizer_states += 1
     return report
+
+
+def carry_optimizers_setup_did_not_make(
+    old_state: Any, new_state: Any, namespaces: list[tuple[str, dict[str, Any]]]
+) -> list[str]:
+    """Optimizers that `setup()` does not make still point at the old model's parameters after a rebuild:
+    one `step()` makes on first use and keeps in the state (`state["opt_d"] = ...`), or one in a module
+    global (`global OPT_D`). Left alone, the first is dropped with its state and the second trains the
+    discarded model while the new one never learns. Each is made again over the matching new parameters,
+    with its hyperparameters and state, in the same place. Returns a sentence per optimizer for the event.
+    """
+    old_modules, old_optimizers = find_modules_and_optimizers(old_state)
+    new_modules, new_optimizers = find_modules_and_optimizers(new_state)
+    name_of_old = {id(p): f"{path}.{n}" for path, m in old_modules.items() for n, p in m.named_parameters()}
+    new_by_name = {f"{path}.{n}": p for path, m in new_modules.items() for n, p in m.named_parameters()}
+    places: list[tuple[str, torch.optim.Optimizer, Any]] = []  # (where, optimizer, how to put its successor there)
+    if isinstance(old_state, dict) and isinstance(new_state, dict):
+        for key, value in old_state.items():
+            if isinstance(value, torch.optim.Optimizer) and key not in new_state and str(key) not in new_optimizers:
+                places.append((f"state[{key!r}]", value, (new_state, key)))
+    for module_name, namespace in namespaces:
+        for key, value in list(namespace.items()):
+            if isinstance(value, torch.optim.Optimizer) and _points_at(value, name_of_old):
+                places.append((f"{module_name}.{key}", value, (namespace, key)))
+    notes = []
+    for where, old_opt, (holder, key) in places:
+        made = _made_again(old_opt, name_of_old, new_by_name)
+        if isinstance(made, str):
+            notes.append(f"{where}, an optimizer setup() does not make, was not carried over: {made}")
+            continue
+        holder[key] = made
+        notes.append(
+            f"{where}, an optimizer setup() does not make, was made again over the new parameters with its "
+            f"hyperparameters and the state of {len(made.state)} parameters"
+        )
+    return notes
+
+
+def _points_at(optimizer: torch.optim.Optimizer, params_by_id: dict[int, str]) -> bool:
+    return any(id(p) in params_by_id for group in optimizer.param_groups for p in group["params"])
+
+
+def _made_again(
+    old: torch.optim.Optimizer, name_of_old: dict[int, str], new_by_name: dict[str, torch.nn.Parameter]
+) -> torch.optim.Optimizer | str:
+    """A new optimizer of the same type over the new parameters, or why it cannot be made."""
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    groups = []
+    for group in old.param_groups:
+        params = []
+        for p in group["params"]:
+            new = new_by_name.get(name_of_old.get(id(p), ""))
+            if new is None or new.shape != p.shape:
+                return f"its parameter {name_of_old.get(id(p), 'of no module in the state')} has no match in the new state"
+            params.append(new)
+            pairs.append((p, new))
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+    try:
+        made = type(old)(groups)
+    except Exception as exc:  # noqa: BLE001 - an optimizer whose constructor needs more than its groups
+        return f"{type(old).__name__}(param_groups) failed ({type(exc).__name__}: {exc})"
+    with torch.no_grad():
+        for old_param, new_param in pairs:
+            state = old.state.get(old_param)
+            if state:
+                made.state[new_param] = {
+                    k: (v.to(new_param.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in state.items()
+                }
+    return made

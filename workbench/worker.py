@@ -81,7 +81,7 @@ from workbench.memory.leaks import find_leaks
 from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
-from workbench.rebuild import carry_over
+from workbench.rebuild import carry_optimizers_setup_did_not_make, carry_over
 from workbench.state_walk import find_instances
 from workbench.saved_bytes import SavedBytes
 from workbench.telemetry import Telemetry
@@ -850,6 +850,8 @@ class TrainingWorker(threading.Thread):
             new_state = self._call_setup_for_rebuild()
             reset_compiled_code()
             report = carry_over(self.user_state, new_state)
+            namespaces = [(m.__name__, vars(m)) for m in self.project.modules().values()]
+            optimizer_notes = carry_optimizers_setup_did_not_make(self.user_state, new_state, namespaces)
         except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
             new_state = None
             for _ in committed:
@@ -885,6 +887,7 @@ class TrainingWorker(threading.Thread):
                 new=tuple(report.new),
                 mismatched=tuple(report.mismatched),
                 dropped=tuple(report.dropped),
+                notes=tuple(optimizer_notes),
             )
         )
         if self.state is RunState.PAUSED and self.pause_reason in AUTO_RESUME_REASONS:

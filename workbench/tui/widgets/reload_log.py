@@ -163,6 +163,8 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
             for label, names in (("new", event.new), ("shape changed", event.mismatched), ("dropped", event.dropped)):
                 if names:
                     line.append(f"; {label}: {', '.join(names[:6])}" + (" ..." if len(names) > 6 else ""), style=roles.warning)
+            for note in event.notes:
+                line.append(f"; {note}", style=roles.warning)
         else:
             line.append("REBUILD FAILED ", style=roles.bold("error"))
             line.append(event.error or "", style=roles.error)
