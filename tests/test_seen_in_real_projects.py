@@ -211,6 +211,27 @@ def test_run_statements_runs_an_edited_parser_again_with_what_depends_on_it(star
     assert step.scalars["width"] == 3.0 and step.scalars["batch"] == 4.0
 
 
+def test_statements_in_a_change_held_for_rebuild_run_after_the_rebuild(start_session) -> None:
+    from workbench.events import Rebuild, RunStatements, StepOnce
+
+    live = start_session({"train.py": ARGPARSE_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    edited = ARGPARSE_PY.replace("default=2", "default=3").replace("Linear(args.width, 1)", "Linear(args.width, 2)")
+    save(live.entry, edited)
+    held = live.wait_for(is_event("reload", file="train.py"))
+    assert "setup" in held.held, held
+    live.send(RunStatements())
+    refused = live.wait_for(is_event("error", where="command"))
+    assert "held for a rebuild" in refused.message and "R (command `rebuild`)" in refused.message, refused
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    live.send(RunStatements())
+    ran = live.wait_for(is_event("reload", file="train.py"))
+    assert ran.ok and {"parser", "args"} <= set(ran.changed), ran
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars["width"] == 3.0
+
+
 # --------------------------------------------------------------------------- the script as `python train.py ARGS` runs it
 
 SCRIPT_PY = """\

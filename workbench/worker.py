@@ -743,7 +743,13 @@ class TrainingWorker(threading.Thread):
     def _run_statements(self) -> None:
         """Run the changed module statements that a reload did not re-run, because the user asked."""
         if not self._statements:
-            self._command_error("no held-back module statements to run")
+            if any(c.statements for c in self._held.values()):
+                self._command_error(
+                    "the edited module statements are part of a change held for a rebuild: press R (command `rebuild`) "
+                    "to apply it, then x runs them"
+                )
+            else:
+                self._command_error("no held-back module statements to run")
             return
         for path, statements in list(self._statements.items()):
             try:
@@ -870,6 +876,9 @@ class TrainingWorker(threading.Thread):
         self.user_state = new_state
         self.eval_watch.refresh(new_state)
         del new_state
+        for changeset in committed:
+            if changeset.statements:  # what x runs, as after a save applied at once
+                self._statements[changeset.path] = changeset.statements
         collect_all()  # the old state, frozen since setup: thawed, collected, and the new state frozen
         self.probe.empty_cache()
         version = self.reloader.version
