@@ -159,6 +159,8 @@ class ResumeLoaded(Event):
     unexpected: tuple[str, ...] = ()
     mismatched: tuple[str, ...] = ()
     error: str | None = None
+    notes: tuple[str, ...] = ()
+    late: bool = False  # an optimizer step() made after the resume got its state from the snapshot (or did not)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ path (`model`, `state.opt`), and count each object once.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -87,3 +88,26 @@ def find_instances(state: Any, cls: type, limit: int = 50) -> list[str]:
 
     visit(state, "", 0)
     return found
+
+
+Namespaces = Iterable[tuple[str, dict[str, Any]]]
+
+
+def find_with_globals(state: Any, namespaces: Namespaces) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
+    """The state's modules and optimizers, and those only a module global holds, named `train.OPT_G`.
+
+    Script-style trainers keep some in globals (`global OPT_G`, made by step() on first use): a snapshot
+    that walked only the state would leave them out and say nothing.
+    """
+    modules, optimizers = find_modules_and_optimizers(state)
+    known = {id(o) for o in optimizers.values()}
+    for module_name, namespace in namespaces:
+        for key, value in list(namespace.items()):
+            if key.startswith("__"):
+                continue
+            if isinstance(value, torch.optim.Optimizer) and id(value) not in known:
+                optimizers[f"{module_name}.{key}"] = value
+                known.add(id(value))
+            elif isinstance(value, torch.nn.Module) and not any(value is m or _is_submodule(m, value) for m in modules.values()):
+                modules[f"{module_name}.{key}"] = value
+    return modules, optimizers

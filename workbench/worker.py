@@ -30,7 +30,14 @@ import workbench
 from workbench.actions.cleanup import run_cleanup
 from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_recording
 from workbench.actions.profile import ProfileRun
-from workbench.actions.snapshot import DEFAULT_KEEP, ResumeMismatch, apply_snapshot, load_snapshot, write_snapshot
+from workbench.actions.snapshot import (
+    DEFAULT_KEEP,
+    ResumeMismatch,
+    apply_snapshot,
+    load_pending_optimizers,
+    load_snapshot,
+    write_snapshot,
+)
 from workbench.errors import UserError
 from workbench.eval_mode import EvalModeWatch
 from workbench.bench import Bench, to_scalar
@@ -98,6 +105,8 @@ class RunState(str, enum.Enum):
 
 # Pauses that a successful reload ends on its own: the user saved a fix.
 AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out of memory"})
+# How long after a resume an optimizer that step() makes on first use may take to appear.
+PENDING_OPTIMIZER_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -210,6 +219,8 @@ class TrainingWorker(threading.Thread):
         device = bench.device
         self._gpu_index = (device.index or 0) if device.type == "cuda" and probe.available() else None
         self._held: dict[Path, ChangeSet] = {}
+        # After a resume: (snapshot, optimizer states setup() had no optimizer for, the step to give up at).
+        self._pending_optimizers: tuple[Path, dict[str, Any], int] | None = None
         self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
 
     def held_paths(self) -> list[Path]:
@@ -318,7 +329,9 @@ class TrainingWorker(threading.Thread):
         """Load a snapshot into what setup() built; on a mismatch load nothing and say what differs."""
         started = time.monotonic()
         try:
-            report = apply_snapshot(self.user_state, load_snapshot(path), path, partial=self.resume_partial)
+            report = apply_snapshot(
+                self.user_state, load_snapshot(path), path, partial=self.resume_partial, namespaces=self._namespaces()
+            )
         except Exception as exc:  # noqa: BLE001 - a snapshot that does not fit must not cost the session
             report = getattr(exc, "report", None)
             if report is not None:
@@ -345,6 +358,14 @@ class TrainingWorker(threading.Thread):
                 self._pause("resume failed")
             return False
         self.step = self.last_snapshot_step = report.step
+        notes = ()
+        if report.pending_optimizers:
+            self._pending_optimizers = (path, report.pending_optimizers, self.step + PENDING_OPTIMIZER_STEPS)
+            notes = tuple(
+                f"optimizer {name} is in the snapshot but setup() does not make it: its state is loaded as soon as "
+                "step() makes it (after that step)"
+                for name in report.pending_optimizers
+            )
         self.bus.publish(
             ResumeLoaded(
                 ok=True,
@@ -356,9 +377,33 @@ class TrainingWorker(threading.Thread):
                 missing=tuple(report.missing),
                 unexpected=tuple(report.unexpected),
                 mismatched=tuple(report.mismatched),
+                notes=notes,
             )
         )
         return True
+
+    def _namespaces(self) -> list[tuple[str, dict[str, Any]]]:
+        """The project's module globals: where script-style trainers keep an optimizer (`global OPT_G`)."""
+        return [(m.__name__, vars(m)) for m in self.project.modules().values()]
+
+    def _load_pending_optimizers(self) -> None:
+        """After a step: load snapshot state into optimizers step() has made since the resume; give up, saying so."""
+        assert self._pending_optimizers is not None
+        path, pending, give_up_at = self._pending_optimizers
+        loaded, refused = load_pending_optimizers(pending, self.user_state, self._namespaces())
+        notes = [f"optimizer {name}, made by step(), got its state from the snapshot" for name in loaded]
+        notes += [f"optimizer {reason}" for reason in refused]
+        if pending and self.step >= give_up_at:
+            notes += [
+                f"optimizer {name} is in the snapshot, but no optimizer of that name appeared in "
+                f"{PENDING_OPTIMIZER_STEPS} steps: its state was not loaded"
+                for name in pending
+            ]
+            pending.clear()
+        if not pending:
+            self._pending_optimizers = None
+        if notes:
+            self.bus.publish(ResumeLoaded(ok=True, path=str(path), step=self.step, optimizers=len(loaded), notes=tuple(notes), late=True))
 
     # One training step ---------------------------------------------------------------------
     def _run_step(self) -> None:
@@ -400,6 +445,8 @@ class TrainingWorker(threading.Thread):
         self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
         self.telemetry.versions.record_step(ms, loss, scalars, self.telemetry.step_peaks.get(gpu) if gpu is not None else None)
         self.bus.publish(Step(step=self.step, loss=loss, ms=ms, scalars=scalars, code_version=self.reloader.version))
+        if self._pending_optimizers is not None:
+            self._load_pending_optimizers()
         if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
             self.bus.publish(warning)
         if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
@@ -594,7 +641,9 @@ class TrainingWorker(threading.Thread):
 
     def _snapshot(self, reason: str) -> None:
         def write() -> Snapshot:
-            event = write_snapshot(self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep)
+            event = write_snapshot(
+                self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces()
+            )
             self.last_snapshot_step, self.last_snapshot_path = self.step, event.path
             return dataclasses.replace(event, reason=reason)
 

@@ -24,7 +24,7 @@ import torch
 
 from workbench.errors import UserError
 from workbench.events import Snapshot
-from workbench.state_walk import find_modules_and_optimizers
+from workbench.state_walk import Namespaces, find_with_globals
 
 FORMAT = "vram-bench-snapshot/1"
 DEFAULT_KEEP = 5
@@ -35,8 +35,11 @@ def snapshot_folder(run_dir: Path) -> Path:
     return run_dir / "snapshots"
 
 
-def write_snapshot(state: Any, step: int, code_version: int, run_dir: Path, keep: int = DEFAULT_KEEP) -> Snapshot:
-    modules, optimizers = find_modules_and_optimizers(state)
+def write_snapshot(
+    state: Any, step: int, code_version: int, run_dir: Path, keep: int = DEFAULT_KEEP, namespaces: Namespaces = ()
+) -> Snapshot:
+    """`namespaces`: the project's module globals, where script-style trainers keep an optimizer or model too."""
+    modules, optimizers = find_with_globals(state, namespaces)
     if not modules and not optimizers:
         raise ValueError("the state returned by setup() holds no nn.Module or optimizer to snapshot")
     started = time.monotonic()
@@ -146,6 +149,8 @@ class ResumeReport:
     missing: list[str] = field(default_factory=list)  # in the model, not in the snapshot
     unexpected: list[str] = field(default_factory=list)  # in the snapshot, not in the model
     mismatched: list[str] = field(default_factory=list)  # same name, other shape
+    # Optimizers in the snapshot that setup() does not make (step() makes them on first use): loaded when they appear.
+    pending_optimizers: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def clean(self) -> bool:
@@ -166,13 +171,16 @@ class ResumeMismatch(Exception):
         self.report = report
 
 
-def apply_snapshot(state: Any, payload: dict[str, Any], path: Path, *, partial: bool = False) -> ResumeReport:
+def apply_snapshot(
+    state: Any, payload: dict[str, Any], path: Path, *, partial: bool = False, namespaces: Namespaces = ()
+) -> ResumeReport:
     """Copy the snapshot's tensors into the live modules and optimizers (found by the same names).
 
     Nothing is loaded when names or shapes differ, unless `partial`. Tensors are copied
     into the parameters setup() made (not assigned), so optimizers keep pointing at them.
+    An optimizer the snapshot has and setup() did not make is returned in `pending_optimizers`.
     """
-    modules, optimizers = find_modules_and_optimizers(state)
+    modules, optimizers = find_with_globals(state, namespaces)
     report = ResumeReport(path=str(path), step=int(payload.get("step", 0)))
     saved_modules: dict[str, dict[str, torch.Tensor]] = payload.get("modules", {})
     plans: list[tuple[torch.nn.Module, dict[str, torch.Tensor]]] = []
@@ -213,6 +221,7 @@ def apply_snapshot(state: Any, payload: dict[str, Any], path: Path, *, partial: 
             if saved_opt is not None:
                 optimizer.load_state_dict(saved_opt)
                 report.optimizers += 1
+        report.pending_optimizers = {n: o for n, o in payload.get("optimizers", {}).items() if n not in optimizers}
     _restore_rng(payload.get("rng", {}))
     return report
 
@@ -232,3 +241,29 @@ def _restore_rng(rng: dict[str, Any]) -> None:
 def _as_python_state(value: Any) -> tuple:
     version, internal, gauss = value
     return (version, tuple(internal), gauss)
+
+
+def load_pending_optimizers(
+    pending: dict[str, dict[str, Any]], state: Any, namespaces: Namespaces
+) -> tuple[list[str], list[str]]:
+    """Load each pending optimizer state into the optimizer of that name, if one exists now.
+
+    Returns (loaded, refused) sentences; what was neither stays in `pending`.
+    """
+    _, optimizers = find_with_globals(state, namespaces)
+    loaded, refused = [], []
+    for name in [n for n in pending if n in optimizers]:
+        saved = pending.pop(name)
+        optimizer = optimizers[name]
+        saved_groups = [len(g.get("params", ())) for g in saved.get("param_groups", ())]
+        live_groups = [len(g["params"]) for g in optimizer.param_groups]
+        if saved_groups != live_groups:
+            refused.append(f"{name}: parameter groups {saved_groups} in the snapshot, {live_groups} live: its state was not loaded")
+            continue
+        try:
+            optimizer.load_state_dict(saved)
+        except Exception as exc:  # noqa: BLE001 - a state that does not fit leaves the fresh optimizer as it is
+            refused.append(f"{name}: loading its state failed ({type(exc).__name__}: {exc})")
+            continue
+        loaded.append(name)
+    return loaded, refused

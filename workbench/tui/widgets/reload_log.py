@@ -194,7 +194,10 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
         else:
             line.append("setup() failed", style=roles.error)
     elif isinstance(event, ResumeLoaded):
-        if event.ok:  # a failed resume is also an error event, logged as such
+        if event.late:
+            line.append("RESUME ", style=roles.bold("ok"))
+            line.append(f"at step {event.step}: " + "; ".join(event.notes))
+        elif event.ok:  # a failed resume is also an error event, logged as such
             line.append("RESUMED FROM ", style=roles.bold("ok"))
             line.append(
                 f"{_relative(event.path, root)} at step {event.step}: {event.tensors} tensors, {event.optimizers} "
@@ -203,6 +206,8 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
             skipped = [*event.missing, *event.unexpected, *event.mismatched]
             if skipped:
                 line.append(f"; not loaded: {', '.join(skipped[:6])}" + (" ..." if len(skipped) > 6 else ""), style=roles.warning)
+            for note in event.notes:
+                line.append(f"; {note}", style=roles.warning)
     elif isinstance(event, Snapshot):
         line.append("SNAPSHOT ", style=roles.bold("info"))
         line.append(f"{_relative(event.path, root)} ({human_bytes(event.bytes)}) at step {event.step}")
