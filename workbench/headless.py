@@ -3,43 +3,92 @@
 This is also the scripting and test interface. The real stdout carries only
 events; whatever the user's code prints becomes `print` events, and prints
 from other threads go to stderr.
+
+Stdin is read as bytes from file descriptor 0 (workbench/stdin_lines.py says why);
+`sys.stdin` is /dev/null while the session runs, so nothing reads it through its buffer.
+A quit that the training thread does not honour escalates (`QuitTimeouts`), and no
+path out of here leaves child processes (DataLoader workers) behind.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TextIO
 
-from workbench.events import CommandError, Error, Exit, Interrupt, parse_command
+import psutil
+
+from workbench.events import CommandError, Error, Exit, Interrupt, Quit, parse_command
 from workbench.session import Session
+from workbench.stdin_lines import read_lines
+
+STUCK_EXIT_CODE = 1
+STUCK_REASON = "stuck"
 
 
-def _read_commands(session: Session, stdin: TextIO) -> None:
+@dataclass(frozen=True)
+class QuitTimeouts:
+    """How long a quit (the command, or a signal) waits for the training thread, stage by stage.
+
+    `step`: a step still running this long after the quit is interrupted (or 3x the slowest
+    recent step, if that is longer: a slow step is not a stuck one). `interrupted`: if the
+    thread is still stuck this much later (a step in C code, waiting on a hung process), the
+    child processes are ended and the process exits. `children`: a child gets this long after
+    SIGTERM before SIGKILL. `exit_event`: how long a forced exit waits for its `exit` line.
+    """
+
+    step: float = 10.0
+    interrupted: float = 5.0
+    children: float = 3.0
+    exit_event: float = 2.0
+
+
+QUIT_TIMEOUTS = QuitTimeouts()  # read when a session starts: a test driver may lower it
+
+
+def _read_commands(session: Session, fd: int, on_quit: Callable[[], None]) -> None:
     """Stdin reader thread. End of input is not a quit: scripts may close stdin and let it run.
 
     But with nobody left to send `resume`, a pause for an error would wait forever: from then
     on such a pause ends the run (exit code 1), unless a saved fix comes first.
     """
-    for line in stdin:
-        if not line.strip():
+    for line in read_lines(fd):
+        if line.problem is not None:
+            session.bus.publish(Error(where="command", message=line.problem))
+            continue
+        if not line.text.strip():
             continue
         try:
-            session.send(parse_command(line))
+            command = parse_command(line.text)
         except CommandError as exc:
             session.bus.publish(Error(where="command", message=str(exc)))
+            continue
+        session.send(command)
+        if isinstance(command, Quit):
+            on_quit()
     session.worker.exit_on_error_pause = True
 
 
-def run_headless(session: Session, stdout: TextIO, stdin: TextIO | None) -> int:
+def run_headless(session: Session, stdout: TextIO, stdin: TextIO | None, timeouts: QuitTimeouts | None = None) -> int:
     """Run until the session exits (quit, --max-steps, setup failure); returns the exit code."""
     events = session.bus.subscribe(maxlen=1_000_000)
-    previous_handlers = _quit_on_signals(session)
+    exit_written = threading.Event()
+    escalation = QuitEscalation(session, timeouts or QUIT_TIMEOUTS, exit_written)
+    previous_handlers = _quit_on_signals(session, escalation)
+    fd = _fileno(stdin)
+    quiet_stdin = _silence_sys_stdin(stdin) if fd is not None else None
     try:
         session.start()
-        if stdin is not None:
-            threading.Thread(target=_read_commands, args=(session, stdin), name="vram-bench-stdin", daemon=True).start()
+        escalation.start()
+        if fd is not None:
+            threading.Thread(
+                target=_read_commands, args=(session, fd, escalation.begin), name="vram-bench-stdin", daemon=True
+            ).start()
         while True:
             done = False
             for event in events.wait(timeout=0.2):
@@ -47,38 +96,183 @@ def run_headless(session: Session, stdout: TextIO, stdin: TextIO | None) -> int:
                 done = done or isinstance(event, Exit)
             stdout.flush()
             if done:
+                exit_written.set()  # a forced exit waits for this before ending the process
                 break
     finally:
-        session.close()
-        for event in events.drain():
-            if not isinstance(event, Exit):
-                stdout.write(event.to_json() + "\n")
-        stdout.flush()
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
+        try:
+            session.close()
+            for event in events.drain():
+                if not isinstance(event, Exit):
+                    stdout.write(event.to_json() + "\n")
+            stdout.flush()
+        finally:
+            escalation.stop()
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
+            if quiet_stdin is not None:
+                sys.stdin, devnull = quiet_stdin
+                devnull.close()
+            end_child_processes(escalation.timeouts.children)  # DataLoader workers a state still holds, a step's subprocesses
     return session.exit_code
 
 
-def _quit_on_signals(session: Session) -> dict[int, object]:
-    """SIGINT finishes the current step and exits; SIGTERM and SIGHUP (a dropped SSH link) write a final snapshot first."""
+class QuitEscalation(threading.Thread):
+    """After a quit: interrupt a step that will not end, then end the child processes and the process.
+
+    Runs on its own thread, never the training thread, and never waits for the front end
+    (a forced exit waits `exit_event` seconds at most for its `exit` line to be written).
+    `begin` only stores a time: it is safe from a signal handler and from the stdin thread.
+    """
+
+    def __init__(self, session: Session, timeouts: QuitTimeouts, exit_written: threading.Event) -> None:
+        super().__init__(name="vram-bench-quit", daemon=True)
+        self.session = session
+        self.timeouts = timeouts
+        self.exit_written = exit_written
+        self.quit_at: float | None = None
+        self._since: float | None = None  # when the current stage's wait began
+        self._interrupted = False
+        self._stopped = False
+
+    def begin(self) -> None:
+        if self.quit_at is None:
+            self._since = self.quit_at = time.monotonic()
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def run(self) -> None:
+        while not self._stopped:
+            time.sleep(0.25)
+            if self._since is not None and not self._stopped:
+                self._check(time.monotonic())
+
+    def _check(self, now: float) -> None:
+        worker = self.session.worker
+        since = self._since or now
+        if not worker.is_alive():
+            return
+        if worker.activity is not None:  # a final snapshot being written: our own work, not a stuck step
+            self._since = now
+            return
+        if not self._interrupted:
+            if now - since >= self._step_grace():
+                self._interrupted, self._since = True, now
+                running = worker.interrupt()  # lands at the step's next Python bytecode, not inside C code
+                where = "its step was interrupted" if running else "it is not in a step (setup?), so nothing could be interrupted"
+                self.session.bus.publish(
+                    Error(
+                        where="quit",
+                        message=f"training did not stop within {now - since:.0f} s of the quit: {where}. If it is still "
+                        f"stuck in {self.timeouts.interrupted:.0f} s, its child processes are ended and vram-bench exits.",
+                    )
+                )
+        elif now - since >= self.timeouts.interrupted:
+            self._force_exit(now)
+
+    def _step_grace(self) -> float:
+        recent = list(self.session.worker.step_ms_history)
+        return max(self.timeouts.step, 3 * max(recent, default=0.0) / 1000)
+
+    def _force_exit(self, now: float) -> None:
+        session = self.session
+        children = psutil.Process().children(recursive=True)
+        session.bus.publish(
+            Error(
+                where="quit",
+                message=f"the training thread is still stuck {now - (self.quit_at or now):.0f} s after the quit "
+                f"(a step blocked in C code or waiting on a hung process); ending {len(children)} child process(es) "
+                f"and exiting with code {STUCK_EXIT_CODE}. Nothing was saved since the last snapshot.",
+            )
+        )
+        end_child_processes(self.timeouts.children)
+        session.bus.publish(Exit(reason=STUCK_REASON, step=session.worker.step, code=STUCK_EXIT_CODE))
+        self.exit_written.wait(self.timeouts.exit_event)
+        os._exit(STUCK_EXIT_CODE)
+
+
+def end_child_processes(timeout: float) -> list[int]:
+    """Terminate this process's child processes (and theirs), kill what is left after `timeout` s; their pids."""
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=timeout)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
+    return [child.pid for child in children]
+
+
+def _fileno(stdin: TextIO | None) -> int | None:
+    if stdin is None:
+        return None
+    try:
+        return stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None  # not backed by a descriptor: no commands, as with no stdin
+
+
+def _silence_sys_stdin(stdin: TextIO | None) -> tuple[TextIO, TextIO] | None:
+    """While commands are read from fd 0, `sys.stdin` is /dev/null: `input()` in a step cannot eat a command,
+    and no thread holds stdin's buffer lock when the user's code forks. Returns what to restore."""
+    if stdin is not sys.stdin:
+        return None
+    devnull = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - closed when the session ends
+    sys.stdin = devnull
+    return stdin, devnull
+
+
+def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, object]:
+    """SIGINT finishes the current step and exits; SIGTERM and SIGHUP (a dropped SSH link) write a final snapshot first.
+
+    The quit escalates like the `quit` command's (QuitTimeouts). A second signal interrupts the step
+    at once; a third ends the child processes and exits (code 130). A forked child (a DataLoader
+    worker) inherits these handlers: there they do what the signal did before.
+    """
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous: dict[int, object] = {}
     received = {"count": 0}
+    owner = os.getpid()
 
-    def handle(signum: int, final_snapshot: bool) -> None:
+    def handle(signum: int, frame: object, final_snapshot: bool) -> None:
+        if os.getpid() != owner:
+            _as_before(signum, frame, previous[signum])
+            return
         received["count"] += 1
         if received["count"] == 1:
             session.request_quit(final_snapshot=final_snapshot)
+            escalation.begin()
             if session.worker.step_started is not None:
                 session.bus.publish(Error(where="command", message="stopping after the current step; signal again to interrupt it"))
         elif received["count"] == 2:
             session.send(Interrupt())  # a hung step: raise KeyboardInterrupt in it, then quit as asked
         else:
+            end_child_processes(1.0)
             os._exit(130)  # a step stuck in C code: the user insists
 
     handlers = {signal.SIGINT: False, signal.SIGTERM: True, signal.SIGHUP: True}
     for sig, final_snapshot in handlers.items():
         previous[sig] = signal.getsignal(sig)
-        signal.signal(sig, lambda signum, _frame, snap=final_snapshot: handle(signum, snap))
+        signal.signal(sig, lambda signum, frame, snap=final_snapshot: handle(signum, frame, snap))
     return previous
+
+
+def _as_before(signum: int, frame: object, before: object) -> None:
+    """In a forked child: put the handler vram-bench replaced back, and let it (or the default) act."""
+    if before is None:  # set from C: unknown to Python, so the default
+        before = signal.SIG_DFL
+    signal.signal(signum, before)  # type: ignore[arg-type]
+    if callable(before):
+        before(signum, frame)
+    elif before == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)
