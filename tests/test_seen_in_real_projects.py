@@ -731,3 +731,42 @@ def test_a_snapshot_keeps_optimizers_step_makes_and_resume_loads_them_when_they_
     state, module = again.session.worker.user_state, again.session.project.module
     assert state["opt_d"].state[state["disc"].fc.weight]["step"] == 3, "Adam's step count came from the snapshot"
     assert torch.equal(module.OPT_G.state[state["gen"].fc.weight]["momentum_buffer"], momentum)
+
+
+# --------------------------------------------------------------------------- a constant that module statements with calls use
+
+POLY_PY = """\
+import torch
+
+DEGREE = 4
+W_TARGET = torch.ones(DEGREE, 1)
+fc = torch.nn.Linear(W_TARGET.size(0), 1)
+
+
+def setup(bench):
+    return {"fc": fc}
+
+
+def step(state, bench):
+    x = torch.ones(2, DEGREE)
+    return {"loss": 0.0, "out": float(x.mm(W_TARGET).sum()), "width": float(fc.in_features)}
+"""
+
+
+def test_statements_that_use_a_changed_constant_are_offered_to_x(start_session) -> None:
+    from workbench.events import RunStatements, StepOnce
+
+    live = start_session({"train.py": POLY_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, POLY_PY.replace("DEGREE = 4", "DEGREE = 3"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.changed == ("DEGREE",), reload
+    said = " ".join(reload.notes)
+    assert "W_TARGET = torch.ones(DEGREE, 1)" in said and "press x" in said and "restart" not in said, reload.notes
+    assert "line(s) 5" in said, "x also runs what uses W_TARGET (the model global), and says so first"
+    live.send(RunStatements())
+    ran = live.wait_for(is_event("reload", file="train.py"))
+    assert ran.ok and {"W_TARGET", "fc"} <= set(ran.changed), ran
+    live.send(StepOnce())
+    step = live.wait_for(is_event("step"))
+    assert step.scalars["out"] == 6.0 and step.scalars["width"] == 3.0, step.scalars

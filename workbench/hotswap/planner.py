@@ -372,9 +372,10 @@ class _Planner:
         if scope.is_rerunnable():
             self.rerun(scope)
         else:
+            self.edited_statements.extend(scope.nodes)
             self.notes.append(
                 f"line {scope.line}: `{label_for(scope.node, self.source)}` uses {', '.join(stale)} but was not "
-                f"re-run (it calls code), so it keeps its old value; {RESTART_HINT}"
+                "re-run (it calls code), so it keeps its old value; press x (command `run-statements`) to run it now"
             )
 
     def function(self, old: Scope | None, new: Scope, moved_only: bool) -> None:
