@@ -351,3 +351,25 @@ def test_quit_interrupts_a_step_looping_in_python_then_quits_cleanly(headless_ru
     assert (exit_event["reason"], exit_event["code"]) == ("quit", 0)
     assert run.finish(20) == 0, run.explain()
     assert not any(e["event"] == "error" and "exiting with code" in e["message"] for e in run.events)
+
+
+PRINTING_WORKERS = LOADER_TRAIN.replace(
+    "        time.sleep(0.005)  # workers live long enough to be seen\n",
+    "        time.sleep(0.005)  # workers live long enough to be seen\n"
+    "        if i == 0:\n"
+    "            print(f'worker says hello from pid {__import__(\"os\").getpid()}', flush=True)\n",
+)
+
+
+def test_a_dataloader_workers_print_reaches_stderr_not_a_lost_event_or_the_protocol(headless_run) -> None:
+    """A forked worker inherits the training thread's routed stdout: its prints went into an event bus
+    nobody reads in that process (lost), behind locks another thread may hold at the fork (a hang)."""
+    run = headless_run(PRINTING_WORKERS)
+    run.wait_event("setup", STARTUP_TIMEOUT, status="done")
+    run.wait_event("step", 20, step=2)
+    run.send(b"quit\n")
+    run.wait_event("exit", 20)
+    assert run.finish(20) == 0, run.explain()
+    stderr = b"".join(s for s in run._stderr if s).decode(errors="replace")
+    assert stderr.count("worker says hello from pid") >= 2, run.explain()
+    assert all(isinstance(e, dict) and "event" in e for e in run.events)  # stdout stayed protocol only

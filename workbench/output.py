@@ -8,8 +8,10 @@ every other thread writes through to the stream that was there before.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -71,6 +73,7 @@ class OutputRouter:
         """Wrap whatever sys.stdout/sys.stderr are now (call after a UI swaps them)."""
         if self._installed is not None:
             return
+        _INSTALLED.add(self)
         self._previous = (sys.stdout, sys.stderr)
         out = _RoutedStream(self, "stdout", self._stdout_passthrough or sys.stdout)
         err = _RoutedStream(self, "stderr", self._stderr_passthrough or sys.stderr)
@@ -81,6 +84,7 @@ class OutputRouter:
         """Put the previous streams back, unless someone else has replaced ours since."""
         if self._installed is None or self._previous is None:
             return
+        _INSTALLED.discard(self)
         out, err = self._installed
         for routed in (out, err):
             for ident in list(routed._partial):
@@ -91,8 +95,29 @@ class OutputRouter:
             sys.stderr = self._previous[1]
         self._installed = None
 
+    def after_fork_in_child(self) -> None:
+        """In a process the user's code forked (DataLoader workers): nobody reads this process's events, and
+        a lock another thread held at the fork stays held here. Print straight to fds 1 and 2 instead, on
+        new stream objects: in the app those descriptors feed the log, headless fd 1 goes to stderr."""
+        self._threads.clear()
+        self._installed = None
+        _INSTALLED.discard(self)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
+
     def capture_thread(self, ident: int | None = None) -> None:
         self._threads.add(threading.get_ident() if ident is None else ident)
 
     def release_thread(self, ident: int | None = None) -> None:
         self._threads.discard(threading.get_ident() if ident is None else ident)
+
+
+_INSTALLED: weakref.WeakSet[OutputRouter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for router in list(_INSTALLED):
+        router.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
