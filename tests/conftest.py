@@ -15,7 +15,7 @@ import shutil
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,9 +219,9 @@ class Live:
 
 
 @contextlib.contextmanager
-def open_session(entry: Path, **config: Any) -> Iterator[Live]:
-    """Load the project, subscribe, start, wait until saves are watched; always close."""
-    project = load_project(entry)
+def open_session(entry: Path, argv: Sequence[str] = (), **config: Any) -> Iterator[Live]:
+    """Load the project (`argv`: the script's arguments), subscribe, start, wait until saves are watched; always close."""
+    project = load_project(entry, argv)
     try:
         session = Session(project, fast_config(**config))
     except BaseException:

@@ -199,14 +199,6 @@ def test_script_trainer_runs_with_its_arguments_through_edits_a_rebuild_and_roll
     assert instances(model_class) == 1, "one BigramLM in the whole process"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Editing a config default that the command line overrides (`batch_size = 8` -> `12` while run with "
-    "`-- --batch-size 4`) re-binds batch_size = 12 in the live module, but does not run again the later "
-    "`if args.batch_size is not None: batch_size = args.batch_size` that re-binds the same name: the next step "
-    "trains with 12, which neither the command line nor a fresh start of the saved file gives, and the reload "
-    "event says nothing (changed=('batch_size',), notes=())",
-)
 def test_editing_a_default_the_command_line_overrides_keeps_the_override_or_says_so(tmp_path, one_torch_thread) -> None:
     root = copy_project("script_trainer", tmp_path)
     with running(root, "--batch-size", "4", start_paused=True) as live:
@@ -445,13 +437,6 @@ def test_loader_workers_keep_the_code_they_were_forked_with_and_a_rebuild_starts
     assert instances(model_class) == 1, "one SmallCNN in the whole process"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A rollback of a Dataset edit says nothing about the loader's worker processes: the reload event of "
-    "the rollback has only the 'rolled back version N' note, while the persistent workers (forked by the rebuild "
-    "after the save) keep running the rolled-back __getitem__ (data_version stays 2.0). The save's reload says "
-    "it (worker_notes); the rollback path (TrainingWorker._rollback) never calls it",
-)
 def test_rolling_back_a_dataset_edit_says_the_loader_workers_keep_the_newer_code(
     tmp_path, one_torch_thread, loader_sessions
 ) -> None:

@@ -770,3 +770,49 @@ def test_statements_that_use_a_changed_constant_are_offered_to_x(start_session) 
     live.send(StepOnce())
     step = live.wait_for(is_event("step"))
     assert step.scalars["out"] == 6.0 and step.scalars["width"] == 3.0, step.scalars
+
+
+# --------------------------------------------------------------------------- a default the command line overrides
+
+OVERRIDE_PY = """\
+import argparse
+
+import torch
+
+batch_size = 8
+width = 2
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int)
+args = parser.parse_args()
+if args.batch_size is not None:
+    batch_size = args.batch_size
+width = int(width)
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1)}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "batch": float(batch_size), "width": float(width)}
+"""
+
+
+def test_an_edited_default_is_bound_again_by_the_override_below_it(tmp_path) -> None:
+    from conftest import make_project, open_session
+
+    from workbench.events import StepOnce
+
+    root = make_project(tmp_path, {"train.py": OVERRIDE_PY})
+    with open_session(root / "train.py", start_paused=True, argv=["--batch-size", "4"]) as live:
+        live.wait_for(is_event("setup", status="done"))
+        assert live.session.project.module.batch_size == 4
+        save(live.entry, OVERRIDE_PY.replace("batch_size = 8", "batch_size = 12").replace("width = 2", "width = 3"))
+        reload = live.wait_for(is_event("reload", file="train.py"))
+        said = " ".join(reload.notes)
+        assert "line 10: `if args.batch_size is not None:` binds batch_size again" in said, reload.notes
+        assert "line 12: `width = int(width)` binds width again but was not re-run" in said, reload.notes
+        live.send(StepOnce())
+        step = live.wait_for(is_event("step"))
+        assert step.scalars["batch"] == 4.0, "the command line's value, as a fresh start with --batch-size 4 gives"
+        assert step.scalars["width"] == 3.0  # the edit; int(width) not re-run, and said so

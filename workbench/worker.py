@@ -862,6 +862,9 @@ class TrainingWorker(threading.Thread):
             "the file on disk still has the newer code (save it again to re-apply)",
             *undone.notes,
         ]
+        module = self.project.modules().get(undone.path)
+        if module is not None:
+            notes.extend(worker_notes(self._loader_roots(), undone.changed, module, "this rollback"))
         built_by_newer = self._rolled_back_rebuild_reasons(undone)
         if built_by_newer:
             notes.append(

@@ -80,7 +80,9 @@ def code_run_by_workers(loader: DataLoader, module: types.ModuleType) -> set[str
     return names
 
 
-def worker_notes(roots: Iterable[tuple[str, Any]], changed: Iterable[str], module: types.ModuleType) -> list[str]:
+def worker_notes(
+    roots: Iterable[tuple[str, Any]], changed: Iterable[str], module: types.ModuleType, change: str = "this save"
+) -> list[str]:
     """One note per loader whose workers run changed code (`changed`: the reload's qualified names)."""
     changed = list(changed)
     notes = []
@@ -95,5 +97,5 @@ def worker_notes(roots: Iterable[tuple[str, Any]], changed: Iterable[str], modul
                     "to start new workers with the new code")
         else:
             when = "the epoch running now keeps it; the workers of the next epoch start with the new code"
-        notes.append(f"{path} runs {shown} in {loader.num_workers} worker processes forked before this save: {when}")
+        notes.append(f"{path} runs {shown} in {loader.num_workers} worker processes forked before {change}: {when}")
     return notes

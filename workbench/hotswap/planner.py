@@ -20,9 +20,9 @@ from workbench.errors import ContractError
 from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute, ShiftLines
 from workbench.hotswap.code_identity import CodeChanges
 from workbench.hotswap.live_objects import UpdateLiveCopies
-from workbench.hotswap.scopes import Scope, index_statements, label_for
+from workbench.hotswap.scopes import DEF_NODES, Scope, index_statements, label_for
 from workbench.hotswap.source_index import SourceIndex, diff_source
-from workbench.hotswap.statement_slice import bound_names, rerun_slice
+from workbench.hotswap.statement_slice import bound_names, calls_code, rerun_slice
 
 RESTART_HINT = "restart vram-bench to use it"
 
@@ -113,6 +113,7 @@ def plan_reload(
                 plan.dependent_constant(scope)
         if diff.shift:
             plan.shift_lines(statement.node, diff.shift)
+    plan.later_bindings([s.current_node() for s in diff.new_index.statements])
     live_copies = _live_copies_patch(plan.patches)
     if live_copies is not None:
         plan.patches.append(live_copies)
@@ -278,6 +279,8 @@ class _Planner:
         self.changed: list[str] = []
         self.notes: list[str] = []
         self.dirty: set[str] = set()  # constants re-bound so far, in source order
+        self.rebound_at: dict[str, int] = {}  # each re-bound constant: the line of its first re-run statement
+        self.rerun_nodes: set[int] = set()  # ids of the statements run again
         self.edited_statements: list[ast.stmt] = []  # module statements with calls: not re-run unless asked
 
     def statement(self, old: Scope | None, new: Scope) -> None:
@@ -360,6 +363,32 @@ class _Planner:
         self.patches.append(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds))
         self.changed.extend(binds)
         self.dirty.update(binds)
+        self.rerun_nodes.update(id(node) for node in scope.nodes)
+        for name in binds:
+            self.rebound_at.setdefault(name, scope.line)
+
+    def later_bindings(self, body: list[ast.stmt]) -> None:
+        """A constant re-bound here may be bound again further down, as script-style trainers override their
+        defaults (`if args.batch_size is not None: batch_size = args.batch_size`): a fresh start ends with
+        that value, so such a statement runs again too, or, when it calls code, the log says so and x runs it."""
+        for node in body:
+            if id(node) in self.rerun_nodes or isinstance(node, (*DEF_NODES, ast.ClassDef)):
+                continue
+            names = sorted(n for n in bound_names(node) & self.dirty if node.lineno > self.rebound_at.get(n, node.lineno))
+            if not names:
+                continue
+            label = f"line {node.lineno}: `{label_for(node, self.source)}`"
+            if calls_code(node):
+                if node not in self.edited_statements:
+                    self.edited_statements.append(node)
+                self.notes.append(
+                    f"{label} binds {', '.join(names)} again but was not re-run (it calls code), so the edited value "
+                    "stays where a fresh start would take this line's; press x (command `run-statements`) to run it now"
+                )
+                continue
+            self.patches.append(RunInNamespace(compile_nodes((node,), self.path), self.live, tuple(names)))
+            self.rerun_nodes.add(id(node))
+            self.notes.append(f"{label} binds {', '.join(names)} again, as a fresh start would: it ran again too")
 
     def dependent_constant(self, scope: Scope) -> None:
         """An unchanged constant computed from a changed one (`B = A * 2`) is recomputed too."""
