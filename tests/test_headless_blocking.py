@@ -373,3 +373,23 @@ def test_a_dataloader_workers_print_reaches_stderr_not_a_lost_event_or_the_proto
     stderr = b"".join(s for s in run._stderr if s).decode(errors="replace")
     assert stderr.count("worker says hello from pid") >= 2, run.explain()
     assert all(isinstance(e, dict) and "event" in e for e in run.events)  # stdout stayed protocol only
+
+
+def test_a_quit_during_a_long_rebuild_waits_for_it_instead_of_forcing_an_exit(headless_run) -> None:
+    """A rebuild carries the trained state over: a quit that force-exited in the middle would lose it."""
+    run = headless_run(TRAIN_PY, driver=True)  # quit escalation lowered to 1 s + 1 s
+    run.wait_event("setup", STARTUP_TIMEOUT, status="done")
+    run.wait_event("step")
+    slow = TRAIN_PY.replace("def setup(bench):\n", "def setup(bench):\n    time.sleep(4)\n")
+    assert slow != TRAIN_PY and "import time" in TRAIN_PY
+    run.entry.write_text(slow, encoding="utf-8")
+    run.wait_event("reload", 20, file="train.py")
+    run.send(b"rebuild\n")
+    time.sleep(1.0)  # into the rebuild's setup()
+    run.send(b"quit\n")
+    rebuilt = run.wait_event("rebuild", 20)
+    assert rebuilt["ok"], rebuilt
+    exit_event = run.wait_event("exit", 20)
+    assert (exit_event["reason"], exit_event["code"]) == ("quit", 0), run.explain()
+    assert not any(e["event"] == "error" and e.get("where") == "quit" for e in run.events), run.explain()
+    assert run.finish(20) == 0

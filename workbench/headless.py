@@ -152,7 +152,7 @@ class QuitEscalation(threading.Thread):
         since = self._since or now
         if not worker.is_alive():
             return
-        if worker.activity is not None:  # a final snapshot being written: our own work, not a stuck step
+        if worker.activity is not None:  # a snapshot or a rebuild: our own work on the trained state, not a stuck step
             self._since = now
             return
         if not self._interrupted:

@@ -892,10 +892,20 @@ class TrainingWorker(threading.Thread):
         )
 
     def _rebuild(self) -> None:
-        """Apply held changes, run setup() again, carry tensors and optimizer state over, free the old state."""
+        """Apply held changes, run setup() again, carry tensors and optimizer state over, free the old state.
+
+        `activity` says so while it runs: setup() may take minutes, and a quit waits for it (headless's
+        escalation never cuts it short) rather than lose the trained state it is carrying over."""
         if self.user_state is None:
             self._command_error("nothing to rebuild: setup() has not finished (fix it and save to run it again)")
             return
+        self.activity = "rebuilding: setup() runs again"
+        try:
+            self._rebuild_now()
+        finally:
+            self.activity = None
+
+    def _rebuild_now(self) -> None:
         started = time.monotonic()
         held, self._held = list(self._held.values()), {}
         committed: list[ChangeSet] = []
