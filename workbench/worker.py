@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import workbench
-from workbench.actions.cleanup import run_cleanup
+from workbench.actions.cleanup import run_cleanup, trim_c_heap
 from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_recording
 from workbench.actions.profile import ProfileRun
 from workbench.actions.snapshot import (
@@ -942,6 +942,7 @@ class TrainingWorker(threading.Thread):
             if changeset.statements:  # what x runs, as after a save applied at once
                 self._statements[changeset.path] = changeset.statements
         collect_all()  # the old state, frozen since setup: thawed, collected, and the new state frozen
+        trim_c_heap()  # the old state's small CPU tensors came from the C heap: give its pages back (RSS falls)
         self.probe.empty_cache()
         version = self.reloader.version
         self.telemetry.record_version(self.step, version, ("rebuild", *changed))
