@@ -753,21 +753,22 @@ def step(state, bench):
 """
 
 
-def test_statements_that_use_a_changed_constant_are_offered_to_x(start_session) -> None:
-    from workbench.events import RunStatements, StepOnce
+def test_statements_that_use_a_changed_constant_are_offered_to_x_and_x_resumes_training(start_session) -> None:
+    from workbench.events import RunStatements
 
-    live = start_session({"train.py": POLY_PY}, start_paused=True)
-    live.wait_for(is_event("setup", status="done"))
+    live = start_session({"train.py": POLY_PY})
+    live.wait_running(1)
     save(live.entry, POLY_PY.replace("DEGREE = 4", "DEGREE = 3"))
     reload = live.wait_for(is_event("reload", file="train.py"))
     assert reload.changed == ("DEGREE",), reload
     said = " ".join(reload.notes)
     assert "W_TARGET = torch.ones(DEGREE, 1)" in said and "press x" in said and "restart" not in said, reload.notes
     assert "line(s) 5" in said, "x also runs what uses W_TARGET (the model global), and says so first"
+    live.wait_for(is_event("paused", reason="error"))  # the new DEGREE against the old W_TARGET: shapes differ
     live.send(RunStatements())
     ran = live.wait_for(is_event("reload", file="train.py"))
     assert ran.ok and {"W_TARGET", "fc"} <= set(ran.changed), ran
-    live.send(StepOnce())
+    live.wait_for(is_event("resumed", reason="reload"))  # as a saved fix resumes
     step = live.wait_for(is_event("step"))
     assert step.scalars["out"] == 6.0 and step.scalars["width"] == 3.0, step.scalars
 

@@ -800,6 +800,7 @@ class TrainingWorker(threading.Thread):
             else:
                 self._command_error("no held-back module statements to run")
             return
+        ran = False
         for path, statements in list(self._statements.items()):
             try:
                 with self.project.as_script():
@@ -822,6 +823,9 @@ class TrainingWorker(threading.Thread):
                     notes=tuple(f"ran {label}" for label, _ in statements),
                 )
             )
+            ran = True
+        if ran:
+            self._after_code_change()  # like a saved fix: a pause for an error ends, a failed setup() runs again
 
     def _rebuild_reasons(self, changeset: ChangeSet) -> list[str]:
         return self._reasons_with_live_instances(
