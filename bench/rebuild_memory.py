@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from workbench.events import Cleanup, Error, Event, Exit, Rebuild, Rebuilt, Reload, RunCleanup, Setup, Step, StepOnce  # noqa: E402
+from workbench.loadbench_worker import read_status, reset_high_water_mark  # noqa: E402  (/proc/self/status, as load-bench reads it)
 from workbench.project import load_project  # noqa: E402
 from workbench.session import Session, SessionConfig  # noqa: E402
 
@@ -100,30 +101,6 @@ def step(state, bench):
     OPT.step()
     return loss
 """
-
-STATUS_FIELDS = {b"VmRSS": "rss", b"RssAnon": "anon", b"RssFile": "file", b"VmHWM": "hwm"}
-
-
-def read_status() -> dict[str, int]:
-    """This process's RSS, anonymous and file-backed resident memory, and its RSS high-water mark, in bytes."""
-    out = {"rss": 0, "anon": 0, "file": 0, "hwm": 0}
-    with open("/proc/self/status", "rb") as f:
-        for line in f.read().splitlines():
-            key, _, rest = line.partition(b":")
-            if key in STATUS_FIELDS:
-                out[STATUS_FIELDS[key]] = int(rest.split()[0]) * 1024
-    return out
-
-
-def reset_high_water_mark() -> bool:
-    """VmHWM := current RSS (Linux: write 5 to clear_refs). False where that is not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
 
 class PhaseSampler:
     """Samples RSS at about 200 Hz on a daemon thread and keeps the peak of each named phase."""
