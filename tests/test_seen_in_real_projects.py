@@ -111,6 +111,17 @@ def test_rollback_after_a_rebuild_names_what_the_live_state_keeps(start_session)
 
 # --------------------------------------------------------------------------- models in module globals
 
+# A model whose __init__ the tests edit (`self.tag = 0`), so a save is held for a rebuild.
+NET_PY = """class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(WIDTH, 1)
+        self.tag = 0
+
+    def forward(self, x):
+        return self.fc(x)
+"""
+
 GLOBAL_MODEL_PY = """\
 import torch
 
@@ -119,15 +130,7 @@ OPT = None
 WIDTH = 8
 
 
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(WIDTH, 1)
-        self.tag = 0
-
-    def forward(self, x):
-        return self.fc(x)
-
+""" + NET_PY + """
 
 def setup(bench):
     global MODEL, OPT
@@ -637,15 +640,7 @@ OPT_G = None
 WIDTH = 2
 
 
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(WIDTH, 1)
-        self.tag = 0
-
-    def forward(self, x):
-        return self.fc(x)
-
+""" + NET_PY + """
 
 def setup(bench):
     torch.manual_seed(0)
