@@ -38,7 +38,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path

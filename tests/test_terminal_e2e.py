@@ -716,3 +716,75 @@ def test_ssh_dropped_connection_writes_a_final_snapshot(tmp_path: Path, sshd: Ss
     assert final, f"no final snapshot after the connection dropped (screen before:\n{shown})\n{events_tail(entry.parent)}"
     assert Path(final[-1]["path"]).is_file() and final[-1]["step"] >= step_of(status_line(shown, "RUNNING") or "")
     assert events[-1]["event"] == "exit", events_tail(entry.parent)
+
+
+# --------------------------------------------------------------------------- a dropped connection while a step is stuck
+
+STUCK_AT_STEP_3 = '''\
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+
+def setup(bench):
+    model = torch.nn.Linear(4, 1)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}
+
+
+def step(state, bench):
+    if bench.step == 3:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        Path("stuck").write_text(str(child.pid))
+        threading.Event().wait()  # blocked in C: no interrupt lands here
+    time.sleep(0.01)
+    loss = state["model"](torch.ones(2, 4)).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return loss
+'''
+
+# Lowers the app's quit escalation (10 s + 5 s) for the test: imported at interpreter start.
+LOWER_QUIT_TIMEOUTS = '''\
+import workbench.quit_escalation as quit_escalation
+
+quit_escalation.QUIT_TIMEOUTS = quit_escalation.QuitTimeouts(step=1.0, interrupted=1.0, children=2.0)
+'''
+
+
+@needs_tmux
+def test_tmux_dropped_connection_with_a_stuck_step_ends_the_app_and_its_children(tmp_path: Path, tmux_screen) -> None:
+    """SIGHUP asks for a final snapshot after the step; a step that never ends must not keep the process
+    (and what it started) alive for the 10 minutes a snapshot may take."""
+    project = tmp_path / "stuck"
+    project.mkdir()
+    (project / "train.py").write_text(STUCK_AT_STEP_3, encoding="utf-8")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(LOWER_QUIT_TIMEOUTS, encoding="utf-8")
+    env = private_env(tmp_path)
+    screen = tmux_screen(env, project=project)
+    screen.start(app_command(project / "train.py", env, screen.pid_file, extra_env={"PYTHONPATH": f"{site}:{REPO}"}))
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while not (project / "stuck").exists():
+        if time.monotonic() > deadline or not screen.is_alive():
+            pytest.fail(screen.explain("the step never got stuck"), pytrace=False)
+        time.sleep(0.2)
+    time.sleep(0.5)
+    app_pid = int(screen.pid_file.read_text().strip())
+    child_pid = int((project / "stuck").read_text().strip())
+    assert _pid_alive(app_pid) and _pid_alive(child_pid)
+
+    dropped = time.monotonic()
+    screen.tmux("kill-server", check=False)  # the SSH link drops: SIGHUP
+    while _pid_alive(app_pid) and time.monotonic() - dropped < 30:
+        time.sleep(0.2)
+    assert not _pid_alive(app_pid), f"the app was still running {time.monotonic() - dropped:.0f} s after SIGHUP\n{events_tail(project)}"
+    assert not _pid_alive(child_pid), "the step's subprocess outlived the app"
+    said = events_tail(project)
+    assert '"where": "quit"' in said and "ending 1 child process" in said, said

@@ -199,11 +199,38 @@ def _run(args: argparse.Namespace) -> int:
         try:
             app.run(mouse=not args.no_mouse)
         finally:
-            session.close()
+            _close_after_the_app(session)
     _report_final_snapshot(session)
     if _report_setup_failure(session, args.debug):
         return 2
     return app.return_code or session.exit_code
+
+
+def _close_after_the_app(session) -> None:  # type: ignore[no-untyped-def]
+    """The app has left the screen: stop the session, but never hang on a stuck step (a dropped SSH link
+    must not leave a process behind for minutes) nor leave its child processes (DataLoader workers)."""
+    from workbench import quit_escalation
+
+    def say(message: str) -> None:
+        try:
+            print(message, file=sys.__stderr__, flush=True)
+        except (OSError, ValueError, AttributeError):
+            pass  # the terminal is gone (a dropped SSH link): events.jsonl has it
+
+    def exit_written(timeout: float) -> None:
+        if session.event_log is not None and session.event_log.is_alive():
+            session.event_log.join(timeout)  # it ends once it has written the `exit` event to events.jsonl
+
+    escalation = quit_escalation.QuitEscalation(session, quit_escalation.QUIT_TIMEOUTS, exit_written, say)
+    escalation.start()
+    escalation.begin()
+    if session.worker.step_started is not None:
+        say("vram-bench: waiting for the running step to finish...")
+    try:
+        session.close()
+    finally:
+        escalation.stop()
+        quit_escalation.end_child_processes(quit_escalation.QUIT_TIMEOUTS.children)
 
 
 def _load_as_a_script(entry: Path, args: argparse.Namespace, early: EarlyOutput | None = None):  # type: ignore[no-untyped-def]

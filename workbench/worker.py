@@ -32,7 +32,6 @@ from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_re
 from workbench.actions.profile import ProfileRun
 from workbench.actions.snapshot import (
     DEFAULT_KEEP,
-    ResumeMismatch,
     apply_snapshot,
     load_pending_optimizers,
     load_snapshot,
