@@ -812,3 +812,26 @@ def test_an_edited_default_is_bound_again_by_the_override_below_it(tmp_path) -> 
         step = live.wait_for(is_event("step"))
         assert step.scalars["batch"] == 4.0, "the command line's value, as a fresh start with --batch-size 4 gives"
         assert step.scalars["width"] == 3.0  # the edit; int(width) not re-run, and said so
+
+
+def test_an_edited_default_above_a_configurator_exec_says_the_override_may_win(tmp_path) -> None:
+    """nanoGPT's train.py: defaults, then `exec(open('configurator.py').read())` overrides them (here by a path
+    the test can find without changing the working directory, as the CLI does)."""
+    from conftest import make_project, open_session
+
+    from workbench.events import RunStatements, StepOnce
+
+    train = OVERRIDE_PY.replace(
+        "if args.batch_size is not None:\n    batch_size = args.batch_size\n", "exec(open(__file__[:-8] + 'configurator.py').read())\n"
+    )
+    root = make_project(tmp_path, {"train.py": train, "configurator.py": "batch_size = 5\n"})
+    with open_session(root / "train.py", start_paused=True) as live:
+        live.wait_for(is_event("setup", status="done"))
+        save(live.entry, train.replace("batch_size = 8", "batch_size = 12"))
+        reload = live.wait_for(is_event("reload", file="train.py"))
+        said = " ".join(reload.notes)
+        assert "`exec(open(__file__[:-8] + 'configurator.py').read())` may bind batch_size again" in said and "press x" in said, reload.notes
+        live.send(RunStatements())
+        assert live.wait_for(is_event("reload", file="train.py")).ok
+        live.send(StepOnce())
+        assert live.wait_for(is_event("step")).scalars["batch"] == 5.0, "the configurator's value, as a fresh start"

@@ -208,6 +208,26 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
     return line
 
 
+def _sets_globals_it_does_not_name(node: ast.stmt) -> bool:
+    """`exec(open("configurator.py").read())` (nanoGPT's overrides), `globals().update(cfg)`: a statement
+    that can bind any module name without naming it."""
+    for sub in ast.walk(node):
+        if not isinstance(sub, ast.Call):
+            continue
+        func = sub.func
+        if isinstance(func, ast.Name) and func.id == "exec":
+            return True
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "update"
+            and isinstance(func.value, ast.Call)
+            and isinstance(func.value.func, ast.Name)
+            and func.value.func.id in ("globals", "vars")
+        ):
+            return True
+    return False
+
+
 def compile_nodes(nodes: tuple[ast.stmt, ...], path: Path) -> types.CodeType:
     return compile(ast.Module(body=list(nodes), type_ignores=[]), str(path), "exec")
 
@@ -374,15 +394,18 @@ class _Planner:
         for node in body:
             if id(node) in self.rerun_nodes or isinstance(node, (*DEF_NODES, ast.ClassDef)):
                 continue
-            names = sorted(n for n in bound_names(node) & self.dirty if node.lineno > self.rebound_at.get(n, node.lineno))
+            before = {n for n in self.dirty if node.lineno > self.rebound_at.get(n, node.lineno)}
+            binds = before if _sets_globals_it_does_not_name(node) else bound_names(node) & before
+            names = sorted(binds)
             if not names:
                 continue
             label = f"line {node.lineno}: `{label_for(node, self.source)}`"
             if calls_code(node):
                 if node not in self.edited_statements:
                     self.edited_statements.append(node)
+                how = "may bind" if _sets_globals_it_does_not_name(node) else "binds"
                 self.notes.append(
-                    f"{label} binds {', '.join(names)} again but was not re-run (it calls code), so the edited value "
+                    f"{label} {how} {', '.join(names)} again but was not re-run (it calls code), so the edited value "
                     "stays where a fresh start would take this line's; press x (command `run-statements`) to run it now"
                 )
                 continue
