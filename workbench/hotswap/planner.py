@@ -208,6 +208,20 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
     return line
 
 
+_MISSING = object()
+
+
+def _literal_values(scope: Scope) -> dict[str, object]:
+    """`batch_size = 12` -> {"batch_size": 12}: a constant's value from a line of plain literals, else nothing."""
+    node = scope.node
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+        return {}
+    try:
+        return {node.targets[0].id: ast.literal_eval(node.value)}
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return {}
+
+
 def _sets_globals_it_does_not_name(node: ast.stmt) -> bool:
     """`exec(open("configurator.py").read())` (nanoGPT's overrides), `globals().update(cfg)`: a statement
     that can bind any module name without naming it."""
@@ -301,6 +315,7 @@ class _Planner:
         self.dirty: set[str] = set()  # constants re-bound so far, in source order
         self.rebound_at: dict[str, int] = {}  # each re-bound constant: the line of its first re-run statement
         self.rerun_nodes: set[int] = set()  # ids of the statements run again
+        self.old_values: dict[str, object] = {}  # what an edited constant's old line gave it (`batch_size = 12`)
         self.edited_statements: list[ast.stmt] = []  # module statements with calls: not re-run unless asked
 
     def statement(self, old: Scope | None, new: Scope) -> None:
@@ -319,6 +334,8 @@ class _Planner:
         elif new.is_rerunnable() and self.lambda_in_place(new):
             return
         elif new.is_rerunnable():
+            if old is not None:
+                self.old_values.update(_literal_values(old))
             self.rerun(new)
         else:
             label = f"line {new.line}: `{label_for(new.node, self.source)}`"
@@ -395,23 +412,38 @@ class _Planner:
             if id(node) in self.rerun_nodes or isinstance(node, (*DEF_NODES, ast.ClassDef)):
                 continue
             before = {n for n in self.dirty if node.lineno > self.rebound_at.get(n, node.lineno)}
-            binds = before if _sets_globals_it_does_not_name(node) else bound_names(node) & before
-            names = sorted(binds)
+            opaque = _sets_globals_it_does_not_name(node)
+            if opaque:  # only the names it really set at start: the live value is not what the old line gave
+                before = {n for n in before if not self._kept_its_old_value(n)}
+            names = sorted(before if opaque else bound_names(node) & before)
             if not names:
                 continue
             label = f"line {node.lineno}: `{label_for(node, self.source)}`"
             if calls_code(node):
-                if node not in self.edited_statements:
-                    self.edited_statements.append(node)
-                how = "may bind" if _sets_globals_it_does_not_name(node) else "binds"
+                if any(node is n for n in self.edited_statements):
+                    continue  # already named, with x offered (it uses a changed constant)
+                self.edited_statements.append(node)
+                if opaque:
+                    shown = ", ".join(f"{n} = {self.live.get(n)!r}" for n in names)
+                    what = f"set {shown} at start, over the edited line's old value, and was not re-run (it calls code):"
+                else:
+                    what = f"binds {', '.join(names)} again but was not re-run (it calls code), so"
                 self.notes.append(
-                    f"{label} {how} {', '.join(names)} again but was not re-run (it calls code), so the edited value "
-                    "stays where a fresh start would take this line's; press x (command `run-statements`) to run it now"
+                    f"{label} {what} the edited value stays where a fresh start would take this line's; press x "
+                    "(command `run-statements`) to run it now"
                 )
                 continue
             self.patches.append(RunInNamespace(compile_nodes((node,), self.path), self.live, tuple(names)))
             self.rerun_nodes.add(id(node))
             self.notes.append(f"{label} binds {', '.join(names)} again, as a fresh start would: it ran again too")
+
+    def _kept_its_old_value(self, name: str) -> bool:
+        """Whether the live value is still what the edited line gave it before the save (so nothing overrode it)."""
+        if name not in self.old_values:
+            return False  # not a plain literal: cannot tell, so say it
+        live = self.live.get(name, _MISSING)
+        old = self.old_values[name]
+        return type(live) is type(old) and live == old
 
     def dependent_constant(self, scope: Scope) -> None:
         """An unchanged constant computed from a changed one (`B = A * 2`) is recomputed too."""
