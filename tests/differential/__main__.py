@@ -1,4 +1,5 @@
-"""The long run: `python tests/differential --count 3000` (random seeds), or `--first 0 --count 300` (CI's set).
+"""The long run: `python tests/differential --count 3000` (random seeds), or `--first 0 --count 300` (CI's set);
+`--family script` runs the script-style family (tests/differential/script.py) instead of the two-file one.
 
 Prints the summary and every silent mismatch or harness problem in full (seed, edits as diffs,
 events, values); exit code 1 when there is one. A mismatch found here becomes a named case in
@@ -15,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a folder: import `differential` from tests/
 
-from differential.generator import generate  # noqa: E402
+from differential.generator import FAMILIES, generate  # noqa: E402
 from differential.report import explain, failures, summary  # noqa: E402
 from differential.runner import Harness  # noqa: E402
 
@@ -25,14 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=1000, help="sequences to run (default 1000)")
     parser.add_argument("--first", type=int, default=None, help="first seed (default: a random one, printed)")
     parser.add_argument("--progress", type=int, default=100, help="print a line every N sequences (0: never)")
+    parser.add_argument("--family", choices=FAMILIES, default="two_file", help="the project family (default two_file)")
     args = parser.parse_args(argv)
     first = args.first if args.first is not None else random.randrange(10**6, 10**9)
-    print(f"seeds {first} to {first + args.count - 1}", flush=True)
+    print(f"{args.family} family, seeds {first} to {first + args.count - 1}", flush=True)
     started = time.monotonic()
     results = []
     with Harness() as harness:
         for number, seed in enumerate(range(first, first + args.count), start=1):
-            result = harness.run(generate(seed))
+            result = harness.run(generate(seed, args.family))
             results.append(result)
             if result in failures([result]):
                 print(explain(result), flush=True)

@@ -7,14 +7,23 @@ reordered definitions); a rename, a deletion, a revert to an earlier version of
 the file, several of these at once, or a syntax error (always followed by a
 valid save of that file, as an editor user would fix it). After a save a user
 may press rebuild, or roll back.
+
+`generate(seed, family="script")` makes the second family's sequences instead: a
+script-style train.py (script.py), with the script's command-line arguments.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
-from differential.project import MODEL, TRAIN, ModelSpec, Spec, TrainSpec
+from differential.project import MODEL, SCALAR_NAMES, TRAIN, ModelSpec, Spec, TrainSpec
+
+if TYPE_CHECKING:
+    from differential.script import ScriptSequence
+
+FAMILIES = ("two_file", "script")
 
 VALUES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
 BOOLEAN = ("f_capture", "decorator_on", "inline_body", "extra_field", "inline_mix")
@@ -64,6 +73,12 @@ class Sequence:
     train: TrainSpec
     model: ModelSpec
     actions: tuple[Action, ...]
+    family = "two_file"
+    argv: tuple[str, ...] = ()  # the script's arguments: none for this family
+
+    @property
+    def scalar_names(self) -> dict[str, tuple[str, ...]]:
+        return SCALAR_NAMES
 
     def initial_files(self) -> dict[str, str]:
         return {TRAIN: self.train.render(), MODEL: self.model.render()}
@@ -75,7 +90,19 @@ def describe_change(before: Spec, after: Spec) -> str:
     return ", ".join(parts) or "no change"
 
 
-def generate(seed: int) -> Sequence:
+def generate(seed: int, family: str = "two_file") -> Sequence | ScriptSequence:
+    """The sequence of `seed` in a project family: "two_file" (train.py and model.py, project.py) or "script"
+    (a script-style train.py, script.py)."""
+    if family == "script":
+        from differential.script import generate_script
+
+        return generate_script(seed)
+    if family != "two_file":
+        raise ValueError(f"no project family {family!r}: two_file or script")
+    return _generate_two_file(seed)
+
+
+def _generate_two_file(seed: int) -> Sequence:
     rng = random.Random(seed)
     specs: dict[str, Spec] = {TRAIN: TrainSpec(), MODEL: ModelSpec()}
     if rng.random() < 0.5:  # start from a varied project half of the time

@@ -3,10 +3,15 @@
 A scalar that differs from the fresh start is reported when some reload,
 rebuild or rollback event since the live state was last built fresh (the
 start, or a successful rebuild) names its construct in `held`,
-`needs_rebuild`, `notes` or a failed reload's `error`. A name counts when it
-stands as a name: `make_scale` in `make_scale.<locals>.f`, `GPT.helper`, or a
-class named alone (`class GPT (line 9): ...` covers its methods); `GPT.forward`
-does not cover `GPT.helper`. Anything else is a silent mismatch.
+`needs_rebuild`, `notes`, a rebuild's `notes` or a failed reload's `error`
+(a note that a module statement was "not re-run" still counts after a
+rebuild: it runs setup(), not the module; a note that says something now
+runs as a fresh start would counts never: ledger.AFFIRMATIONS). A name counts
+when it stands as a name: `make_scale` in `make_scale.<locals>.f`,
+`GPT.helper`, a class named alone (`class GPT (line 9): ...` covers its
+methods), a global of the entry module (`train.opt2`); `GPT.forward` does not
+cover `GPT.helper`. Anything else is a silent mismatch. Each project family
+has its table of names (project.py's SCALAR_NAMES, script.py's).
 """
 
 from __future__ import annotations
@@ -36,30 +41,33 @@ def same(a: float | None, b: float | None) -> bool:
 
 
 def _patterns(name: str) -> list[re.Pattern[str]]:
-    found = [re.compile(rf"(?<![\w.]){re.escape(name)}(?!\w)")]
-    if "." in name:
-        owner = name.split(".")[0]
+    # `train.opt2` (a module global, as a rebuild names it) names `opt2`; `GPT.helper` does not name `helper`.
+    found = [re.compile(rf"(?<![\w.]){re.escape(name)}(?!\w)"), re.compile(rf"(?<![\w.])train\.{re.escape(name)}(?!\w)")]
+    owner = name.split(".")[0]
+    if "." in name and owner[:1].isupper():  # a class named alone covers its methods; `args` alone is no name
         found.append(re.compile(rf"(?<![\w.]){re.escape(owner)}(?![\w.])"))
     return found
 
 
-def naming(texts: list[str], scalar: str) -> str | None:
-    """The first text that names a construct the scalar runs, if any."""
-    patterns = [p for name in SCALAR_NAMES.get(scalar, (scalar,)) for p in _patterns(name)]
+def naming(texts: list[str], scalar: str, names: dict[str, tuple[str, ...]] = SCALAR_NAMES) -> str | None:
+    """The first text that names a construct the scalar runs (`names`: the family's table), if any."""
+    patterns = [p for name in names.get(scalar, (scalar,)) for p in _patterns(name)]
     for text in texts:
         if any(p.search(text) for p in patterns):
             return text
     return None
 
 
-def judge(live: dict[str, float], fresh: dict[str, float], texts: list[str]) -> Verdict:
+def judge(
+    live: dict[str, float], fresh: dict[str, float], texts: list[str], names: dict[str, tuple[str, ...]] = SCALAR_NAMES
+) -> Verdict:
     verdict = Verdict()
     for scalar in sorted(set(live) | set(fresh)):
         a, b = live.get(scalar), fresh.get(scalar)
         if same(a, b):
             continue
         verdict.differing[scalar] = (a, b)
-        text = naming(texts, scalar)
+        text = naming(texts, scalar, names)
         if text is None:
             verdict.silent.append(scalar)
         else:

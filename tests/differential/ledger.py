@@ -9,6 +9,7 @@ rebuild commits them), folded the same way on rollback.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from workbench.events import Event, Rebuilt, Reload
@@ -87,14 +88,29 @@ class Ledger:
         self.rolled_back = self.rolled_back or commit.previous != self.disk[commit.file]
 
 
+# Notes that say a construct is now as a fresh start has it: naming it there reports no difference.
+AFFIRMATIONS = (
+    re.compile(r"as a fresh start would: it ran again too$"),  # a later override of a re-bound constant ran again
+    re.compile(r"^ran line \d+: "),  # x ran a statement
+    re.compile(r"^updated \d+ live closure\(s\) made from the changed code$"),
+)
+
+
 def texts_of(events: list[Event]) -> list[str]:
-    """What reload, rebuild and failed-reload events said: where a construct must be named to count as reported."""
+    """What reload, rebuild and failed-reload events said: where a construct must be named to count as reported.
+    Notes that only say something now runs as a fresh start would (AFFIRMATIONS) do not count."""
     out: list[str] = []
     for event in events:
         if isinstance(event, Reload):
-            out.extend((*event.held, *event.needs_rebuild, *event.notes))
+            out.extend((*event.held, *event.needs_rebuild, *(n for n in event.notes if not _affirms(n))))
             if not event.ok and event.error:
                 out.append(event.error)
-        elif isinstance(event, Rebuilt) and event.error:
-            out.append(event.error)
+        elif isinstance(event, Rebuilt):
+            out.extend(n for n in event.notes if not _affirms(n))  # optimizers setup() does not make
+            if event.error:
+                out.append(event.error)
     return out
+
+
+def _affirms(note: str) -> bool:
+    return any(p.search(note) for p in AFFIRMATIONS)

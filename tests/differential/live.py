@@ -1,6 +1,7 @@
 """The live side: a real Session on a project folder, driven one save, rebuild or rollback at a time.
 
-The session starts paused and does not watch files: a save is followed by the
+The session starts paused and does not watch files (the script's arguments, if
+any, in sys.argv while train.py is imported): a save is followed by the
 `reload` command, a step by the `step` command, so every step runs exactly the
 code the events so far describe. Waiting for "all reloads of this save are
 done" uses a marker: after the rescan, the reload thread is asked about a file
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.events import Error, Event, Rebuild, Rebuilt, ReloadNow, Rollback, Step, StepOnce
+from workbench.events import Error, Event, Rebuild, Rebuilt, ReloadNow, Rollback, RunStatements, Step, StepOnce
 from workbench.project import load_project, unload_project
 from workbench.session import Session, SessionConfig
 
@@ -58,8 +59,9 @@ def write(path: Path, text: str) -> None:
 class LiveProject:
     """A session on `folder`, which holds the project's files."""
 
-    def __init__(self, folder: Path, files: dict[str, str]) -> None:
+    def __init__(self, folder: Path, files: dict[str, str], argv: tuple[str, ...] = ()) -> None:
         self.folder = folder
+        self.argv = argv  # the script's arguments, as `vram-bench run train.py -- ARGS` passes them
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             write(folder / name, text)
@@ -68,7 +70,7 @@ class LiveProject:
         self.session: Session | None = None
 
     def __enter__(self) -> LiveProject:
-        project = load_project(self.folder / "train.py")
+        project = load_project(self.folder / "train.py", self.argv)
         try:
             self.session = Session(project, config())
         except BaseException:
@@ -106,6 +108,16 @@ class LiveProject:
         self.session.send(Rollback())
         return self._until(
             lambda e: (e.name == "reload") or (isinstance(e, Error) and e.where == "command"), "a rollback's answer"
+        )
+
+    def run_statements(self) -> list[Event]:
+        """Key x: run the module statements a reload did not re-run. Answered by a reload event, a failure
+        (an error from "reload"), or a command error when there is nothing to run."""
+        assert self.session is not None
+        self.session.send(RunStatements())
+        return self._until(
+            lambda e: e.name == "reload" or (isinstance(e, Error) and e.where in ("command", "reload")),
+            "the answer to run-statements",
         )
 
     def step(self) -> tuple[StepResult, list[Event]]:

@@ -2,9 +2,11 @@
 
 One long-lived subprocess (torch is imported once) answers each request by
 writing the files to a new folder, forgetting the previous project's modules,
-importing train.py fresh, running setup(bench) and one step, and returning the
-scalars. Answers are cached by file contents: many sequences revisit the same
-versions (the start, reverts).
+importing train.py fresh (with the script's arguments in sys.argv, as
+`python train.py ARGS` and the session's load_project give them), running
+setup(bench) and one step, and returning the scalars. Answers are cached by
+file contents and arguments: many sequences revisit the same versions (the
+start, reverts).
 """
 
 from __future__ import annotations
@@ -43,16 +45,17 @@ class Oracle:
             text=True,
             encoding="utf-8",
         )
-        self._cache: dict[tuple[tuple[str, str], ...], Fresh] = {}
+        self._cache: dict[tuple[tuple[tuple[str, str], ...], tuple[str, ...]], Fresh] = {}
         self.requests = 0
 
-    def run(self, files: dict[str, str]) -> Fresh:
-        key = tuple(sorted(files.items()))
+    def run(self, files: dict[str, str], argv: tuple[str, ...] = ()) -> Fresh:
+        """A fresh start on `files`, the entry file run with the arguments `argv`."""
+        key = (tuple(sorted(files.items())), tuple(argv))
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         assert self._process.stdin is not None and self._process.stdout is not None
-        self._process.stdin.write(json.dumps({"files": files}) + "\n")
+        self._process.stdin.write(json.dumps({"files": files, "argv": list(argv)}) + "\n")
         self._process.stdin.flush()
         self.requests += 1
         while True:
@@ -112,14 +115,23 @@ def _forget(folder: Path | None, names: set[str]) -> None:
             del sys.modules[name]
 
 
-def run_fresh(folder: Path, torch: Any) -> dict[str, Any]:
-    """Import train.py from `folder` as a new module, run setup and one step."""
+def run_fresh(folder: Path, torch: Any, argv: list[str] | None = None) -> dict[str, Any]:
+    """Import train.py from `folder` as a new module, run setup and one step.
+
+    While it is imported, sys.argv is what `python train.py ARGS` gives it (as the session's
+    load_project(path, argv) does): module code that parses arguments at import sees `argv`.
+    """
     names = {Path(p).stem for p in folder.iterdir() if p.suffix == ".py"}
     _forget(None, names)
     importlib.invalidate_caches()
     sys.path.insert(0, str(folder))
+    saved_argv = sys.argv
     try:
-        train = importlib.import_module("train")
+        sys.argv = [str(folder / "train.py"), *(argv or [])]
+        try:
+            train = importlib.import_module("train")
+        finally:
+            sys.argv = saved_argv
         bench = _Bench(torch)
         state = train.setup(bench)
         out = train.step(state, bench)
@@ -144,7 +156,7 @@ def serve(stdin: TextIO, stdout: TextIO) -> None:
             folder.mkdir()
             for name, text in request["files"].items():
                 (folder / name).write_text(text, encoding="utf-8")
-            answer = run_fresh(folder, torch)
+            answer = run_fresh(folder, torch, request.get("argv", []))
             shutil.rmtree(folder, ignore_errors=True)
             stdout.write(_ANSWER + json.dumps(answer) + "\n")
             stdout.flush()

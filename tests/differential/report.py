@@ -9,6 +9,7 @@ from workbench.events import Event
 
 from differential.generator import Save, Sequence
 from differential.runner import SILENT, Result
+from differential.script import ScriptSequence
 
 
 def describe(event: Event) -> str:
@@ -20,7 +21,7 @@ def describe(event: Event) -> str:
     return f"{name}({body})"
 
 
-def edits(sequence: Sequence) -> list[str]:
+def edits(sequence: Sequence | ScriptSequence) -> list[str]:
     """Every action, saves with a unified diff against the previous version of their file."""
     texts = sequence.initial_files()
     out = []
@@ -38,7 +39,8 @@ def edits(sequence: Sequence) -> list[str]:
 def explain(result: Result) -> str:
     """A silent mismatch (or a harness problem) in full."""
     seq = result.sequence
-    lines = [f"seed {seq.seed}: {result.outcome}"]
+    args = f", the script run with {' '.join(seq.argv)}" if seq.argv else ""
+    lines = [f"seed {seq.seed} ({seq.family} family{args}): {result.outcome}"]
     lines.extend(f"  PROBLEM: {p}" for p in result.problems)
     lines.append("  edits:")
     lines.extend(edits(seq))

@@ -1,9 +1,9 @@
 """Run a sequence on a live session and check every step against a fresh start.
 
 After the first step (the start is a fresh start, so it must equal one exactly)
-and after every save, rebuild and rollback, one step runs and its scalars are
-judged against the oracle's for the reference sources: the files on disk, or
-what a rollback restored. A save that cannot run (a syntax error) must fail to
+and after every save, rebuild, rollback and x (run the statements a reload
+left), one step runs and its scalars are judged against the oracle's for the
+reference sources: the files on disk, or what a rollback restored. A save that cannot run (a syntax error) must fail to
 reload and leave every value as it was.
 """
 
@@ -21,8 +21,10 @@ from differential.judge import Verdict, judge, unchanged
 from differential.ledger import Ledger, texts_of
 from differential.live import LiveProject
 from differential.oracle import Oracle
+from differential.script import RunStatementsNow, ScriptSequence
 
 APPLIED, REPORTED, SILENT = "applied", "held/noted", "silent"
+_NOT_RERUN = "not re-run"  # the engine's words for a module statement it left for x
 
 
 @dataclass
@@ -40,7 +42,7 @@ class Check:
 
 @dataclass
 class Result:
-    sequence: Sequence
+    sequence: Sequence | ScriptSequence
     checks: list[Check] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # the harness could not judge: a bug here or a hung session
 
@@ -71,7 +73,7 @@ class Harness:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, sequence: Sequence) -> Result:
+    def run(self, sequence: Sequence | ScriptSequence) -> Result:
         self.count += 1
         folder = self.root / f"seq{self.count}"
         try:
@@ -81,17 +83,20 @@ class Harness:
 
 
 class _Run:
-    def __init__(self, sequence: Sequence, oracle: Oracle, folder: Path) -> None:
+    def __init__(self, sequence: Sequence | ScriptSequence, oracle: Oracle, folder: Path) -> None:
         self.sequence = sequence
         self.oracle = oracle
         self.folder = folder
         self.ledger = Ledger(sequence.initial_files())
         self.result = Result(sequence)
         self.window: list[Event] = []  # reload/rebuild events since the state was last built fresh
+        # What a rebuild does not build again: module statements with calls a reload did not re-run (a rebuild
+        # runs setup(), not the module), so their notes still report their values after it.
+        self.kept: list[str] = []
         self.last_live: dict[str, float] = {}
 
     def run(self) -> Result:
-        with LiveProject(self.folder, self.sequence.initial_files()) as live:
+        with LiveProject(self.folder, self.sequence.initial_files(), self.sequence.argv) as live:
             self.live = live
             if not self._check("start", []):
                 return self.result
@@ -101,7 +106,7 @@ class _Run:
                     break
         return self.result
 
-    def _act(self, action: Action) -> list[Event] | None:
+    def _act(self, action: Action | RunStatementsNow) -> list[Event] | None:
         if isinstance(action, Save):
             self.ledger.saved(action.file, action.text)
             events = self.live.save(action.file, action.text)
@@ -114,7 +119,10 @@ class _Run:
             assert isinstance(rebuilt, Rebuilt)
             self.ledger.rebuilt(rebuilt)
             if rebuilt.ok:
+                self.kept.extend(t for t in texts_of(self.window) if t not in self.kept and _NOT_RERUN in t)
                 self.window = []
+        elif isinstance(action, RunStatementsNow):
+            events = self.live.run_statements()  # values, not code: the ledger's sources stay
         else:
             assert isinstance(action, RollbackNow)
             undone = self.ledger.rollback()
@@ -135,7 +143,8 @@ class _Run:
         broken = broken_file is not None
         events = [*events, *step_events]
         self.window.extend(e for e in step_events if isinstance(e, (Reload, Rebuilt)))
-        fresh = self.oracle.run(self.ledger.reference)
+        argv, names = self.sequence.argv, self.sequence.scalar_names
+        fresh = self.oracle.run(self.ledger.reference, argv)
         if fresh.error is not None:
             failed = any(isinstance(e, Reload) and not e.ok for e in events)
             if not (broken and failed):
@@ -144,13 +153,13 @@ class _Run:
                 return False
             # The broken file keeps its live code; other files a rescan re-applied count as saved.
             assert broken_file is not None
-            fresh = self.oracle.run(self.ledger.live_instead_of(broken_file))
+            fresh = self.oracle.run(self.ledger.live_instead_of(broken_file), argv)
             if fresh.error is not None:
                 verdict, against = unchanged(step.scalars, self.last_live), "the values before"
             else:
-                verdict, against = judge(step.scalars, fresh.scalars, texts_of(self.window)), f"the live {broken_file}"
+                verdict, against = judge(step.scalars, fresh.scalars, self.kept + texts_of(self.window), names), f"the live {broken_file}"
         else:
-            verdict = judge(step.scalars, fresh.scalars, texts_of(self.window))
+            verdict = judge(step.scalars, fresh.scalars, self.kept + texts_of(self.window), names)
             against = "rolled-back sources" if self.ledger.reference != self.ledger.disk else "disk"
         if action == "start" and verdict.differing:
             self.result.problems.append(f"the start differs from a fresh start: {verdict.differing}")
