@@ -201,13 +201,6 @@ def step(state, bench):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="setup() keeps the model only in a module global (`global model`, returns {}); after a rebuild (R), the "
-    "optimizer step() made in a module global (opt2) still holds the discarded model's parameters and the rebuild "
-    "event says nothing (with {'model': model} returned it is made again over the new parameters, and said so): it "
-    "would train the old model; a fresh start's opt2 holds the live model's parameters",
-)
 def test_a_rebuild_with_the_model_only_in_a_module_global_carries_the_step_made_optimizer(start_session) -> None:
     from workbench.events import Rebuild
 
@@ -247,14 +240,6 @@ def step(state, bench):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MLP.__init__ edited (self.gain = 1.0 -> 2.0) while the only live MLP is in a module global (setup() "
-    "returns {}): the change is applied in place (changed=['MLP.__init__'], nothing held, no note) because live "
-    "instances are looked for in the state only; with the model in the state it is held for a rebuild ("
-    "\"MLP.__init__ changed (line 9); live instances built by the old code: model\"). The live model keeps gain "
-    "1.0, a fresh start has 2.0",
-)
 def test_an_init_edit_of_a_model_kept_in_a_module_global_needs_a_rebuild(start_session) -> None:
     _, reload, scalars = _saved(start_session, INIT_PY, INIT_PY.replace("self.gain = 1.0", "self.gain = 2.0"))
     assert scalars["gain"] == 2.0 or "MLP" in _said(reload), (scalars, reload)

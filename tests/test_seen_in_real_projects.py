@@ -836,3 +836,55 @@ def test_an_edited_default_above_a_configurator_exec_says_the_override_may_win(t
         assert live.wait_for(is_event("reload", file="train.py")).ok
         live.send(StepOnce())
         assert live.wait_for(is_event("step")).scalars["batch"] == 5.0, "the configurator's value, as a fresh start"
+
+
+# --------------------------------------------------------------------------- a model only a module global holds
+
+GLOBAL_ONLY_PY = """\
+import torch
+
+model = None
+WIDTH = 4
+""" + NET_PY.replace("torch.nn.Linear(WIDTH, 1)", "torch.nn.Linear(WIDTH, 1)\n        self.fail = False") + """
+
+def setup(bench):
+    global model
+    model = Net()
+    if model.fail:
+        raise RuntimeError("this setup() fails half way")
+    return {}
+
+
+def step(state, bench):
+    with torch.no_grad():
+        model.fc.weight.add_(1.0)  # "training": the weights move every step
+    return {"loss": 0.0, "w": float(model.fc.weight.detach().sum()), "tag": float(model.tag)}
+"""
+
+
+def test_a_rebuild_carries_a_model_only_a_module_global_holds_and_a_failed_one_puts_it_back(start_session) -> None:
+    from workbench.events import Rebuild, StepOnce
+
+    live = start_session({"train.py": GLOBAL_ONLY_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for _ in range(3):
+        live.send(StepOnce())
+        trained = live.wait_for(is_event("step")).scalars["w"]
+    module = live.session.project.module
+    old_model = module.model
+
+    save(live.entry, GLOBAL_ONLY_PY.replace("self.fail = False", "self.fail = True"))
+    assert live.wait_for(is_event("reload", file="train.py")).needs_rebuild  # Net.__init__ of a model in a global
+    live.send(Rebuild())
+    assert not live.wait_for(is_event("rebuild")).ok
+    assert module.model is old_model, "a failed rebuild changes nothing: the global is the trained model again"
+
+    save(live.entry, GLOBAL_ONLY_PY.replace("self.tag = 0", "self.tag = 1"))
+    live.wait_for(is_event("reload", file="train.py"))
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and rebuilt.tensors_carried == 2, rebuilt  # train.model.fc.weight and .bias
+    live.send(StepOnce())
+    step = live.wait_for(is_event("step"))
+    assert step.scalars["tag"] == 1.0 and module.model is not old_model
+    assert abs(step.scalars["w"] - (trained + 4.0)) < 1e-4, "the trained weights came along (one more step on them)"

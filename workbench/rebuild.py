@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from workbench.state_walk import find_modules_and_optimizers
+from workbench.state_walk import Namespaces, find_with_globals
 
 
 @dataclass
@@ -25,10 +25,12 @@ class CarryReport:
     unmatched_modules: list[str] = field(default_factory=list)
 
 
-def carry_over(old_state: Any, new_state: Any) -> CarryReport:
+def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), new_namespaces: Namespaces = ()) -> CarryReport:
+    """`old_namespaces`: the project's module globals as they were before setup() ran again (copies: setup()
+    re-binds `global model`), `new_namespaces` as they are now; a model only a global holds is carried too."""
     report = CarryReport()
-    old_modules, old_optimizers = find_modules_and_optimizers(old_state)
-    new_modules, new_optimizers = find_modules_and_optimizers(new_state)
+    old_modules, old_optimizers = find_with_globals(old_state, old_namespaces)
+    new_modules, new_optimizers = find_with_globals(new_state, new_namespaces)
     old_params_by_name: dict[str, torch.Tensor] = {}
     new_params_by_name: dict[str, torch.Tensor] = {}
     carried_names: set[str] = set()
@@ -58,9 +60,9 @@ def carry_over(old_state: Any, new_state: Any) -> CarryReport:
         name_of_old = {id(p): name for name, p in old_params_by_name.items()}
         for path, new_opt in new_optimizers.items():
             old_opt = old_optimizers.get(path)
-            if old_opt is None:
-                continue
-            for old_param, state in old_opt.state.items():
+            if old_opt is None or old_opt is new_opt:
+                continue  # the same object (a global setup() did not make again): see carry_optimizers_setup_did_not_make
+            for old_param, state in list(old_opt.state.items()):
                 name = name_of_old.get(id(old_param))
                 new_param = new_params_by_name.get(name) if name in carried_names else None
                 if new_param is None:
@@ -73,7 +75,7 @@ def carry_over(old_state: Any, new_state: Any) -> CarryReport:
 
 
 def carry_optimizers_setup_did_not_make(
-    old_state: Any, new_state: Any, namespaces: list[tuple[str, dict[str, Any]]]
+    old_state: Any, new_state: Any, old_namespaces: Namespaces, namespaces: list[tuple[str, dict[str, Any]]]
 ) -> list[str]:
     """Optimizers that `setup()` does not make still point at the old model's parameters after a rebuild:
     one `step()` makes on first use and keeps in the state (`state["opt_d"] = ...`), or one in a module
@@ -81,8 +83,8 @@ def carry_optimizers_setup_did_not_make(
     discarded model while the new one never learns. Each is made again over the matching new parameters,
     with its hyperparameters and state, in the same place. Returns a sentence per optimizer for the event.
     """
-    old_modules, old_optimizers = find_modules_and_optimizers(old_state)
-    new_modules, new_optimizers = find_modules_and_optimizers(new_state)
+    old_modules, _ = find_with_globals(old_state, old_namespaces)
+    new_modules, new_optimizers = find_with_globals(new_state, namespaces)
     name_of_old = {id(p): f"{path}.{n}" for path, m in old_modules.items() for n, p in m.named_parameters()}
     new_by_name = {f"{path}.{n}": p for path, m in new_modules.items() for n, p in m.named_parameters()}
     places: list[tuple[str, torch.optim.Optimizer, Any]] = []  # (where, optimizer, how to put its successor there)

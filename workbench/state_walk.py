@@ -8,12 +8,17 @@ path (`model`, `state.opt`), and count each object once.
 from __future__ import annotations
 
 import itertools
+import types
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+Namespaces = Iterable[tuple[str, dict[str, Any]]]  # (module name, its globals): where script-style trainers keep things
+
 _MAX_DEPTH = 4
+# Module globals that are code, not state: never walked (an imported module would lead into torch itself).
+_NOT_STATE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
 _MAX_ITEMS = 256  # models and optimizers sit near the top of a state, not deep inside a dataset list
 
 
@@ -52,8 +57,9 @@ def _is_submodule(parent: torch.nn.Module, child: torch.nn.Module) -> bool:
     return any(child is m for m in parent.modules())
 
 
-def find_instances(state: Any, cls: type, limit: int = 50) -> list[str]:
-    """Paths of objects in the state that are instances of `cls` (submodules of models included)."""
+def find_instances(state: Any, cls: type, limit: int = 50, namespaces: Namespaces = ()) -> list[str]:
+    """Paths of objects in the state that are instances of `cls` (submodules of models included), and in the
+    module globals of `namespaces` (`train.model`: a script-style trainer's `global model`)."""
     found: list[str] = []
     seen: set[int] = set()
 
@@ -87,10 +93,12 @@ def find_instances(state: Any, cls: type, limit: int = 50) -> list[str]:
                     visit(value, f"{path}.{key}" if path else key, depth + 1)
 
     visit(state, "", 0)
+    for module_name, namespace in namespaces:
+        for key, value in list(namespace.items()):
+            if not key.startswith("__") and not isinstance(value, _NOT_STATE):
+                visit(value, f"{module_name}.{key}", 1)
     return found
 
-
-Namespaces = Iterable[tuple[str, dict[str, Any]]]
 
 
 def find_with_globals(state: Any, namespaces: Namespaces) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:

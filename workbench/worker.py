@@ -104,6 +104,16 @@ class RunState(str, enum.Enum):
 
 # Pauses that a successful reload ends on its own: the user saved a fix.
 AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out of memory"})
+def _put_back(namespaces: list[tuple[str, dict[str, Any]]], saved: list[tuple[str, dict[str, Any]]]) -> None:
+    """Module globals as they were saved: re-bound ones get their old value, new ones go."""
+    for (_, namespace), (_, old) in zip(namespaces, saved):
+        for key in [k for k in namespace if k not in old]:
+            del namespace[key]
+        for key, value in old.items():
+            if namespace.get(key) is not value:
+                namespace[key] = value
+
+
 # How long after a resume an optimizer that step() makes on first use may take to appear.
 PENDING_OPTIMIZER_STEPS = 10
 
@@ -839,7 +849,7 @@ class TrainingWorker(threading.Thread):
         for cls, why in if_live:
             if any(reason.startswith(why) for reason in reasons):
                 continue  # the class and the one a reload made again in its place: said once
-            instances = find_instances(self.user_state, cls) if self.user_state is not None else []
+            instances = find_instances(self.user_state, cls, namespaces=self._namespaces()) if self.user_state is not None else []
             if instances:
                 shown = ", ".join(instances[:5]) + (f" and {len(instances) - 5} more" if len(instances) > 5 else "")
                 reasons.append(f"{why}; {instances_are}: {shown}")
@@ -913,6 +923,9 @@ class TrainingWorker(threading.Thread):
         held, self._held = list(self._held.values()), {}
         committed: list[ChangeSet] = []
         changed: list[str] = []
+        namespaces = self._namespaces()
+        # The globals as they were: setup() re-binds `global model`; the old ones are carried from, or put back.
+        before = [(name, dict(namespace)) for name, namespace in namespaces]
         try:
             for changeset in held:
                 self.reloader.commit(changeset)
@@ -920,13 +933,13 @@ class TrainingWorker(threading.Thread):
                 changed.extend(changeset.changed)
             new_state = self._call_setup_for_rebuild()
             reset_compiled_code()
-            report = carry_over(self.user_state, new_state)
-            namespaces = [(m.__name__, vars(m)) for m in self.project.modules().values()]
-            optimizer_notes = carry_optimizers_setup_did_not_make(self.user_state, new_state, namespaces)
+            report = carry_over(self.user_state, new_state, before, namespaces)
+            optimizer_notes = carry_optimizers_setup_did_not_make(self.user_state, new_state, before, namespaces)
         except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
             new_state = None
             for _ in committed:
                 self.reloader.undo_last_commit()
+            _put_back(namespaces, before)  # what a half-run setup() bound to module globals
             for changeset in held:
                 self.reloader.forget_prepared(changeset.path)
             self._held = {c.path: c for c in held}
