@@ -114,25 +114,11 @@ def step(state, bench):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an optimizer setup() keeps only in a module global (`global optimizer`; the state is {'model': model}) was "
-    "built with weight_decay = 0.1; saving weight_decay = 0.2 re-binds it with no note (with the optimizer in the state, "
-    "the note says \"optimizer was built with weight_decay = 0.1 (param_groups[0]['weight_decay']) ...\"): the live "
-    "optimizer keeps 0.1, a fresh start "
-    "has 0.2",
-)
 def test_an_optimizer_in_a_module_global_built_from_an_edited_constant_is_named(start_session) -> None:
     _, reload, scalars = _saved(start_session, GLOBAL_OPT_PY, GLOBAL_OPT_PY.replace("weight_decay = 0.1", "weight_decay = 0.2"))
     assert scalars["weight_decay"] == 0.2 or "optimizer" in _said(reload), (scalars, reload)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an optimizer step() made on first use in a module global (`if opt2 is None: opt2 = SGD(..., "
-    "momentum=momentum)`) was built with momentum = 0.9; saving momentum = 0.5 re-binds it with no note: the live opt2 "
-    "keeps 0.9, a fresh start makes it with 0.5",
-)
 def test_an_optimizer_step_made_in_a_module_global_from_an_edited_constant_is_named(start_session) -> None:
     _, reload, scalars = _saved(start_session, GLOBAL_OPT_PY, GLOBAL_OPT_PY.replace("momentum = 0.9", "momentum = 0.5"))
     assert scalars["momentum"] == 0.5 or "opt2" in _said(reload), (scalars, reload)
@@ -306,13 +292,6 @@ def test_controls_with_the_objects_in_the_state_each_edit_is_named(start_session
 
 # --------------------------------------------------------------------------- 7. a rollback after a rebuild
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="weight_decay = 0.1 -> 0.2 saved (applied; the note says the optimizer in the state keeps 0.1), then R "
-    "(setup() builds the optimizer with 0.2), then u (rollback): weight_decay is 0.1 again and the rollback event "
-    "says nothing of the optimizer the rebuild built with 0.2 (only \"rolled back version 1 ...\"); the live "
-    "optimizer keeps 0.2, a fresh start on the rolled-back source has 0.1",
-)
 def test_a_rollback_names_the_optimizer_a_rebuild_built_from_the_rolled_back_constant(start_session) -> None:
     from workbench.events import Rebuild, Rollback
 

@@ -160,14 +160,17 @@ class UpdateLiveCopies(Patch):
             )
         self._note_optimizers()
 
-    def _note_optimizers(self) -> None:
-        """An optimizer built from a constant keeps the value it was built with."""
+    def _note_optimizers(self, rolling_back: bool = False) -> None:
+        """An optimizer built from a constant keeps the value it was built with.
+
+        Saving: the value before the save. Rolling back (called before the constants are put back): the
+        rolled-back value, which a rebuild since may have built an optimizer with."""
         changes = {}
         for rebind in self.rebinds:
             for name, old in rebind._saved.items():
                 new = rebind.namespace.get(name)
                 if isinstance(old, (int, float)) and not isinstance(old, bool) and isinstance(new, (int, float)) and old != new:
-                    changes[name] = (old, new)
+                    changes[name] = (new, old) if rolling_back else (old, new)
         if not changes:
             return
         for path, opt in _optimizers(self.roots):
@@ -180,7 +183,7 @@ class UpdateLiveCopies(Patch):
                     for key in named or equal:
                         self.notes.append(
                             f"{path} was built with {name} = {old!r} (param_groups[{i}][{key!r}]): it keeps "
-                            f"that value unless your code sets it to the new {new!r}"
+                            f"that value unless your code sets it to the {'rolled-back-to' if rolling_back else 'new'} {new!r}"
                         )
 
     def undo(self) -> None:
@@ -194,6 +197,7 @@ class UpdateLiveCopies(Patch):
         self.notes = []
         if self.roots:
             self._revert_copies_made_since()
+            self._note_optimizers(rolling_back=True)
 
     def _revert_copies_made_since(self) -> None:
         kept: list[str] = []
@@ -253,10 +257,10 @@ class UpdateLiveCopies(Patch):
 
 
 def _optimizers(roots: list[Any]) -> Iterator[tuple[str, torch.optim.Optimizer]]:
-    from workbench.state_walk import find_modules_and_optimizers
+    """The optimizers of the state, and those only a module global holds (`global optimizer`; one step() made)."""
+    from workbench.state_walk import find_with_globals
 
-    for name, root in _named(roots):
-        if name != "state":
-            continue
-        _, optimizers = find_modules_and_optimizers(root)
-        yield from optimizers.items()
+    state = [root for name, root in _named(roots) if name == "state"]
+    namespaces = [(name.removeprefix("module "), root) for name, root in _named(roots) if name.startswith("module ")]
+    _, optimizers = find_with_globals(state[0] if state else None, namespaces)
+    yield from optimizers.items()
