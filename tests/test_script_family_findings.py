@@ -149,13 +149,6 @@ def step(state, bench):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run with --batch-size 4, saving batch_size = 8 -> 16 re-runs the override below it (note: \"line 9: `if "
-    "args.batch_size is not None:` binds batch_size again, as a fresh start would: it ran again too\"), but "
-    "tokens_per_iter = batch_size * block_size, below the override, is recomputed BEFORE the override runs again: "
-    "batch_size is 4 (right) and tokens_per_iter is 16 * 4 = 64; a fresh start has 4 * 4 = 16",
-)
 def test_a_constant_derived_below_an_override_is_recomputed_after_it(start_session) -> None:
     _, reload, scalars = _saved(
         start_session, OVERRIDE_PY, OVERRIDE_PY.replace("batch_size = 8", "batch_size = 16"), argv=("--batch-size", "4")

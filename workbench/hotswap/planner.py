@@ -114,6 +114,7 @@ def plan_reload(
         if diff.shift:
             plan.shift_lines(statement.node, diff.shift)
     plan.later_bindings([s.current_node() for s in diff.new_index.statements])
+    plan.in_source_order()
     live_copies = _live_copies_patch(plan.patches)
     if live_copies is not None:
         plan.patches.append(live_copies)
@@ -315,6 +316,7 @@ class _Planner:
         self.dirty: set[str] = set()  # constants re-bound so far, in source order
         self.rebound_at: dict[str, int] = {}  # each re-bound constant: the line of its first re-run statement
         self.rerun_nodes: set[int] = set()  # ids of the statements run again
+        self.statement_lines: dict[int, int] = {}  # id of each module statement's RunInNamespace -> its line
         self.old_values: dict[str, object] = {}  # what an edited constant's old line gave it (`batch_size = 12`)
         self.edited_statements: list[ast.stmt] = []  # module statements with calls: not re-run unless asked
 
@@ -397,12 +399,24 @@ class _Planner:
     def rerun(self, scope: Scope) -> None:
         """Run an import or a plain constant again in the live module."""
         binds = tuple(scope.name.split(",")) if scope.kind == "assign" else ()
-        self.patches.append(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds))
+        self._run_statement(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds), scope.line)
         self.changed.extend(binds)
         self.dirty.update(binds)
         self.rerun_nodes.update(id(node) for node in scope.nodes)
         for name in binds:
             self.rebound_at.setdefault(name, scope.line)
+
+    def _run_statement(self, patch: RunInNamespace, line: int) -> None:
+        self.patches.append(patch)
+        self.statement_lines[id(patch)] = line
+
+    def in_source_order(self) -> None:
+        """Module statements run again in the order of the file, as a fresh start runs them: a constant derived
+        below an override (`tokens = batch_size * block`) is computed after the override ran again, not before."""
+        slots = [i for i, patch in enumerate(self.patches) if id(patch) in self.statement_lines]
+        ordered = sorted((self.patches[i] for i in slots), key=lambda patch: self.statement_lines[id(patch)])
+        for i, patch in zip(slots, ordered):
+            self.patches[i] = patch
 
     def later_bindings(self, body: list[ast.stmt]) -> None:
         """A constant re-bound here may be bound again further down, as script-style trainers override their
@@ -433,7 +447,7 @@ class _Planner:
                     "(command `run-statements`) to run it now"
                 )
                 continue
-            self.patches.append(RunInNamespace(compile_nodes((node,), self.path), self.live, tuple(names)))
+            self._run_statement(RunInNamespace(compile_nodes((node,), self.path), self.live, tuple(names)), node.lineno)
             self.rerun_nodes.add(id(node))
             self.notes.append(f"{label} binds {', '.join(names)} again, as a fresh start would: it ran again too")
 
