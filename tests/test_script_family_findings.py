@@ -70,12 +70,6 @@ def step(state, bench):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a module constant that MLP.__init__ read when setup() built the live model (n_layer = 2 -> 3) is re-bound "
-    "and the reload says nothing: changed=['n_layer'], no note, nothing held; the live model keeps 2 layers, a fresh "
-    "start builds 3",
-)
 def test_a_constant_the_live_model_was_built_from_is_named(start_session) -> None:
     _, reload, scalars = _saved(start_session, LAYERS_PY, LAYERS_PY.replace("n_layer = 2", "n_layer = 3"))
     assert reload.changed == ("n_layer",)

@@ -888,3 +888,45 @@ def test_a_rebuild_carries_a_model_only_a_module_global_holds_and_a_failed_one_p
     step = live.wait_for(is_event("step"))
     assert step.scalars["tag"] == 1.0 and module.model is not old_model
     assert abs(step.scalars["w"] - (trained + 4.0)) < 1e-4, "the trained weights came along (one more step on them)"
+
+
+# --------------------------------------------------------------------------- constants the live state was built from
+
+BUILT_FROM_PY = """\
+import torch
+
+N_LAYER = 2
+WIDTH = 4
+
+
+class Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(WIDTH, WIDTH) for _ in range(N_LAYER)])
+
+
+def make_model():
+    return Stack()
+
+
+def setup(bench):
+    return {"model": make_model()}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "layers": float(len(state["model"].layers)), "width": float(WIDTH)}
+"""
+
+
+def test_a_constant_setup_built_the_state_from_is_named_with_how(start_session) -> None:
+    live = start_session({"train.py": BUILT_FROM_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, BUILT_FROM_PY.replace("N_LAYER = 2", "N_LAYER = 3"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.ok and reload.changed == ("N_LAYER",) and not reload.held, reload
+    said = [n for n in reload.notes if n.startswith("N_LAYER was read when setup() built the live state")]
+    assert said and "setup -> make_model -> Stack.__init__" in said[0] and "R (command `rebuild`)" in said[0], reload.notes
+    save(live.entry, BUILT_FROM_PY.replace("N_LAYER = 2", "N_LAYER = 3").replace("# nothing", "").replace(
+        '"width": float(WIDTH)}', '"width": float(WIDTH) * 2}'))
+    quiet = live.wait_for(is_event("reload", file="train.py"))
+    assert quiet.changed == ("step",) and not any("was read when" in n for n in quiet.notes), quiet

@@ -74,6 +74,7 @@ from workbench.events import (
     TakeSnapshot,
 )
 from workbench.hotswap.compiled import reset_compiled_code
+from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.loader_workers import worker_notes
 from workbench.hotswap.patches import RunInNamespace, apply_all
 from workbench.hotswap.planner import ChangeSet, ReloadError
@@ -104,6 +105,17 @@ class RunState(str, enum.Enum):
 
 # Pauses that a successful reload ends on its own: the user saved a fix.
 AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out of memory"})
+def _built_from_notes(changeset: ChangeSet) -> list[str]:
+    """Constants setup() read when it built the live state; not those an optimizer note already names."""
+    named = {name for patch in changeset.patches if isinstance(patch, UpdateLiveCopies) for name in patch.optimizer_constants}
+    return [
+        f"{name} was read when setup() built the live state ({'; '.join(chains[:3])}): what it built keeps the old "
+        "value; R (command `rebuild`) builds it again with the new one"
+        for name, chains in changeset.built_from.items()
+        if name not in named
+    ]
+
+
 def _put_back(namespaces: list[tuple[str, dict[str, Any]]], saved: list[tuple[str, dict[str, Any]]]) -> None:
     """Module globals as they were saved: re-bound ones get their old value, new ones go."""
     for (_, namespace), (_, old) in zip(namespaces, saved):
@@ -774,6 +786,8 @@ class TrainingWorker(threading.Thread):
                 notes.append("torch.compile caches were reset: compiled code recompiles on its next call")
             if changeset.module is not None:
                 notes.extend(worker_notes(self._loader_roots(), changeset.changed, changeset.module))
+            notes.extend(self._reasons_with_live_instances((), changeset.note_if_live.items(), "live instances"))
+            notes.extend(_built_from_notes(changeset))
         self.bus.publish(
             Reload(
                 ok=True,

@@ -101,11 +101,12 @@ class UpdateLiveCopies(Patch):
     rebinds: list[RunInNamespace]
     roots: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    optimizer_constants: set[str] = field(default_factory=set)  # constants a note said an optimizer was built with
     # Weak: the history keeps patches, and a closure may hold a whole model (a loss closing over it).
     _patched: list[tuple[weakref.ref[types.FunctionType], types.CodeType]] = field(default_factory=list)
 
     def apply(self) -> None:
-        self.notes, self._patched = [], []
+        self.notes, self._patched, self.optimizer_constants = [], [], set()
         held_back: list[str] = []
         ambiguous: list[str] = []
         removed: list[str] = []
@@ -181,6 +182,7 @@ class UpdateLiveCopies(Patch):
                     # of the constant's (lr in LR, BASE_LR), only that one is meant.
                     named = [key for key in equal if key.lower() in name.lower().split("_")]
                     for key in named or equal:
+                        self.optimizer_constants.add(name)
                         self.notes.append(
                             f"{path} was built with {name} = {old!r} (param_groups[{i}][{key!r}]): it keeps "
                             f"that value unless your code sets it to the {'rolled-back-to' if rolling_back else 'new'} {new!r}"

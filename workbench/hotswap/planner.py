@@ -19,6 +19,7 @@ from typing import Any
 from workbench.errors import ContractError
 from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute, ShiftLines
 from workbench.hotswap.code_identity import CodeChanges
+from workbench.hotswap.construction import constants_read_when_built
 from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.scopes import DEF_NODES, Scope, index_statements, label_for
 from workbench.hotswap.source_index import SourceIndex, diff_source
@@ -53,6 +54,10 @@ class ChangeSet:
     needs_rebuild: list[str] = field(default_factory=list)
     # Classes whose change needs a rebuild only if instances of them are alive (checked at commit).
     rebuild_if_live: dict[type, str] = field(default_factory=dict)
+    # Classes whose constructors read a re-bound constant: said (not held) if instances of them are alive.
+    note_if_live: dict[type, str] = field(default_factory=dict)
+    # Re-bound constants setup() read when it built the live state, with how: {"n_layer": ["setup -> MLP.__init__"]}.
+    built_from: dict[str, list[str]] = field(default_factory=dict)
     # Changed module statements with calls: not run unless the user asks (`run-statements`).
     statements: list[tuple[str, RunInNamespace]] = field(default_factory=list)
     index: SourceIndex | None = None  # statement positions of new_source, the base of the next diff
@@ -115,11 +120,14 @@ def plan_reload(
             plan.shift_lines(statement.node, diff.shift)
     plan.later_bindings([s.current_node() for s in diff.new_index.statements])
     plan.in_source_order()
+    plan.constants_the_state_was_built_from()
     live_copies = _live_copies_patch(plan.patches)
     if live_copies is not None:
         plan.patches.append(live_copies)
     changeset.patches, changeset.changed, changeset.notes = plan.patches, plan.changed, plan.notes
     changeset.rebuild_if_live = plan.rebuild_if_live
+    changeset.note_if_live = plan.note_if_live
+    changeset.built_from = plan.built_from
     changeset.statements = plan.statements_to_run([s.current_node() for s in diff.new_index.statements])
     if "setup" in plan.changed and required:
         changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
@@ -307,6 +315,8 @@ class _Planner:
         self.live = module.__dict__
         self.others = others
         self.rebuild_if_live: dict[type, str] = {}
+        self.note_if_live: dict[type, str] = {}
+        self.built_from: dict[str, list[str]] = {}
         self.scratch = scratch
         self.path = path
         self.source = source
@@ -405,6 +415,24 @@ class _Planner:
         self.rerun_nodes.update(id(node) for node in scope.nodes)
         for name in binds:
             self.rebound_at.setdefault(name, scope.line)
+
+    def constants_the_state_was_built_from(self) -> None:
+        """A re-bound constant that setup() read (itself, or through what it calls), or that a constructor of this
+        module's classes read: what was built keeps the old value (n_layer = 2 -> 3 leaves 2 blocks), said, not held:
+        the new value is what the next step reads."""
+        changed = sorted(self.dirty)
+        if not changed:
+            return
+        by_setup = constants_read_when_built(self.live, changed, self.live.get("setup"))
+        self.built_from.update(by_setup)
+        rest = [name for name in changed if name not in by_setup]
+        for cls in [v for v in self.live.values() if isinstance(v, type) and v.__module__ == self.live.get("__name__")]:
+            read = constants_read_when_built(self.live, rest, cls)
+            if read:
+                self.note_if_live[cls] = (
+                    f"{', '.join(sorted(read))} {'was' if len(read) == 1 else 'were'} read by {cls.__name__}'s constructor: "
+                    "live instances keep what the old value built; R (command `rebuild`) builds them again"
+                )
 
     def _run_statement(self, patch: RunInNamespace, line: int) -> None:
         self.patches.append(patch)

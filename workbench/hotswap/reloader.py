@@ -223,6 +223,7 @@ class Reloader:
         )
         changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
         changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
+        changeset.note_if_live, changeset.built_from = fresh.note_if_live, fresh.built_from
         changeset.statements, changeset.base_source, changeset.index = fresh.statements, applied, fresh.index
 
     def rollback(self, roots: list[Any] | None = None) -> tuple[AppliedVersion, int]:
