@@ -10,7 +10,6 @@ old code keeps running.
 from __future__ import annotations
 
 import ast
-import inspect
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
