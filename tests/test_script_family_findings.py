@@ -241,12 +241,6 @@ def step(state, bench):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="step() makes opt2 on first use (`if opt2 is None: opt2 = SGD(..., dampening=0.0)`); saving dampening=0.1 "
-    "in that line patches step (changed=['step'], no note), but the branch never runs again: the live opt2 keeps "
-    "dampening 0.0, a fresh start makes it with 0.1",
-)
 def test_an_edit_to_what_step_makes_on_first_use_is_named(start_session) -> None:
     _, reload, scalars = _saved(start_session, LAZY_PY, LAZY_PY.replace("dampening=0.0", "dampening=0.1"))
     assert reload.changed == ("step",)

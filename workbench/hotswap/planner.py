@@ -219,6 +219,28 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
 _MISSING = object()
 
 
+def _none_guards(function: ast.stmt) -> list[ast.If]:
+    """`if NAME is None:` blocks in a function (not in functions nested in it): code run on first use."""
+    found = []
+    stack = list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name)
+            and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.Is)
+            and isinstance(node.test.comparators[0], ast.Constant)
+            and node.test.comparators[0].value is None
+        ):
+            found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
 def _literal_values(scope: Scope) -> dict[str, object]:
     """`batch_size = 12` -> {"batch_size": 12}: a constant's value from a line of plain literals, else nothing."""
     node = scope.node
@@ -512,6 +534,7 @@ class _Planner:
                 self.patches.extend(ReplaceCode.taking(o, n, moved_only=moved_only) for o, n in pairs)
                 if not moved_only:
                     self.changed.append(name)
+                    self.first_use_branches(name, old.node, new.node)
                 return
         # New function, or its decorators changed: define it afresh in the live module.
         self.redefine(new)
@@ -520,6 +543,22 @@ class _Planner:
                 f"{name}: its decorators changed, so it was defined again (decorators re-run) and re-bound in the "
                 "project's modules; objects that stored the old function keep it"
             )
+
+    def first_use_branches(self, name: str, old: ast.stmt, new: ast.stmt) -> None:
+        """`if opt2 is None: opt2 = SGD(...)` in step(): an edit inside that branch never runs again once the global
+        is set, so what the old lines made stays. Say so, naming the global (a fresh start would run the new lines)."""
+        old_branches = {ast.dump(b.test): ast.dump(ast.Module(body=b.body, type_ignores=[])) for b in _none_guards(old)}
+        for branch in _none_guards(new):
+            guard = branch.test.left.id  # type: ignore[attr-defined]
+            before = old_branches.get(ast.dump(branch.test))
+            if before is None or before == ast.dump(ast.Module(body=branch.body, type_ignores=[])):
+                continue
+            if self.live.get(guard) is not None:
+                self.notes.append(
+                    f"{name}(): the edited lines under `if {guard} is None:` (line {branch.lineno}) ran when {guard} was "
+                    f"first made and will not run again while it is set: {guard} keeps what the old lines made (set it "
+                    "to None, or rebuild if setup() does, to make it again)"
+                )
 
     def redefine(self, scope: Scope) -> None:
         """Run a def/class statement again in the live module and point the project's other modules at the result."""
