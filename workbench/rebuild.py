@@ -141,3 +141,14 @@ def _made_again(
                     k: (v.to(new_param.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in state.items()
                 }
     return made
+
+
+def restore_globals(namespaces: list[tuple[str, dict[str, Any]]], saved: list[tuple[str, dict[str, Any]]]) -> None:
+    """Module globals as they were saved (a failed rebuild changes nothing): re-bound ones get their old value,
+    new ones go."""
+    for (_, namespace), (_, old) in zip(namespaces, saved):
+        for key in [k for k in namespace if k not in old]:
+            del namespace[key]
+        for key, value in old.items():
+            if namespace.get(key) is not value:
+                namespace[key] = value

@@ -28,12 +28,12 @@ from torch.utils.data import DataLoader
 
 import workbench
 from workbench.actions.cleanup import run_cleanup, trim_c_heap
+from workbench.actions.pending_optimizers import PendingOptimizers
 from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_recording
 from workbench.actions.profile import ProfileRun
 from workbench.actions.snapshot import (
     DEFAULT_KEEP,
     apply_snapshot,
-    load_pending_optimizers,
     load_snapshot,
     write_snapshot,
 )
@@ -74,7 +74,6 @@ from workbench.events import (
     TakeSnapshot,
 )
 from workbench.hotswap.compiled import reset_compiled_code
-from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.loader_workers import worker_notes
 from workbench.hotswap.patches import RunInNamespace, apply_all
 from workbench.hotswap.planner import ChangeSet, ReloadError
@@ -88,7 +87,7 @@ from workbench.memory.leaks import find_leaks
 from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
-from workbench.rebuild import carry_optimizers_setup_did_not_make, carry_over
+from workbench.rebuild import carry_optimizers_setup_did_not_make, carry_over, restore_globals
 from workbench.state_walk import find_instances
 from workbench.saved_bytes import SavedBytes
 from workbench.telemetry import Telemetry
@@ -105,29 +104,6 @@ class RunState(str, enum.Enum):
 
 # Pauses that a successful reload ends on its own: the user saved a fix.
 AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out of memory"})
-def _built_from_notes(changeset: ChangeSet) -> list[str]:
-    """Constants setup() read when it built the live state; not those an optimizer note already names."""
-    named = {name for patch in changeset.patches if isinstance(patch, UpdateLiveCopies) for name in patch.optimizer_constants}
-    return [
-        f"{name} was read when setup() built the live state ({'; '.join(chains[:3])}): what it built keeps the old "
-        "value; R (command `rebuild`) builds it again with the new one"
-        for name, chains in changeset.built_from.items()
-        if name not in named
-    ]
-
-
-def _put_back(namespaces: list[tuple[str, dict[str, Any]]], saved: list[tuple[str, dict[str, Any]]]) -> None:
-    """Module globals as they were saved: re-bound ones get their old value, new ones go."""
-    for (_, namespace), (_, old) in zip(namespaces, saved):
-        for key in [k for k in namespace if k not in old]:
-            del namespace[key]
-        for key, value in old.items():
-            if namespace.get(key) is not value:
-                namespace[key] = value
-
-
-# How long after a resume an optimizer that step() makes on first use may take to appear.
-PENDING_OPTIMIZER_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -241,7 +217,7 @@ class TrainingWorker(threading.Thread):
         self._gpu_index = (device.index or 0) if device.type == "cuda" and probe.available() else None
         self._held: dict[Path, ChangeSet] = {}
         # After a resume: (snapshot, optimizer states setup() had no optimizer for, the step to give up at).
-        self._pending_optimizers: tuple[Path, dict[str, Any], int] | None = None
+        self._pending_optimizers: PendingOptimizers | None = None
         self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
 
     def held_paths(self) -> list[Path]:
@@ -379,14 +355,10 @@ class TrainingWorker(threading.Thread):
                 self._pause("resume failed")
             return False
         self.step = self.last_snapshot_step = report.step
-        notes = ()
+        notes: tuple[str, ...] = ()
         if report.pending_optimizers:
-            self._pending_optimizers = (path, report.pending_optimizers, self.step + PENDING_OPTIMIZER_STEPS)
-            notes = tuple(
-                f"optimizer {name} is in the snapshot but setup() does not make it: its state is loaded as soon as "
-                "step() makes it (after that step)"
-                for name in report.pending_optimizers
-            )
+            self._pending_optimizers = PendingOptimizers.after_resume(path, report.pending_optimizers, self.step)
+            notes = self._pending_optimizers.notes_at_resume
         self.bus.publish(
             ResumeLoaded(
                 ok=True,
@@ -408,23 +380,13 @@ class TrainingWorker(threading.Thread):
         return [(m.__name__, vars(m)) for m in self.project.modules().values()]
 
     def _load_pending_optimizers(self) -> None:
-        """After a step: load snapshot state into optimizers step() has made since the resume; give up, saying so."""
+        """After a step: load snapshot state into optimizers step() has made since the resume."""
         assert self._pending_optimizers is not None
-        path, pending, give_up_at = self._pending_optimizers
-        loaded, refused = load_pending_optimizers(pending, self.user_state, self._namespaces())
-        notes = [f"optimizer {name}, made by step(), got its state from the snapshot" for name in loaded]
-        notes += [f"optimizer {reason}" for reason in refused]
-        if pending and self.step >= give_up_at:
-            notes += [
-                f"optimizer {name} is in the snapshot, but no optimizer of that name appeared in "
-                f"{PENDING_OPTIMIZER_STEPS} steps: its state was not loaded"
-                for name in pending
-            ]
-            pending.clear()
-        if not pending:
+        event = self._pending_optimizers.after_step(self.user_state, self._namespaces(), self.step)
+        if self._pending_optimizers.done:
             self._pending_optimizers = None
-        if notes:
-            self.bus.publish(ResumeLoaded(ok=True, path=str(path), step=self.step, optimizers=len(loaded), notes=tuple(notes), late=True))
+        if event is not None:
+            self.bus.publish(event)
 
     # One training step ---------------------------------------------------------------------
     def _run_step(self) -> None:
@@ -787,7 +749,7 @@ class TrainingWorker(threading.Thread):
             if changeset.module is not None:
                 notes.extend(worker_notes(self._loader_roots(), changeset.changed, changeset.module))
             notes.extend(self._reasons_with_live_instances((), changeset.note_if_live.items(), "live instances"))
-            notes.extend(_built_from_notes(changeset))
+            notes.extend(changeset.built_from_notes())
         self.bus.publish(
             Reload(
                 ok=True,
@@ -953,7 +915,7 @@ class TrainingWorker(threading.Thread):
             new_state = None
             for _ in committed:
                 self.reloader.undo_last_commit()
-            _put_back(namespaces, before)  # what a half-run setup() bound to module globals
+            restore_globals(namespaces, before)  # what a half-run setup() bound to module globals
             for changeset in held:
                 self.reloader.forget_prepared(changeset.path)
             self._held = {c.path: c for c in held}

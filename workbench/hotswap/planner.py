@@ -61,6 +61,16 @@ class ChangeSet:
     statements: list[tuple[str, RunInNamespace]] = field(default_factory=list)
     index: SourceIndex | None = None  # statement positions of new_source, the base of the next diff
 
+    def built_from_notes(self) -> list[str]:
+        """After commit: the constants setup() built the live state from, but those an optimizer note names."""
+        named = {name for patch in self.patches if isinstance(patch, UpdateLiveCopies) for name in patch.optimizer_constants}
+        return [
+            f"{name} was read when setup() built the live state ({'; '.join(chains[:3])}): what it built keeps the "
+            "old value; R (command `rebuild`) builds it again with the new one"
+            for name, chains in self.built_from.items()
+            if name not in named
+        ]
+
 
 def plan_reload(
     module: types.ModuleType,
