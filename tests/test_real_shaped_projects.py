@@ -32,7 +32,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import EventLog, Live, fast_config, is_event, save
+from conftest import Live, is_event, open_session, save
 from workbench.events import Event, Rebuild, Rollback, StepOnce
 from workbench.project import load_project
 from workbench.session import Session, SessionConfig
@@ -54,17 +54,8 @@ def copy_project(name: str, tmp_path: Path) -> Path:
 @contextlib.contextmanager
 def running(root: Path, *argv: str, **config: Any) -> Iterator[Live]:
     """conftest.open_session for a project folder, with the script's own arguments (`-- ARGS`)."""
-    project = load_project(root / "train.py", argv)
-    session = Session(project, fast_config(**config))
-    events = EventLog(session.bus.subscribe())
-    try:
-        session.start()
-        assert session.wait_until_watching(10.0), "the watcher did not start within 10 s"
-        yield Live(session, events, project.root, project.entry)
-    finally:
-        session.close()
-    assert not session.worker.is_alive(), "the training thread did not stop on close()"
-    assert str(project.root) not in sys.path, "close() left the project folder on sys.path"
+    with open_session(root / "train.py", argv, **config) as live:
+        yield live
 
 
 def edit(path: Path, *replacements: tuple[str, str]) -> None:
