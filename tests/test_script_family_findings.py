@@ -4,11 +4,11 @@ trainers after which the code that runs differs from a fresh start on the same f
 Each case is the smallest real session that shows one of them, marked xfail(strict=True) until the engine
 is fixed: a fix makes it pass (the strict mark then fails the run: remove it). A case passes when the value
 after the save (or rebuild) is what a fresh start gives, or an event names what keeps the old value. Cases
-1-6 were found by CI seeds, case 7 by the first long run (one seed each is in tests/test_differential.py's
-SCRIPT_REGRESSIONS now that they are fixed; case 7: `python tests/differential --family script --first 950527118
---count 1`) (`python tests/differential --family script --first 950527118 --count 1`). The control test: the same edits
-are named when the state holds the object. The two cases after it came from a long run after cases 1-7 were
-fixed (2,400 sequences, seeds 914257344-914259743, 21 silent): seeds 914257605 and 914257346.
+1-6 were found by CI seeds, case 7 by the first long run (`python tests/differential --family script --first
+950527118 --count 1`); now that they are fixed, one seed each is in tests/test_differential.py's
+SCRIPT_REGRESSIONS. The control test: the same edits are named when the state holds the object. The two cases
+after it came from a long run after cases 1-7 were fixed (2,400 sequences, seeds 914257344-914259743, 21
+silent): seeds 914257605 and 914257346.
 """
 
 from __future__ import annotations
