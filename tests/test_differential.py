@@ -69,6 +69,12 @@ SCRIPT_REGRESSIONS: dict[str, tuple[int, str, str]] = {
     "rollback after a rebuild built the optimizer from the rolled-back weight_decay, unsaid (long-run seed)": (
         950527118, "3fb2c38a964a", REPORTED,
     ),
+    "rollback after a rebuild built the model from the rolled-back n_layer, unsaid (long-run seed)": (
+        914257605, "427a7d8484a8", REPORTED,
+    ),
+    "a second rebuild: opt2 held a model the first one discarded (state vs global name), unsaid (long-run seed)": (
+        914257346, "1d9aaad5e8b4", REPORTED,
+    ),
 }
 
 

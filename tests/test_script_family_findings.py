@@ -1,21 +1,20 @@
 """What the differential harness's script family (tests/differential/script.py) found: saves to script-style
 trainers after which the code that runs differs from a fresh start on the same files, and no event says so.
 
-Each case is the smallest real session that shows one of them, marked xfail(strict=True) until the engine
-is fixed: a fix makes it pass (the strict mark then fails the run: remove it). A case passes when the value
+Each case is the smallest real session that shows one of them; each was a strict xfail until the engine was
+fixed, and all nine are fixed now. A case passes when the value
 after the save (or rebuild) is what a fresh start gives, or an event names what keeps the old value. Cases
 1-6 were found by CI seeds, case 7 by the first long run (`python tests/differential --family script --first
 950527118 --count 1`); now that they are fixed, one seed each is in tests/test_differential.py's
 SCRIPT_REGRESSIONS. The control test: the same edits are named when the state holds the object. The two cases
 after it came from a long run after cases 1-7 were fixed (2,400 sequences, seeds 914257344-914259743, 21
-silent): seeds 914257605 and 914257346.
+silent): seeds 914257605 and 914257346 (both in SCRIPT_REGRESSIONS too).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 
 from conftest import is_event, save
 
@@ -293,13 +292,6 @@ def test_a_rollback_names_the_optimizer_a_rebuild_built_from_the_rolled_back_con
 
 # --------------------------------------------------------------------------- found after the fixes above
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="n_layer = 2 -> 3 saved (the note says what setup() built keeps the old value), then R (the model is "
-    "built with 3 layers), then u (rollback): n_layer is 2 again and the rollback event says only \"rolled back "
-    "version 1 ...\", nothing of the model the rebuild built from the rolled-back value (as it now does for an "
-    "optimizer, case 7); the live model keeps 3 layers, a fresh start on the rolled-back source builds 2",
-)
 def test_a_rollback_names_the_model_a_rebuild_built_from_the_rolled_back_constant(start_session) -> None:
     from workbench.events import Rebuild, Rollback
 
@@ -315,14 +307,6 @@ def test_a_rollback_names_the_model_a_rebuild_built_from_the_rolled_back_constan
     assert _step(live)["layers"] == 2 or "n_layer" in said or "MLP" in said, rolled
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="setup() returned {'model': model} and is saved to return {} (the model only in its global): held, then R "
-    "says \"train.opt2, an optimizer setup() does not make, was not carried over: its parameter model.weight has no "
-    "match in the new state\" (right: the state's 'model' and the global train.model are not matched). A second R "
-    "says nothing of opt2, which still holds the parameters of the model the first R discarded (no module of the "
-    "state before the second R owns them, so it is skipped); a fresh start's opt2 holds the live model's",
-)
 def test_a_second_rebuild_names_an_optimizer_still_holding_a_discarded_models_parameters(start_session) -> None:
     from workbench.events import Rebuild
 

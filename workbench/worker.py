@@ -218,6 +218,7 @@ class TrainingWorker(threading.Thread):
         self._held: dict[Path, ChangeSet] = {}
         # After a resume: (snapshot, optimizer states setup() had no optimizer for, the step to give up at).
         self._pending_optimizers: PendingOptimizers | None = None
+        self._state_built_at = 0  # the code version live when setup() last built the state (start, or a rebuild)
         self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
 
     def held_paths(self) -> list[Path]:
@@ -290,6 +291,7 @@ class TrainingWorker(threading.Thread):
             if setup is None:
                 raise NameError("setup(bench) is not defined in the project file")
             self.user_state = setup(self.bench)
+            self._state_built_at = self.reloader.version
         except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
             seconds = time.monotonic() - self.setup_started
             file, line = self._where(exc)
@@ -854,6 +856,12 @@ class TrainingWorker(threading.Thread):
         module = self.project.modules().get(undone.path)
         if module is not None:
             notes.extend(worker_notes(self._loader_roots(), undone.changed, module, "this rollback"))
+        if undone.version <= self._state_built_at:  # setup() ran since this version: it built with its values
+            notes.extend(
+                f"{name} was read when setup() built the live state ({'; '.join(chains[:3])}) with the rolled-back "
+                "value: what it built keeps it; R (command `rebuild`) builds it again with the value before"
+                for name, chains in undone.built_from
+            )
         built_by_newer = self._rolled_back_rebuild_reasons(undone)
         if built_by_newer:
             notes.append(
@@ -910,7 +918,7 @@ class TrainingWorker(threading.Thread):
             new_state = self._call_setup_for_rebuild()
             reset_compiled_code()
             report = carry_over(self.user_state, new_state, before, namespaces)
-            optimizer_notes = carry_optimizers_setup_did_not_make(self.user_state, new_state, before, namespaces)
+            optimizer_notes = carry_optimizers_setup_did_not_make(self.user_state, new_state, report, namespaces)
         except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
             new_state = None
             for _ in committed:
@@ -928,6 +936,7 @@ class TrainingWorker(threading.Thread):
             self.bus.publish(Rebuilt(ok=False, error=message, code_version=self.reloader.version))
             return
         self.user_state = new_state
+        self._state_built_at = self.reloader.version
         self.eval_watch.refresh(new_state)
         del new_state
         for changeset in committed:

@@ -40,6 +40,8 @@ class AppliedVersion:
     # live objects built by its code (the worker names them in the rollback's event).
     needs_rebuild: tuple[str, ...] = ()
     rebuild_if_live: tuple[tuple[type, str], ...] = field(repr=False, default=())
+    # Re-bound constants setup() read when it built the state: a state built since keeps this version's values.
+    built_from: tuple[tuple[str, tuple[str, ...]], ...] = ()
     notes: list[str] = field(repr=False, default_factory=list)  # what the last undo could not give back
 
 
@@ -199,6 +201,7 @@ class Reloader:
                         tuple(changeset.patches),
                         tuple(changeset.needs_rebuild),
                         _classes_old_and_new(changeset),
+                        tuple((name, tuple(chains)) for name, chains in changeset.built_from.items()),
                     )
                 )
             return self.version
