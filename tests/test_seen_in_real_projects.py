@@ -930,3 +930,19 @@ def test_a_constant_setup_built_the_state_from_is_named_with_how(start_session) 
         '"width": float(WIDTH)}', '"width": float(WIDTH) * 2}'))
     quiet = live.wait_for(is_event("reload", file="train.py"))
     assert quiet.changed == ("step",) and not any("was read when" in n for n in quiet.notes), quiet
+
+
+def test_an_edited_override_that_calls_nothing_runs_again(tmp_path) -> None:
+    from conftest import make_project, open_session
+
+    from workbench.events import StepOnce
+
+    root = make_project(tmp_path, {"train.py": OVERRIDE_PY})
+    with open_session(root / "train.py", start_paused=True, argv=["--batch-size", "4"]) as live:
+        live.wait_for(is_event("setup", status="done"))
+        save(live.entry, OVERRIDE_PY.replace("    batch_size = args.batch_size", "    batch_size = args.batch_size * 2"))
+        reload = live.wait_for(is_event("reload", file="train.py"))
+        assert reload.ok and reload.changed == ("batch_size",), reload
+        assert not any("not re-run" in n for n in reload.notes), reload.notes
+        live.send(StepOnce())
+        assert live.wait_for(is_event("step")).scalars["batch"] == 8.0

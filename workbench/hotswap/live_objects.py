@@ -208,8 +208,8 @@ class UpdateLiveCopies(Patch):
         for path, obj in iter_live(self.roots):
             if isinstance(obj, types.FunctionType):
                 name = code_name(obj.__code__)
-                if not self._runs_the_new_code(name, obj.__code__):
-                    continue
+                if "<locals>" not in name[1] or not self._runs_the_new_code(name, obj.__code__):
+                    continue  # module functions and methods: their own patches give the old code back
                 if obj.__code__.co_freevars and self._maker_changed(name):
                     captured.append(f"{path} ({name[1]})")
                 old = self.changes.old.get(name)

@@ -229,6 +229,16 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
 _MISSING = object()
 
 
+def _plain_if(node: ast.stmt) -> bool:
+    """An `if` whose test and branches only read and bind names: nothing is called, counted or defined."""
+    if not isinstance(node, ast.If):
+        return False
+    unsafe = (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr, ast.AugAssign, ast.FunctionDef,
+              ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.For, ast.While, ast.With, ast.Try, ast.Import,
+              ast.ImportFrom, ast.Global, ast.Delete)
+    return not any(isinstance(sub, unsafe) for sub in ast.walk(node))
+
+
 def _none_guards(function: ast.stmt) -> list[ast.If]:
     """`if NAME is None:` blocks in a function (not in functions nested in it): code run on first use."""
     found = []
@@ -380,6 +390,8 @@ class _Planner:
             if old is not None:
                 self.old_values.update(_literal_values(old))
             self.rerun(new)
+        elif _plain_if(new.node):
+            self.rerun_if(new)
         else:
             label = f"line {new.line}: `{label_for(new.node, self.source)}`"
             self.edited_statements.extend(new.nodes)
@@ -476,6 +488,17 @@ class _Planner:
         ordered = sorted((self.patches[i] for i in slots), key=lambda patch: self.statement_lines[id(patch)])
         for i, patch in zip(slots, ordered):
             self.patches[i] = patch
+
+    def rerun_if(self, scope: Scope) -> None:
+        """An edited `if` that calls nothing (`if args.batch_size is not None: batch_size = args.batch_size`) runs
+        again, like a constant: what it binds is re-bound, and what depends on that follows."""
+        binds = tuple(sorted(bound_names(scope.node)))
+        self._run_statement(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds), scope.line)
+        self.changed.extend(binds)
+        self.dirty.update(binds)
+        self.rerun_nodes.update(id(node) for node in scope.nodes)
+        for name in binds:
+            self.rebound_at.setdefault(name, scope.line)
 
     def later_bindings(self, body: list[ast.stmt]) -> None:
         """A constant re-bound here may be bound again further down, as script-style trainers override their
