@@ -148,12 +148,16 @@ CRASH_CHILD = textwrap.dedent(
             results.append(["ok", int(payload["step"])])
         except UserError as exc:
             results.append(["none" if "no snapshot" in str(exc) else "damaged", str(exc)])
-    print(json.dumps(results))
+    from workbench.actions.leftovers import remove_leftovers
+    temps = lambda: len(list((run_dir / "snapshots").glob(".tmp-*")))
+    before = temps()
+    removed = remove_leftovers([run_dir / "snapshots"])  # what the next session start does
+    print(json.dumps({"results": results, "temp_before": before, "removed": len(removed), "temp_after": temps()}))
     """
 )
 
 
-def test_kill_9_during_snapshots_never_leaves_a_damaged_latest(tmp_path):
+def test_kill_9_during_snapshots_never_leaves_a_damaged_latest_and_the_next_start_removes_its_temp_files(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(CRASH_CHILD)
     proc = subprocess.run(
@@ -161,8 +165,11 @@ def test_kill_9_during_snapshots_never_leaves_a_damaged_latest(tmp_path):
         cwd=Path(__file__).resolve().parent.parent,
     )
     assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = report["results"]
     assert len(results) == 50
+    # Kills mid-write leave temp files; the next start removes every one (their writers are gone).
+    assert report["temp_before"] > 0 and report["removed"] == report["temp_before"] and report["temp_after"] == 0, report
     assert not [r for r in results if r[0] == "damaged"], results
     assert sum(r[0] == "ok" for r in results) >= 45, "most kills should leave at least one complete snapshot"
 

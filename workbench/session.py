@@ -22,7 +22,8 @@ from workbench.early_output import EarlyOutput
 from workbench.eventbus import EventBus
 from workbench.eventlog import EventLogWriter
 from workbench.events import Command, Error, Interrupt, Quit, ReloadNow, Start
-from workbench.actions.snapshot import DEFAULT_KEEP
+from workbench.actions.leftovers import remove_leftovers
+from workbench.actions.snapshot import DEFAULT_KEEP, snapshot_folder
 from workbench.hotswap.reloader import DEFAULT_MAX_HISTORY, Reloader
 from workbench.hotswap.service import ReloadService
 from workbench.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
@@ -33,6 +34,7 @@ from workbench.output import OutputRouter
 from workbench.project import Project, ignored_hooks, unload_project
 from workbench.run_folder import choose_run_folder
 from workbench.telemetry import Telemetry
+from workbench.units import human_bytes
 from workbench.watchdog import StepWatchdog
 from workbench.worker import ApplyChanges, RunState, TrainingWorker
 
@@ -213,6 +215,14 @@ class Session:
             self.bus.publish(Error(where="contract", message=note))
         if self._run_dir_note:
             self.bus.publish(Error(where="run folder", message=self._run_dir_note))
+        for leftover in remove_leftovers([snapshot_folder(self.run_dir), self.run_dir / "memory"]):
+            self.bus.publish(
+                Error(
+                    where="run folder",
+                    message=f"removed {leftover.path} ({human_bytes(leftover.bytes)}): a temp file its writer (pid "
+                    f"{leftover.writer_pid}, no longer running) left when it was killed mid-write",
+                )
+            )
         if self.event_log is not None:
             self.event_log.start()
         if self.config.sample_memory:

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from workbench.actions.leftovers import temp_prefix
+
 from workbench.events import MemorySnapshotTaken
 from workbench.units import human_bytes
 
@@ -40,7 +42,7 @@ def dump_snapshot(run_dir: Path, cuda_available: bool, recording: bool, reason: 
     folder = run_dir / "memory"
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"snapshot-{time.strftime('%Y%m%d-%H%M%S')}-{reason}.pickle"
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pickle", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix=".pickle", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             pickle.dump(snapshot, f, protocol=4)

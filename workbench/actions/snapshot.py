@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from workbench.actions.leftovers import temp_prefix
 from workbench.errors import UserError
 from workbench.events import Snapshot
 from workbench.state_walk import Namespaces, find_with_globals
@@ -55,7 +56,7 @@ def write_snapshot(
     folder = snapshot_folder(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step-{step:08d}.pt"
-    fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(), suffix=".pt", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
