@@ -391,7 +391,8 @@ class _Planner:
                 self.old_values.update(_literal_values(old))
             self.rerun(new)
         elif _plain_if(new.node):
-            self.rerun_if(new)
+            # `if args.batch_size is not None: batch_size = ...`: it calls nothing, so it runs again like a constant
+            self.rerun(new, binds=tuple(sorted(bound_names(new.node))))
         else:
             label = f"line {new.line}: `{label_for(new.node, self.source)}`"
             self.edited_statements.extend(new.nodes)
@@ -449,9 +450,10 @@ class _Planner:
         self.changed.append(scope.name)
         return True
 
-    def rerun(self, scope: Scope) -> None:
-        """Run an import or a plain constant again in the live module."""
-        binds = tuple(scope.name.split(",")) if scope.kind == "assign" else ()
+    def rerun(self, scope: Scope, binds: tuple[str, ...] | None = None) -> None:
+        """Run an import, a plain constant or a call-free `if` again in the live module; what it binds is dirty."""
+        if binds is None:
+            binds = tuple(scope.name.split(",")) if scope.kind == "assign" else ()
         self._run_statement(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds), scope.line)
         self.changed.extend(binds)
         self.dirty.update(binds)
@@ -488,17 +490,6 @@ class _Planner:
         ordered = sorted((self.patches[i] for i in slots), key=lambda patch: self.statement_lines[id(patch)])
         for i, patch in zip(slots, ordered):
             self.patches[i] = patch
-
-    def rerun_if(self, scope: Scope) -> None:
-        """An edited `if` that calls nothing (`if args.batch_size is not None: batch_size = args.batch_size`) runs
-        again, like a constant: what it binds is re-bound, and what depends on that follows."""
-        binds = tuple(sorted(bound_names(scope.node)))
-        self._run_statement(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds), scope.line)
-        self.changed.extend(binds)
-        self.dirty.update(binds)
-        self.rerun_nodes.update(id(node) for node in scope.nodes)
-        for name in binds:
-            self.rebound_at.setdefault(name, scope.line)
 
     def later_bindings(self, body: list[ast.stmt]) -> None:
         """A constant re-bound here may be bound again further down, as script-style trainers override their
