@@ -74,6 +74,7 @@ from workbench.events import (
     TakeSnapshot,
 )
 from workbench.hotswap.compiled import reset_compiled_code
+from workbench.hotswap.construction import built_from_note
 from workbench.hotswap.loader_workers import worker_notes
 from workbench.hotswap.patches import RunInNamespace, apply_all
 from workbench.hotswap.planner import ChangeSet, ReloadError
@@ -216,7 +217,7 @@ class TrainingWorker(threading.Thread):
         device = bench.device
         self._gpu_index = (device.index or 0) if device.type == "cuda" and probe.available() else None
         self._held: dict[Path, ChangeSet] = {}
-        # After a resume: (snapshot, optimizer states setup() had no optimizer for, the step to give up at).
+        # After a resume: optimizer states the snapshot has and setup() made no optimizer for (step() makes them).
         self._pending_optimizers: PendingOptimizers | None = None
         self._state_built_at = 0  # the code version live when setup() last built the state (start, or a rebuild)
         self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
@@ -768,10 +769,10 @@ class TrainingWorker(threading.Thread):
     def _loader_roots(self) -> list[tuple[str, Any]]:
         """Where DataLoaders live: the state, and module globals of script-style trainers (`train_loader = ...`)."""
         roots: list[tuple[str, Any]] = [("state", self.user_state)]
-        for module in self.project.modules().values():
+        for module_name, namespace in self._namespaces():
             roots.extend(
-                (f"{module.__name__}.{name}", value)
-                for name, value in list(vars(module).items())
+                (f"{module_name}.{name}", value)
+                for name, value in list(namespace.items())
                 if isinstance(value, (DataLoader, types.GeneratorType))
             )
         return roots
@@ -824,10 +825,11 @@ class TrainingWorker(threading.Thread):
     ) -> list[str]:
         """The reasons to rebuild: `always`, and each class's reason where the state holds instances of it."""
         reasons = list(always)
+        namespaces = self._namespaces()
         for cls, why in if_live:
             if any(reason.startswith(why) for reason in reasons):
                 continue  # the class and the one a reload made again in its place: said once
-            instances = find_instances(self.user_state, cls, namespaces=self._namespaces()) if self.user_state is not None else []
+            instances = find_instances(self.user_state, cls, namespaces=namespaces) if self.user_state is not None else []
             if instances:
                 shown = ", ".join(instances[:5]) + (f" and {len(instances) - 5} more" if len(instances) > 5 else "")
                 reasons.append(f"{why}; {instances_are}: {shown}")
@@ -857,11 +859,7 @@ class TrainingWorker(threading.Thread):
         if module is not None:
             notes.extend(worker_notes(self._loader_roots(), undone.changed, module, "this rollback"))
         if undone.version <= self._state_built_at:  # setup() ran since this version: it built with its values
-            notes.extend(
-                f"{name} was read when setup() built the live state ({'; '.join(chains[:3])}) with the rolled-back "
-                "value: what it built keeps it; R (command `rebuild`) builds it again with the value before"
-                for name, chains in undone.built_from
-            )
+            notes.extend(built_from_note(name, chains, rolled_back=True) for name, chains in undone.built_from)
         built_by_newer = self._rolled_back_rebuild_reasons(undone)
         if built_by_newer:
             notes.append(

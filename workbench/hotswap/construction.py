@@ -63,3 +63,17 @@ def constants_read_when_built(namespace: dict[str, Any], constants: Iterable[str
                 if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == namespace.get("__name__"):
                     queue.append((chain_here, value))
     return found
+
+
+def built_from_note(name: str, chains: list[str] | tuple[str, ...], rolled_back: bool = False) -> str:
+    """The log's sentence for a constant setup() built the live state from, after a save or a rollback."""
+    how = "; ".join(chains[:3])
+    if rolled_back:
+        return (
+            f"{name} was read when setup() built the live state ({how}) with the rolled-back value: what it built "
+            "keeps it; R (command `rebuild`) builds it again with the value before"
+        )
+    return (
+        f"{name} was read when setup() built the live state ({how}): what it built keeps the old value; "
+        "R (command `rebuild`) builds it again with the new one"
+    )

@@ -139,26 +139,25 @@ class UpdateLiveCopies(Patch):
                     )
         if self._patched:
             self.notes.append(f"updated {len(self._patched)} live closure(s) made from the changed code")
-        if captured:
-            self.notes.append(
-                "these live closures keep the values the old code of the function that made them gave the variables "
-                f"they capture (R rebuilds them): {', '.join(captured[:5])}"
-            )
-        if held_back:
-            self.notes.append(
-                "the variables these closures capture changed, so their live copies keep the old code (R rebuilds "
-                f"them): {', '.join(held_back[:5])}"
-            )
-        if ambiguous:
-            self.notes.append(
-                "these live closures come from a scope that defines several functions of the same name (lambdas), so "
-                f"which new one replaces which cannot be told: they keep the old code (R rebuilds them): {', '.join(ambiguous[:5])}"
-            )
-        if removed:
-            self.notes.append(
-                "these live closures were made from code that is no longer in the file (renamed or removed), so they "
-                f"keep the old code (R rebuilds them): {', '.join(removed[:5])}"
-            )
+        self._name_all(
+            captured,
+            "these live closures keep the values the old code of the function that made them gave the variables "
+            "they capture (R rebuilds them)",
+        )
+        self._name_all(
+            held_back,
+            "the variables these closures capture changed, so their live copies keep the old code (R rebuilds them)",
+        )
+        self._name_all(
+            ambiguous,
+            "these live closures come from a scope that defines several functions of the same name (lambdas), so "
+            "which new one replaces which cannot be told: they keep the old code (R rebuilds them)",
+        )
+        self._name_all(
+            removed,
+            "these live closures were made from code that is no longer in the file (renamed or removed), so they "
+            "keep the old code (R rebuilds them)",
+        )
         self._note_optimizers()
 
     def _note_optimizers(self, rolling_back: bool = False) -> None:
@@ -227,17 +226,21 @@ class UpdateLiveCopies(Patch):
                     )
         if reverted:
             self.notes.append(f"gave the rolled-back code back to {reverted} live closure(s) made since")
-        if captured:
-            self.notes.append(
-                "these live closures were made by the rolled-back code and keep the values it gave the variables they "
-                f"capture until R rebuilds them: {', '.join(captured[:5])}"
-            )
-        if kept:
-            self.notes.append(
-                "these live closures were made by the rolled-back code and cannot take the code before it (what they "
-                f"capture differs): they keep the newer code until R rebuilds them: {', '.join(kept[:5])}"
-            )
+        self._name_all(
+            captured,
+            "these live closures were made by the rolled-back code and keep the values it gave the variables they "
+            "capture until R rebuilds them",
+        )
+        self._name_all(
+            kept,
+            "these live closures were made by the rolled-back code and cannot take the code before it (what they "
+            "capture differs): they keep the newer code until R rebuilds them",
+        )
 
+    def _name_all(self, paths: list[str], sentence: str) -> None:
+        """One note naming the live objects a sentence is about (the first five)."""
+        if paths:
+            self.notes.append(f"{sentence}: {', '.join(paths[:5])}")
 
     def _runs_the_new_code(self, name: CodeName, code: types.CodeType) -> bool:
         """Made from this version's code: that very object, or the same code at lines a later save moved

@@ -18,7 +18,7 @@ from typing import Any
 from workbench.errors import ContractError
 from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute, ShiftLines
 from workbench.hotswap.code_identity import CodeChanges
-from workbench.hotswap.construction import constants_read_when_built
+from workbench.hotswap.construction import built_from_note, constants_read_when_built
 from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.scopes import DEF_NODES, Scope, index_statements, label_for
 from workbench.hotswap.source_index import SourceIndex, diff_source
@@ -64,12 +64,7 @@ class ChangeSet:
     def built_from_notes(self) -> list[str]:
         """After commit: the constants setup() built the live state from, but those an optimizer note names."""
         named = {name for patch in self.patches if isinstance(patch, UpdateLiveCopies) for name in patch.optimizer_constants}
-        return [
-            f"{name} was read when setup() built the live state ({'; '.join(chains[:3])}): what it built keeps the "
-            "old value; R (command `rebuild`) builds it again with the new one"
-            for name, chains in self.built_from.items()
-            if name not in named
-        ]
+        return [built_from_note(name, chains) for name, chains in self.built_from.items() if name not in named]
 
 
 def plan_reload(
