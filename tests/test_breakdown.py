@@ -1,12 +1,19 @@
-"""The session memory breakdown on real torch models and optimizers (CPU; CUDA figures passed in)."""
+"""The session memory breakdown on real torch models and optimizers (CPU; CUDA figures passed in),
+the saved-for-backward figure that stands in for activations on CPU, and the screen (b) that shows it."""
 
 from __future__ import annotations
 
+import io
 from types import SimpleNamespace
 
 import pytest
 import torch
+from rich.console import Console
+from textual.app import App
+from textual.widgets import Static
 
+from workbench.eventbus import EventBus
+from workbench.events import BreakdownReady
 from workbench.memory.breakdown import (
     ACTIVATIONS,
     BUFFERS,
@@ -15,11 +22,16 @@ from workbench.memory.breakdown import (
     OPTIMIZER_STATE,
     PARAMETERS,
     PART_NAMES,
+    SAVED_FOR_BACKWARD,
     Breakdown,
     session_breakdown,
     session_breakdown_for_gpus,
 )
 from workbench.memory.device import GpuMemory
+from workbench.saved_bytes import SavedBytes
+from workbench.tui.screens.breakdown import BreakdownScreen
+from workbench.units import human_bytes
+from workbench.versions import SAVED_MEASURE_STEPS, VersionTable
 
 
 def tensor_bytes(tensors) -> int:
@@ -282,13 +294,192 @@ def test_gradients_freed_before_the_peak_is_read_are_mentioned() -> None:
     assert "includes the gradients made in backward" in b.part(ACTIVATIONS).detail
 
 
-def test_activations_without_a_cuda_peak_are_unknown_and_say_why() -> None:
+def test_activations_on_cpu_before_any_measured_step_say_nothing_was_measured_and_when_it_will_be() -> None:
     b = only(session_breakdown(small_model()))
 
     part = b.part(ACTIVATIONS)
     assert part.bytes is None
-    assert "needs a CUDA step peak" in part.detail
+    assert part.label == ""
+    assert part.detail.startswith("not measured yet: the bytes autograd saves for backward")
+    assert f"measured on the first {SAVED_MEASURE_STEPS} steps of each code version" in part.detail
     assert "CPU run has no allocator peak" in part.detail
+    assert b.saved_for_backward is None
+
+
+# --------------------------------------------------------------------------- saved for backward (any device)
+
+
+def measured_step(state: dict[str, object], inputs: torch.Tensor) -> int:
+    """One training step inside SavedBytes, as the worker runs the first steps of each code version."""
+    model, opt = state["model"], state["opt"]
+    with SavedBytes(state) as saved:
+        model(inputs).square().mean().backward()
+    opt.step()
+    return saved.bytes
+
+
+def mlp_state() -> dict[str, object]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+
+
+def test_a_saved_for_backward_figure_fills_activations_on_cpu_labelled_for_what_it_is() -> None:
+    state = trained_state()
+
+    b = only(session_breakdown(state, saved_for_backward=300_000))
+
+    part = b.part(ACTIVATIONS)
+    assert [p.name for p in b.parts] == list(PART_NAMES)  # same slot, so callers keep finding it
+    assert part.bytes == 300_000
+    assert part.label == SAVED_FOR_BACKWARD == "saved for backward (last measured step)"
+    assert "tensors kept for the backward pass" in part.detail
+    assert "Not an allocator peak" in part.detail
+    assert "not measured" not in part.detail
+    assert b.saved_for_backward == 300_000
+    assert b.static_bytes == only(session_breakdown(state)).static_bytes  # not counted as static memory
+
+    d = b.to_dict()
+    assert d["saved_for_backward"] == 300_000
+    [activations] = [p for p in d["parts"] if p["name"] == ACTIVATIONS]
+    assert activations == {"name": ACTIVATIONS, "bytes": 300_000, "detail": part.detail, "label": SAVED_FOR_BACKWARD}
+
+
+def test_saved_for_backward_above_the_static_bytes_gets_checkpointing_advice() -> None:
+    state = trained_state()
+    static = only(session_breakdown(state)).static_bytes
+
+    assert not advice_with(only(session_breakdown(state, saved_for_backward=static)), "checkpointing")
+    b = only(session_breakdown(state, saved_for_backward=3 * static))
+
+    [line] = advice_with(b, "activation checkpointing")
+    assert line.startswith(f"activations saved for backward ({human_bytes(3 * static)}) outweigh")
+
+
+def test_with_a_step_peak_activations_stay_the_peak_and_the_saved_figure_is_quoted_beside_it() -> None:
+    state = trained_state()
+    static = only(session_breakdown(state)).static_bytes
+
+    b = only(session_breakdown(state, step_peak_allocated={"cpu": static + 5_000}, saved_for_backward=3_000))
+
+    part = b.part(ACTIVATIONS)
+    assert part.bytes == 5_000
+    assert part.label == ""
+    assert part.detail.startswith("step peak")
+    assert f"autograd saved {human_bytes(3_000)} for backward in the last measured step" in part.detail
+    assert b.saved_for_backward == 3_000
+
+
+def test_the_saved_figure_goes_to_the_device_holding_the_parameters() -> None:
+    """A figures-only cuda:0 sorts first, but the cpu model is where the step's activations live."""
+    cuda, cpu = session_breakdown(trained_state(), step_peak_allocated=12_345, saved_for_backward=4_000)
+
+    assert (cuda.device, cpu.device) == ("cuda:0", "cpu")
+    assert (cuda.saved_for_backward, cpu.saved_for_backward) == (None, 4_000)
+    assert "saved" not in cuda.part(ACTIVATIONS).detail
+    assert cpu.part(ACTIVATIONS).bytes == 4_000
+    assert cpu.part(ACTIVATIONS).label == SAVED_FOR_BACKWARD
+
+
+def test_the_saved_figure_passes_through_the_gpu_entry_point() -> None:
+    gpus = [GpuMemory(index=0, name="A", allocated=600, reserved=1000)]
+
+    [cuda] = session_breakdown_for_gpus({}, gpus, step_peak_allocated={0: 900}, saved_for_backward=700)
+
+    assert cuda.saved_for_backward == 700
+    assert cuda.part(ACTIVATIONS).bytes == 900
+    assert f"autograd saved {human_bytes(700)} for backward" in cuda.part(ACTIVATIONS).detail
+
+    [cuda] = session_breakdown_for_gpus({}, gpus)
+    assert "no bytes saved for backward measured yet either" in cuda.part(ACTIVATIONS).detail
+
+
+def test_latest_saved_bytes_is_the_current_versions_last_measured_step() -> None:
+    table = VersionTable()
+    assert table.latest_saved_bytes() is None
+    table.record_saved(100)
+    table.record_saved(300)
+    table.record_saved(200)
+    assert table.latest_saved_bytes() == 200  # the latest step, not the table's max
+
+    table.start(1, ("train.py",), step=3)
+    assert table.latest_saved_bytes() is None  # a new code version: its own steps are measured anew
+    assert table.rows()[0]["saved_bytes_per_step"] == 300
+
+
+async def test_a_real_measured_step_shows_in_the_breakdown_as_the_worker_would_feed_it() -> None:
+    """SavedBytes around a real forward/backward, recorded in the versions table, read back, broken down."""
+    state = mlp_state()
+    inputs = torch.randn(16, 32)
+    table = VersionTable()
+    while table.wants_saved_measurement():
+        table.record_saved(measured_step(state, inputs))
+
+    figure = table.latest_saved_bytes()
+    b = only(session_breakdown(state, saved_for_backward=figure))
+
+    # Linear(32, 64) keeps its input (16x32), ReLU its output (16x64, also Linear(64, 8)'s input, counted once),
+    # square its input (16x8); the weights (and their transposed views) are parameters and not counted.
+    assert figure == (16 * 32 + 16 * 64 + 16 * 8) * 4 == 6656
+    assert b.part(ACTIVATIONS).bytes == figure
+    assert b.part(ACTIVATIONS).label == SAVED_FOR_BACKWARD
+    rows = await render_breakdown_screen(BreakdownReady(step=3, devices=tuple(d.to_dict() for d in [b])))
+    [line] = [r for r in rows if r.lstrip().startswith(SAVED_FOR_BACKWARD)]
+    assert human_bytes(figure) == "6.50 KiB"
+    assert line.split(SAVED_FOR_BACKWARD)[1].split()[:2] == ["6.50", "KiB"]
+
+
+# --------------------------------------------------------------------------- the breakdown screen (b)
+
+
+class _FakeSession:
+    """What BreakdownScreen needs of a Session: a bus, and a send() answered with a ready breakdown."""
+
+    def __init__(self, answer: BreakdownReady) -> None:
+        self.bus = EventBus()
+        self._answer = answer
+
+    def send(self, command: object) -> None:
+        self.bus.publish(self._answer)
+
+
+async def render_breakdown_screen(event: BreakdownReady) -> list[str]:
+    """The breakdown screen's text for `event`, as the user would read it (wide enough not to wrap)."""
+    app = App()
+    async with app.run_test(size=(200, 40)) as pilot:
+        screen = BreakdownScreen(_FakeSession(event))  # type: ignore[arg-type] - a duck-typed Session
+        await app.push_screen(screen)
+        for _ in range(100):
+            await pilot.pause(0.05)
+            text = report_text(screen)
+            if "at step" in text:
+                return text.splitlines()
+        raise AssertionError(f"the breakdown never arrived: {report_text(screen)!r}")
+
+
+def report_text(screen: BreakdownScreen) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(screen.query_one("#report", Static).content)
+    return console.export_text()
+
+
+async def test_the_screen_shows_the_saved_figure_under_its_own_label_instead_of_n_a() -> None:
+    state = trained_state()
+    measured = only(session_breakdown(state, saved_for_backward=3 << 20))
+    unmeasured = only(session_breakdown(state))
+
+    rows = await render_breakdown_screen(BreakdownReady(step=7, devices=(measured.to_dict(),)))
+    [line] = [r for r in rows if SAVED_FOR_BACKWARD in r]
+    assert line.split(SAVED_FOR_BACKWARD)[1].split()[:2] == ["3.00", "MiB"]
+    assert "tensors kept for the backward pass" in line
+    [activations_row] = [r for r in rows if r.lstrip().startswith(("activations", SAVED_FOR_BACKWARD))]
+    assert "n/a" not in activations_row
+
+    rows = await render_breakdown_screen(BreakdownReady(step=7, devices=(unmeasured.to_dict(),)))
+    assert not [r for r in rows if SAVED_FOR_BACKWARD in r]
+    [line] = [r for r in rows if r.lstrip().startswith("activations")]
+    assert line.split()[1] == "n/a"
+    assert "not measured yet" in line
 
 
 # --------------------------------------------------------------------------- cache / fragmentation

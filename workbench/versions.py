@@ -96,6 +96,11 @@ class VersionTable:
             v.peak_reserved = max(v.peak_reserved or 0, reserved)
 
     # Readers -------------------------------------------------------------------------------
+    def latest_saved_bytes(self) -> int | None:
+        """Bytes autograd saved for backward in the current version's latest measured step; None before one."""
+        saved = self.current.saved
+        return saved[-1] if saved else None
+
     def rows(self) -> list[dict[str, Any]]:
         rows = [v.row() for v in list(self._versions)]
         previous = None

@@ -5,7 +5,11 @@ The static parts are exact: we sum the tensors the user's state holds (found wit
 `workbench.state_walk`), counting each storage once, so tied or viewed weights are
 not double counted. Activations and the cache cannot be seen by walking the state;
 they come from the CUDA allocator's figures (a step's peak, reserved, allocated),
-which the caller passes in. Without them those parts say why they are unknown.
+which the caller passes in. On any device the caller may also pass the bytes autograd
+saved for backward during one step (`workbench.saved_bytes.SavedBytes`, measured on
+the first steps of each code version): where there is no step peak, as on a CPU run,
+that figure stands in for activations, labelled for what it is. Without either, those
+parts say why they are unknown.
 
 Choices, so callers and tests can rely on them:
 - One `Breakdown` per device. Tensors are grouped by `str(tensor.device)`, and the
@@ -20,6 +24,11 @@ Choices, so callers and tests can rely on them:
   gradients, optimizer state. Tensors without a plain storage (sparse, some
   subclasses) are counted by their own bytes, since nothing can be shared reliably.
 - Meta tensors hold no memory and are skipped.
+- The saved-for-backward figure is one number for the whole step. It goes to the
+  device that holds the parameters (the first in the list's order, CUDA before
+  cpu), where the step's activations live. With a step peak, activations stay the
+  peak minus static bytes and the figure is only quoted next to them: the peak also
+  holds temporaries freed within the step, which saved tensors do not count.
 - Only tensors reachable from modules and optimizers are counted: loose tensors in
   the state (a cached dataset, a saved batch) are not parameters of anything.
 
@@ -38,6 +47,7 @@ import torch
 
 from workbench.state_walk import find_modules_and_optimizers
 from workbench.units import human_bytes
+from workbench.versions import SAVED_MEASURE_STEPS
 
 PARAMETERS = "parameters"
 GRADIENTS = "gradients"
@@ -46,6 +56,8 @@ BUFFERS = "buffers"
 ACTIVATIONS = "activations"
 CACHE = "cache / fragmentation"
 PART_NAMES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, BUFFERS, ACTIVATIONS, CACHE)
+# The label of the activations part when its bytes are autograd's saved tensors, not an allocator peak.
+SAVED_FOR_BACKWARD = "saved for backward (last measured step)"
 
 OPTIMIZER_RATIO_ADVICE = 1.5  # optimizer state at least this many times the trainable parameters
 FROZEN_SHARE_ADVICE = 0.5  # frozen share of parameter bytes worth pointing out
@@ -60,11 +72,16 @@ FigureArg = int | Mapping[Any, int] | None
 
 @dataclass(frozen=True)
 class Part:
-    """One slice of a device's memory. `bytes` is None when it cannot be known here; `detail` says why."""
+    """One slice of a device's memory. `bytes` is None when it cannot be known here; `detail` says why.
+
+    `label`, when set, is what the bytes are when they are a stand-in for the part rather than
+    the part itself (SAVED_FOR_BACKWARD for activations on CPU); front ends show it instead of `name`.
+    """
 
     name: str
     bytes: int | None
     detail: str = ""
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,9 @@ class Breakdown:
     static_bytes: int  # parameters + gradients + optimizer state + buffers
     advice: tuple[str, ...]
     frozen_parameter_bytes: int  # parameters with requires_grad=False: they need no grads or optimizer state
+    # Bytes autograd saved for backward during the last measured step (tensors kept for the backward pass,
+    # not the allocator's peak), on the device that holds the parameters; None elsewhere or when not measured.
+    saved_for_backward: int | None = None
 
     def part(self, name: str) -> Part:
         """The part called `name` (one of PART_NAMES)."""
@@ -98,15 +118,20 @@ def session_breakdown(
     reserved: FigureArg = None,
     allocated: FigureArg = None,
     inactive_split_bytes: FigureArg = None,
+    saved_for_backward: int | None = None,
 ) -> list[Breakdown]:
     """One Breakdown per device holding the state's tensors, CUDA devices first (by index), then cpu.
 
-    Each figure is either an int, meaning the CUDA device the state uses (the
+    Each CUDA figure is either an int, meaning the CUDA device the state uses (the
     lowest-indexed one if it uses several, `cuda:0` if it uses none), or a mapping
     from device (`0`, `"cuda:0"`, a `torch.device`; any device name is accepted, so
     a caller with its own CPU peak may pass `{"cpu": n}`) to bytes. A device that has
     figures but no tensors of the state still gets a Breakdown. The list is empty
     when the state holds no tensors and no figures were given.
+
+    `saved_for_backward` is the bytes autograd saved for backward in the latest step
+    that measured them (`VersionTable.latest_saved_bytes()`); None means no step of
+    the current code version has been measured yet, and the breakdown says so.
     """
     tallies = _tally_state(state)
     figures = _CudaFigures.build(
@@ -118,16 +143,24 @@ def session_breakdown(
     )
     for device in figures.devices():
         tallies.setdefault(device, _DeviceTally())
-    return [_breakdown(device, tallies[device], figures) for device in sorted(tallies, key=_device_order)]
+    if saved_for_backward is not None:
+        tallies.setdefault(_parameters_device(tallies), _DeviceTally())
+    saved = _SavedFigure(_parameters_device(tallies), saved_for_backward)
+    return [_breakdown(device, tallies[device], figures, saved) for device in sorted(tallies, key=_device_order)]
 
 
 def session_breakdown_for_gpus(
-    state: Any, gpus: Iterable[Any], step_peak_allocated: Mapping[int, int] | None = None
+    state: Any,
+    gpus: Iterable[Any],
+    step_peak_allocated: Mapping[int, int] | None = None,
+    *,
+    saved_for_backward: int | None = None,
 ) -> list[Breakdown]:
     """`session_breakdown` fed from the device probe's `GpuMemory` list (reserved, allocated, inactive_split).
 
     `step_peak_allocated` maps a GPU index to the allocator's peak over one step
     (reset the peak before the step, read `max_memory_allocated` after it).
+    `saved_for_backward` is as for `session_breakdown`.
     """
     gpus = list(gpus)
 
@@ -140,6 +173,7 @@ def session_breakdown_for_gpus(
         reserved=figure("reserved"),
         allocated=figure("allocated"),
         inactive_split_bytes=figure("inactive_split"),
+        saved_for_backward=saved_for_backward,
     )
 
 
@@ -375,6 +409,21 @@ def _device_name(key: Any) -> str:
     return str(device)
 
 
+def _parameters_device(tallies: Mapping[str, _DeviceTally]) -> str:
+    """Where the step's activations live: the first device holding parameters, else the first device, else cpu."""
+    devices = sorted(tallies, key=_device_order)
+    holding = [d for d in devices if tallies[d].parameters.tensors]
+    return (holding or devices or ["cpu"])[0]
+
+
+@dataclass(frozen=True)
+class _SavedFigure:
+    """The saved-for-backward bytes (None: not measured yet) and the one device they belong to."""
+
+    device: str
+    bytes: int | None
+
+
 def _device_order(device: str) -> tuple[int, int, str]:
     """CUDA devices first, by index; then cpu; then anything else by name."""
     kind, _, index = device.partition(":")
@@ -385,9 +434,9 @@ def _device_order(device: str) -> tuple[int, int, str]:
 # --------------------------------------------------------------------------- building a Breakdown
 
 
-def _breakdown(device: str, tally: _DeviceTally, figures: _CudaFigures) -> Breakdown:
+def _breakdown(device: str, tally: _DeviceTally, figures: _CudaFigures, saved: _SavedFigure) -> Breakdown:
     static = tally.static_bytes
-    activations = _activations_part(device, static, tally, figures)
+    activations = _activations_part(device, static, tally, figures, saved)
     cache = _cache_part(device, figures)
     parts = (
         Part(PARAMETERS, tally.parameters.bytes, _parameters_detail(tally)),
@@ -403,6 +452,7 @@ def _breakdown(device: str, tally: _DeviceTally, figures: _CudaFigures) -> Break
         static_bytes=static,
         advice=tuple(_advice(device, tally, activations, cache, figures)),
         frozen_parameter_bytes=tally.frozen.bytes,
+        saved_for_backward=saved.bytes if device == saved.device else None,
     )
 
 
@@ -444,20 +494,45 @@ def _optimizer_detail(tally: _DeviceTally) -> str:
     return ", ".join(tally.state_keys) + f" ({tally.optimizer.tensors:,} tensors)"
 
 
-def _activations_part(device: str, static: int, tally: _DeviceTally, figures: _CudaFigures) -> Part:
+_SAVED_WHEN = f"measured on the first {SAVED_MEASURE_STEPS} steps of each code version"
+
+
+def _activations_part(
+    device: str, static: int, tally: _DeviceTally, figures: _CudaFigures, saved: _SavedFigure
+) -> Part:
     peak = figures.peak.get(device)
-    if peak is None:
-        if device.startswith("cuda"):
-            why = "needs a CUDA step peak (the allocator's max_memory_allocated over one step)"
-        else:
-            why = "needs a CUDA step peak (a CPU run has no allocator peak to read)"
-        return Part(ACTIVATIONS, None, why)
-    detail = f"step peak {human_bytes(peak)} minus static {human_bytes(static)}"
-    if peak < static:
-        detail += "; clamped at 0: the peak is below the static total (was it reset mid-step?)"
-    if tally.trainable_without_grad:
-        detail += "; gradients were not held when counted, so this includes the gradients made in backward"
-    return Part(ACTIVATIONS, max(peak - static, 0), detail)
+    mine = device == saved.device
+    if peak is not None:
+        detail = f"step peak {human_bytes(peak)} minus static {human_bytes(static)}"
+        if peak < static:
+            detail += "; clamped at 0: the peak is below the static total (was it reset mid-step?)"
+        if tally.trainable_without_grad:
+            detail += "; gradients were not held when counted, so this includes the gradients made in backward"
+        if mine and saved.bytes is not None:
+            detail += (
+                f"; autograd saved {human_bytes(saved.bytes)} for backward in the last measured step "
+                "(the tensors kept for the backward pass; the peak also holds temporaries)"
+            )
+        return Part(ACTIVATIONS, max(peak - static, 0), detail)
+    if mine and saved.bytes is not None:
+        detail = (
+            "the activations autograd saved for backward during one step: tensors kept for the backward pass, "
+            f"counted once per storage, parameters excluded; {_SAVED_WHEN}. Not an allocator peak "
+            "(temporaries freed within the step are not in it)"
+        )
+        return Part(ACTIVATIONS, saved.bytes, detail, label=SAVED_FOR_BACKWARD)
+    if device.startswith("cuda"):
+        why = "needs a CUDA step peak (the allocator's max_memory_allocated over one step)"
+        if mine:
+            why += f"; no bytes saved for backward measured yet either ({_SAVED_WHEN})"
+    elif mine:
+        why = (
+            f"not measured yet: the bytes autograd saves for backward are {_SAVED_WHEN} "
+            "(a CPU run has no allocator peak to read)"
+        )
+    else:
+        why = "needs a CUDA step peak (a CPU run has no allocator peak to read)"
+    return Part(ACTIVATIONS, None, why)
 
 
 def _cache_part(device: str, figures: _CudaFigures) -> Part:
@@ -530,8 +605,9 @@ def _fp32_advice(tally: _DeviceTally) -> Iterator[str]:
 
 def _activations_advice(tally: _DeviceTally, activations: Part) -> Iterator[str]:
     if activations.bytes is not None and activations.bytes > tally.static_bytes:
+        what = "activations saved for backward" if activations.label == SAVED_FOR_BACKWARD else "activations"
         yield (
-            f"activations ({human_bytes(activations.bytes)}) outweigh parameters, gradients and optimizer state "
+            f"{what} ({human_bytes(activations.bytes)}) outweigh parameters, gradients and optimizer state "
             f"({human_bytes(tally.static_bytes)}): activation checkpointing "
             "(torch.utils.checkpoint, use_reentrant=False) or a smaller batch would cut them"
         )

@@ -34,7 +34,7 @@ class BreakdownScreen(EngineReportScreen):
             for part in device["parts"]:
                 size = part["bytes"]
                 table.add_row(
-                    part["name"],
+                    part.get("label") or part["name"],
                     human_bytes(size) if size is not None else "n/a",
                     bar(size / total, 16) if size is not None else "",
                     part["detail"],
