@@ -206,7 +206,7 @@ def test_commands_on_stdin(headless) -> None:
     run.send("snapshot")
     snap = run.wait_event("snapshot")
     path = Path(snap["path"])
-    assert path.parent == run.entry.parent.resolve() / ".vram-bench" / "snapshots"
+    assert path.parent.name == "snapshots" and path.parent.parent.parent == run.entry.parent.resolve() / ".vram-bench" / "runs"
     assert path.stat().st_size == snap["bytes"] > 0
     assert snap["step"] == one["step"]
 

@@ -77,10 +77,11 @@ def test_snapshots_keep_the_last_k_and_latest_finds_the_newest(start_session):
     for _ in range(4):
         paths.append(take_snapshot(live).path)
         live.events.steps(2)
-    folder = live.root / ".vram-bench" / "snapshots"
+    folder = live.session.run_dir / "snapshots"
+    assert folder.parent.parent == live.root.resolve() / ".vram-bench" / "runs", "each session writes its own run folder"
     kept = snapshots_in(folder)
     assert [str(p) for p in kept] == sorted(set(paths), reverse=True)[:2]
-    assert find_snapshot(live.root / ".vram-bench", "latest") == kept[0]
+    assert find_snapshot(live.session.state_dir, "latest") == kept[0]
     assert load_snapshot(kept[0])["format"] == "vram-bench-snapshot/1"
 
 
@@ -249,7 +250,7 @@ def test_sigterm_writes_a_final_snapshot_and_exits_cleanly(tmp_path):
     snapshot = next(e for e in events if e["event"] == "snapshot")
     assert snapshot["reason"] == "final" and Path(snapshot["path"]).is_file()
     assert events[-1]["event"] == "exit" and events[-1]["reason"] == "quit"
-    assert f"final snapshot written to {snapshot['path']}" in err
+    assert f"final snapshot of step {snapshot['step']} written to {snapshot['path']}" in err
     assert load_snapshot(Path(snapshot["path"]))["step"] == events[-1]["step"]
     assert torch.load(snapshot["path"], weights_only=True)["format"] == "vram-bench-snapshot/1"
     assert os.path.getsize(snapshot["path"]) == snapshot["bytes"]

@@ -508,7 +508,7 @@ def test_profile_steps_are_capped_and_profile_0_cancels(start_session) -> None:
     cancelled = live.wait_for(is_event("profile"))
     assert cancelled.status == "cancelled" and 0 < cancelled.steps <= MAX_PROFILE_STEPS + 1
     assert not live.session.worker.profiling
-    assert not list((live.root / ".vram-bench").rglob("*.json*")), "a cancelled profile writes no trace"
+    assert not list((live.session.run_dir / "traces").glob("*.json*")), "a cancelled profile writes no trace"
 
 
 # --------------------------------------------------------------------------- failures while the session starts
@@ -545,16 +545,16 @@ def test_a_vram_bench_file_in_the_project_is_one_error_line_and_exit_2(tmp_path)
 
 
 def test_an_unwritable_project_keeps_its_artifacts_in_the_users_state_folder(tmp_path, monkeypatch) -> None:
-    from workbench import run_folder
+    from workbench import state_folder
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     project = tmp_path / "shared_checkout"
     project.mkdir()
-    monkeypatch.setattr(run_folder, "_can_write_in", lambda folder: not str(folder).startswith(str(project)))
-    folder, note = run_folder.choose_run_folder(project)
+    monkeypatch.setattr(state_folder, "_can_write_in", lambda folder: not str(folder).startswith(str(project)))
+    folder, note = state_folder.choose_state_folder(project)
     assert folder.is_dir() and folder.is_relative_to(tmp_path / "state" / "vram-bench")
     assert note is not None and str(folder) in note
-    assert run_folder.choose_run_folder(project)[0] == folder, "the same project gets the same folder each run"
+    assert state_folder.choose_state_folder(project)[0] == folder, "the same project gets the same folder each run"
 
 
 # --------------------------------------------------------------------------- an error raised in a module a save imports

@@ -357,7 +357,7 @@ def test_snapshot_writes_a_checkpoint_under_the_project(start_session) -> None:
     live.send(TakeSnapshot())
     snap = live.wait_for(is_event("snapshot"))
     path = Path(snap.path)
-    folder = live.root.resolve() / ".vram-bench" / "snapshots"
+    folder = live.session.run_dir / "snapshots"
     assert path.parent == folder
     assert path.is_file() and path.stat().st_size == snap.bytes > 0
     assert [p.name for p in folder.iterdir()] == [path.name], "a temp file was left behind"
@@ -410,7 +410,7 @@ def test_profile_is_refused_while_paused_then_records_n_steps(start_session) -> 
     between = [e for e in live.events.seen[live.events.seen.index(started) : live.events.seen.index(done)] if e.name == "step"]
     assert len(between) == 3, "the requested steps after one warm-up step"
     trace = Path(done.trace)
-    assert trace.parent == live.root.resolve() / ".vram-bench" / "traces"
+    assert trace.parent == live.session.run_dir / "traces"
     assert trace.name.endswith(".json.gz")
     with gzip.open(trace, "rt", encoding="utf-8") as f:
         chrome = json.load(f)

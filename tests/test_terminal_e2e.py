@@ -107,7 +107,8 @@ def app_command(entry: Path, env: dict[str, str], pid_file: Path, *, extra_env: 
 
 def events_tail(project: Path, n: int = 40) -> str:
     """What the app's event log says last: prints (a crashed UI's traceback lands there), errors, exits."""
-    path = project / ".vram-bench" / "events.jsonl"
+    logs = sorted((project / ".vram-bench" / "runs").glob("*/events.jsonl"))  # the newest run's
+    path = logs[-1] if logs else project / ".vram-bench" / "events.jsonl"
     if not path.exists():
         return "(no events.jsonl: the session never started)"
     lines = []
@@ -473,8 +474,15 @@ def pause_and_snapshot(screen: TmuxScreen, project: Path) -> int:
     )
     logged = int(re.search(r"SNAPSHOT \S*snapshots/step-0*(\d+)\.pt", shown).group(1))  # type: ignore[union-attr]
     assert logged == step, screen.explain(f"paused at step {step}, but the snapshot is of step {logged}", shown)
-    assert (project / ".vram-bench" / "snapshots" / f"step-{step:08d}.pt").is_file(), screen.explain("no snapshot file", shown)
+    assert run_snapshot(project, step).is_file(), screen.explain("no snapshot file", shown)
     return step
+
+
+def run_snapshot(project: Path, step: int) -> Path:
+    """The snapshot of `step` in the project's one run folder (each session writes its own)."""
+    found = list((project / ".vram-bench" / "runs").glob(f"*/snapshots/step-{step:08d}.pt"))
+    assert len(found) <= 1, found
+    return found[0] if found else project / ".vram-bench" / "runs" / "?" / f"step-{step:08d}.pt"
 
 
 def quit_without_question(screen: TmuxScreen) -> None:
@@ -508,9 +516,9 @@ def test_tmux_keyboard_only_pause_snapshot_step_and_quit_with_snapshot(tmp_path:
     screen.send("s")  # snapshot, then quit
     status = screen.wait_exit()
     assert status == 0, screen.explain(f"exit status {status} after quitting with a snapshot")
-    assert (entry.parent / ".vram-bench" / "snapshots" / f"step-{step + 1:08d}.pt").is_file(), screen.explain("no final snapshot")
+    assert run_snapshot(entry.parent, step + 1).is_file(), screen.explain("no final snapshot")
     after = screen.capture(history=True)
-    assert f"final snapshot written to {entry.parent}" in after and f"step-{step + 1:08d}.pt" in after, screen.explain(
+    assert f"final snapshot of step {step + 1} written to {entry.parent}" in after and f"step-{step + 1:08d}.pt" in after, screen.explain(
         "the final snapshot is not reported after exit", after
     )
 

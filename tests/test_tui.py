@@ -131,7 +131,7 @@ async def test_quit_with_a_snapshot_first(tmp_path, session_factory):
         await pilot.press("s")
         await until(pilot, lambda: not app.is_running, what="app exit", timeout=5)
     session.close()
-    snapshots = sorted((tmp_path / "proj" / ".vram-bench" / "snapshots").glob("step-*.pt"))
+    snapshots = sorted((session.run_dir / "snapshots").glob("step-*.pt"))
     assert snapshots and session.last_snapshot == str(snapshots[-1])
     assert int(snapshots[-1].stem.split("-")[1]) == session.worker.step
 

@@ -78,8 +78,8 @@ async def test_versions_screen_shows_rows_and_exports(tmp_path, session_factory)
         await pilot.press("v")
         await until(pilot, lambda: type(app.screen).__name__ == "VersionsScreen", what="versions screen")
         await pilot.press("j")
-        await until(pilot, lambda: bool(list((tmp_path / "proj" / ".vram-bench").glob("versions-*.json"))), what="export")
-        rows = json.loads(next((tmp_path / "proj" / ".vram-bench").glob("versions-*.json")).read_text())
+        await until(pilot, lambda: bool(list((session.run_dir).glob("versions-*.json"))), what="export")
+        rows = json.loads(next((session.run_dir).glob("versions-*.json")).read_text())
         assert [r["changed"] for r in rows] == [[], ["TAG"]]
 
 

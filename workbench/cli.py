@@ -27,7 +27,7 @@ examples:
   vram-bench run train.py --headless          JSON-lines events on stdout, commands on stdin
   vram-bench run train.py --headless --max-steps 100 < /dev/null
   vram-bench run train.py -- --batch-size 8   the script's own arguments go after --: it sees sys.argv == [train.py, --batch-size, 8]
-  vram-bench run train.py --resume latest     continue from the newest snapshot in .vram-bench/snapshots/
+  vram-bench run train.py --resume latest     continue from the newest snapshot of any run (.vram-bench/runs/)
   vram-bench load-bench --size 124M           compare memory-efficient ways to load GPT-2-sized weights
 
 In the app: space pause/resume, r reload, e evaluate, c cleanup, s snapshot, p profile, ? help, q quit.
@@ -284,14 +284,18 @@ def _check_resume(args: argparse.Namespace, project) -> Path | None:  # type: ig
         return None
     from workbench.actions.snapshot import find_snapshot, load_snapshot
 
-    path = find_snapshot(project.root / ".vram-bench", args.resume)
+    from workbench.state_folder import choose_state_folder
+
+    path = find_snapshot(choose_state_folder(project.root)[0], args.resume)
     load_snapshot(path)  # mapped, not read: cheap, and a damaged file fails here
     return path
 
 
 def _report_final_snapshot(session) -> None:  # type: ignore[no-untyped-def]
-    if session.worker.exit_reason in ("quit",) and session.last_snapshot and session._final_snapshot:
-        print(f"vram-bench: final snapshot written to {session.last_snapshot}", file=sys.stderr)
+    """What the quit's final snapshot did, as it happened (a failure is an error, and the exit status is 1)."""
+    final = session.worker.final_snapshot
+    if final is not None:
+        print(f"vram-bench: {'' if final.ok else 'error: '}{final.sentence()}", file=sys.stderr)
 
 
 def _report_setup_failure(session, debug: bool) -> bool:  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""Append every event to `<project>/.vram-bench/events.jsonl` (the TUI's record of a session)."""
+"""Append every event to the run folder's `events.jsonl` (the TUI's record of a session)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from workbench.eventbus import EventBus
 from workbench.eventlog import EventLogWriter
 from workbench.events import Command, Error, Interrupt, Quit, ReloadNow, Start
 from workbench.actions.leftovers import remove_leftovers
-from workbench.actions.snapshot import DEFAULT_KEEP, snapshot_folder
+from workbench.actions.snapshot import DEFAULT_KEEP
 from workbench.hotswap.reloader import DEFAULT_MAX_HISTORY, Reloader
 from workbench.hotswap.service import ReloadService
 from workbench.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
@@ -32,7 +32,8 @@ from workbench.memory.host import read_host_memory
 from workbench.memory.sampler import HostReader, MemorySampler
 from workbench.output import OutputRouter
 from workbench.project import Project, ignored_hooks, unload_project
-from workbench.run_folder import choose_run_folder
+from workbench.runs import RunRecord, leftover_folders, new_run_folder
+from workbench.state_folder import choose_state_folder
 from workbench.telemetry import Telemetry
 from workbench.units import human_bytes
 from workbench.watchdog import StepWatchdog
@@ -133,7 +134,10 @@ class Session:
         self.bus = EventBus()
         self.telemetry = Telemetry(memory_history=int(config.memory_window / max(config.memory_interval, 0.01)) + 1)
         self.probe: DeviceProbe = probe or TorchNvmlProbe()
-        self.run_dir, self._run_dir_note = choose_run_folder(project.root)  # a UserError before anything starts
+        # The project's state folder (a UserError before anything starts), and this session's own run folder in it.
+        self.state_dir, self._run_dir_note = choose_state_folder(project.root)
+        self.run_dir = new_run_folder(self.state_dir)
+        self.run_record = RunRecord(self.run_dir)
         self.bench = Bench(config.device, self.run_dir)
         self.reloader = Reloader(project, REQUIRED_FUNCTIONS, config.max_history)
         self.router = (
@@ -156,6 +160,7 @@ class Session:
             resume=config.resume,
             resume_partial=config.resume_partial,
             snapshot_keep=config.snapshot_keep,
+            run_record=self.run_record,
             freeze_gc=config.freeze_gc,
             nice=config.training_nice,
         )
@@ -215,7 +220,8 @@ class Session:
             self.bus.publish(Error(where="contract", message=note))
         if self._run_dir_note:
             self.bus.publish(Error(where="run folder", message=self._run_dir_note))
-        for leftover in remove_leftovers([snapshot_folder(self.run_dir), self.run_dir / "memory"]):
+        self.run_record.start(str(self.project.entry), self.config.resume)
+        for leftover in remove_leftovers(leftover_folders(self.state_dir)):
             self.bus.publish(
                 Error(
                     where="run folder",

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 import workbench
 from workbench.actions.cleanup import run_cleanup, trim_c_heap
+from workbench.actions.final_snapshot import FinalSnapshot
 from workbench.actions.pending_optimizers import PendingOptimizers
 from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_recording
 from workbench.actions.profile import ProfileRun
@@ -91,6 +92,7 @@ from workbench.project import Project, deepest_frame_in
 from workbench.rebuild import carry_optimizers_setup_did_not_make, carry_over, restore_globals
 from workbench.state_walk import find_instances
 from workbench.saved_bytes import SavedBytes
+from workbench.runs import RunRecord
 from workbench.telemetry import Telemetry
 from workbench.thread_priority import lower_current_thread
 
@@ -163,6 +165,7 @@ class TrainingWorker(threading.Thread):
         resume: Path | None = None,
         resume_partial: bool = False,
         snapshot_keep: int = DEFAULT_KEEP,
+        run_record: RunRecord | None = None,
         freeze_gc: bool = True,
         nice: int = 0,
     ) -> None:
@@ -184,12 +187,16 @@ class TrainingWorker(threading.Thread):
         self.resume_path = resume
         self.resume_partial = resume_partial
         self.snapshot_keep = snapshot_keep
+        self.run_record = run_record  # run.json: how far this run got, for `vram-bench runs`
         self.freeze_gc = freeze_gc  # freeze what setup() left alive: short full collections (memory/gc_freeze.py)
         self.frozen: Frozen | None = None
         self.nice_increment = nice
         self.nice: int | None = None  # the training thread's nice value once lowered
         self.last_snapshot_step: int | None = None
-        self.last_snapshot_path: str | None = None
+        self.last_snapshot_path: str | None = None  # the last snapshot this run wrote (or resumed from)
+        self.last_snapshot_error: str | None = None  # why the last attempt failed, if it did
+        self.final_snapshot: FinalSnapshot | None = None  # what the quit's final snapshot did: said after exit
+        self._first_step = 0  # the step setup() or the resume started from: no snapshot before a step has run
         self.activity: str | None = None  # a long action running between steps, for the status bar
         self._interrupt_lock = threading.Lock()
         self.exit_on_error_pause = False  # headless with stdin closed: nobody could resume
@@ -263,6 +270,7 @@ class TrainingWorker(threading.Thread):
             if self.frozen is not None:
                 release_frozen()
             self.state = RunState.STOPPED
+            self._update_run_record(ended=time.time(), exit_reason=self.exit_reason)
             self.bus.publish(Exit(reason=self.exit_reason, step=self.step, code=self.exit_code))
             if self.router is not None:
                 self.router.release_thread()
@@ -357,7 +365,8 @@ class TrainingWorker(threading.Thread):
                 self.state = RunState.RUNNING
                 self._pause("resume failed")
             return False
-        self.step = self.last_snapshot_step = report.step
+        self.step = self.last_snapshot_step = self._first_step = report.step
+        self.last_snapshot_path = str(path)
         notes: tuple[str, ...] = ()
         if report.pending_optimizers:
             self._pending_optimizers = PendingOptimizers.after_resume(path, report.pending_optimizers, self.step)
@@ -526,8 +535,8 @@ class TrainingWorker(threading.Thread):
     # Commands ----------------------------------------------------------------------------
     def _handle(self, command: Command) -> None:
         if isinstance(command, Quit):
-            if command.final_snapshot and self.user_state is not None and self.step != self.last_snapshot_step:
-                self._snapshot("final")
+            if command.final_snapshot and self.user_state is not None:
+                self._final_snapshot()
             self._quit = True
         elif isinstance(command, Pause):
             if self.state is RunState.RUNNING:
@@ -555,6 +564,8 @@ class TrainingWorker(threading.Thread):
         elif isinstance(command, TakeSnapshot):
             if self.user_state is None:
                 self._command_error("nothing to snapshot yet: setup() has not finished")
+            elif self.step == self._first_step:
+                self._command_error(self._nothing_trained_yet())
             else:
                 self._snapshot("requested")
         elif isinstance(command, RunProfile):
@@ -607,10 +618,11 @@ class TrainingWorker(threading.Thread):
 
     def _breakdown(self) -> BreakdownReady:
         gpus = self.probe.gpus() if self._gpu_index is not None else []
+        saved = self.telemetry.versions.latest_saved_bytes()  # measured on any device: the activations on CPU
         if gpus:
-            devices = session_breakdown_for_gpus(self.user_state, gpus, dict(self.telemetry.step_peaks))
+            devices = session_breakdown_for_gpus(self.user_state, gpus, dict(self.telemetry.step_peaks), saved_for_backward=saved)
         else:
-            devices = session_breakdown(self.user_state)
+            devices = session_breakdown(self.user_state, saved_for_backward=saved)
         return BreakdownReady(step=self.step, devices=tuple(d.to_dict() for d in devices))
 
     def _find_leaks(self) -> LeaksFound:
@@ -625,19 +637,52 @@ class TrainingWorker(threading.Thread):
             suspects=tuple(dataclasses.asdict(s) for s in report.suspects),
         )
 
-    def _snapshot(self, reason: str) -> None:
-        def write() -> Snapshot:
+    def _nothing_trained_yet(self) -> str:
+        if self._first_step == 0:
+            return "no snapshot before the first step: it would hold the untrained model, and a later --resume would take it for training"
+        return f"no step has run since the resume: step {self.step} is already in {self.last_snapshot_path}"
+
+    def _final_snapshot(self) -> None:
+        """The quit's snapshot, and what it did (`final_snapshot`): failed means the exit status says so too."""
+        if self.step == self._first_step:
+            self.final_snapshot = FinalSnapshot("nothing trained", self.step)
+        elif self.step == self.last_snapshot_step and self.last_snapshot_path is not None:
+            self.final_snapshot = FinalSnapshot("up to date", self.step, path=self.last_snapshot_path)
+        else:
+            good_path, good_step = self.last_snapshot_path, self.last_snapshot_step
+            if self._snapshot("final"):
+                self.final_snapshot = FinalSnapshot("written", self.step, path=self.last_snapshot_path)
+            else:
+                self.final_snapshot = FinalSnapshot(
+                    "failed", self.step, error=self.last_snapshot_error, last_good_path=good_path, last_good_step=good_step
+                )
+                self.exit_code, self.exit_reason = 1, "final snapshot failed"
+        if not self.final_snapshot.ok:
+            self.bus.publish(Error(where="snapshot", message=self.final_snapshot.sentence()))
+
+    def _snapshot(self, reason: str) -> bool:
+        """Write one; True if it was written (a failure is an error event and `last_snapshot_error`)."""
+        self.activity = f"writing snapshot of step {self.step}"  # large states take seconds: the status bar says so
+        try:
             event = write_snapshot(
                 self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces()
             )
-            self.last_snapshot_step, self.last_snapshot_path = self.step, event.path
-            return dataclasses.replace(event, reason=reason)
-
-        self.activity = f"writing snapshot of step {self.step}"  # large states take seconds: the status bar says so
-        try:
-            self._publish_or_report("snapshot", write)
+        except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
+            self.last_snapshot_error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+            self.bus.publish(Error(where="snapshot", message=f"snapshot of step {self.step} failed: {self.last_snapshot_error}",
+                                   traceback=None if isinstance(exc, UserError) else self._format(exc)))
+            return False
         finally:
             self.activity = None
+        self.last_snapshot_step, self.last_snapshot_path, self.last_snapshot_error = self.step, event.path, None
+        self._update_run_record()
+        self.bus.publish(dataclasses.replace(event, reason=reason))
+        return True
+
+    def _update_run_record(self, **extra: Any) -> None:
+        if self.run_record is not None:
+            loss = self.telemetry.latest("loss")
+            self.run_record.update(step=self.step, code_version=self.reloader.version, last_loss=loss, **extra)
 
     def _start_memory_recording(self) -> None:
         if not self.record_memory:

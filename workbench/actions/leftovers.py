@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-_LEFTOVER = re.compile(r"^\.tmp-(\d+)-.+\.(pt|pickle)$")
+_LEFTOVER = re.compile(r"^\.tmp-(\d+)-.+\.(pt|pickle|json)$")
 
 
 def temp_prefix() -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,11 +24,11 @@ import torch
 from workbench.actions.leftovers import temp_prefix
 from workbench.errors import UserError
 from workbench.events import Snapshot
+from workbench.runs import LEGACY, RUNS, latest_snapshot, snapshots_by_step
 from workbench.state_walk import Namespaces, find_with_globals
 
 FORMAT = "vram-bench-snapshot/1"
 DEFAULT_KEEP = 5
-_NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
 def snapshot_folder(run_dir: Path) -> Path:
@@ -95,33 +94,26 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _prune(folder: Path, keep: int, protect: Path) -> None:
-    for old in [p for p in snapshots_in(folder) if p != protect][max(keep, 1) - 1 :]:
+    """Keep this run's `keep` highest steps (the folder is the run's own: no other run's file is touched)."""
+    for old in [p for p in snapshots_by_step(folder) if p != protect][max(keep, 1) - 1 :]:
         old.unlink(missing_ok=True)
 
 
 def snapshots_in(folder: Path) -> list[Path]:
-    """Complete snapshots, most recently written first (a new run's step 100 is newer than an old run's
-    step 5000); temp files are never listed."""
-    found = []
-    for path in folder.glob("step-*.pt"):
-        if _NAME.match(path.name):
-            try:
-                found.append((path.stat().st_mtime_ns, path.name, path))
-            except FileNotFoundError:
-                continue
-    return [p for *_, p in sorted(found, reverse=True)]
+    """Complete snapshots in one folder, highest step first; temp files are never listed."""
+    return snapshots_by_step(folder)
 
 
-def find_snapshot(run_dir: Path, spec: str) -> Path:
-    """`latest` → the newest snapshot of this project; otherwise a path. A UserError if there is none."""
+def find_snapshot(state_dir: Path, spec: str) -> Path:
+    """`latest` → the newest run's highest step (any run of this project); otherwise a path. A UserError if none."""
     if spec == "latest":
-        found = snapshots_in(snapshot_folder(run_dir))
-        if not found:
+        found = latest_snapshot(state_dir)
+        if found is None:
             raise UserError(
-                f"--resume latest: no snapshot in {snapshot_folder(run_dir)}.",
+                f"--resume latest: no snapshot in {state_dir / RUNS}/*/snapshots/ (nor in {state_dir / LEGACY}/).",
                 hint="Take one with s (or the `snapshot` command) first, or pass --resume PATH.",
             )
-        return found[0]
+        return found
     path = Path(spec).expanduser()
     if not path.is_file():
         raise UserError(f"--resume: no such snapshot file: {path}.", hint="Use --resume latest or an existing .pt file.")

@@ -111,6 +111,6 @@ def render_traceback(text: str, root: Path, *, roles: Roles = DEFAULT_ROLES, dar
         for frame in shown:
             parts.append(Text(f"      {short_path(frame.file, root)}:{frame.line} in {frame.function}", style="dim"))
     if parsed.chained:
-        parts.append(Text(f"    (while handling {parsed.chained} earlier exception(s); the full text is in .vram-bench/events.jsonl)",
+        parts.append(Text(f"    (while handling {parsed.chained} earlier exception(s); the full text is in the run folder's events.jsonl)",
                           style="dim"))
     return Group(*parts)

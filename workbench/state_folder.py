@@ -1,4 +1,4 @@
-"""Where a session writes its snapshots, traces and event log.
+"""The project's state folder, where each session's run folder goes (`runs.py`).
 
 `<project>/.vram-bench/` when it can be; a project folder the user may read but
 not write (a shared checkout, a read-only mount) still runs, with its artifacts
@@ -18,7 +18,7 @@ from workbench.errors import UserError
 FOLDER_NAME = ".vram-bench"
 
 
-def choose_run_folder(project_root: Path) -> tuple[Path, str | None]:
+def choose_state_folder(project_root: Path) -> tuple[Path, str | None]:
     """The folder, created, and a sentence for the log when it is not the project's own."""
     folder = project_root / FOLDER_NAME
     if folder.exists() and not folder.is_dir():
