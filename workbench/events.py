@@ -160,6 +160,8 @@ class ResumeLoaded(Event):
     mismatched: tuple[str, ...] = ()
     error: str | None = None
     notes: tuple[str, ...] = ()
+    initialized: tuple[str, ...] = ()  # tensors the snapshot did not have: initialized as setup() does
+    mapped: int = 0  # tensors that use the snapshot file's pages (no copy; CPU, same dtype)
     late: bool = False  # an optimizer step() made after the resume got its state from the snapshot (or did not)
 
 

@@ -80,6 +80,7 @@ from workbench.hotswap.loader_workers import worker_notes
 from workbench.hotswap.patches import RunInNamespace, apply_all
 from workbench.hotswap.planner import ChangeSet, ReloadError
 from workbench.hotswap.reloader import AppliedVersion, Reloader
+from workbench.init_skipping import InitLog, skipping_init
 from workbench.hotswap.service import SourceUnchanged
 from workbench.memory.breakdown import session_breakdown, session_breakdown_for_gpus
 from workbench.memory.device import DeviceProbe
@@ -299,7 +300,9 @@ class TrainingWorker(threading.Thread):
         try:
             if setup is None:
                 raise NameError("setup(bench) is not defined in the project file")
-            self.user_state = setup(self.bench)
+            # Resuming: the snapshot fills the parameters, so their initialization is recorded, not run.
+            with skipping_init(active=self.resume_path is not None) as init_log:
+                self.user_state = setup(self.bench)
             self._state_built_at = self.reloader.version
         except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
             seconds = time.monotonic() - self.setup_started
@@ -323,7 +326,7 @@ class TrainingWorker(threading.Thread):
         resumed = True
         if self.resume_path is not None:
             path, self.resume_path = self.resume_path, None  # once: a later rebuild starts from the live state
-            resumed = self._resume_from(path)
+            resumed = self._resume_from(path, init_log)
         if self.freeze_gc:
             self.frozen = freeze_survivors()
         if not resumed:
@@ -333,21 +336,27 @@ class TrainingWorker(threading.Thread):
         else:
             self.state = RunState.RUNNING
 
-    def _resume_from(self, path: Path) -> bool:
-        """Load a snapshot into what setup() built; on a mismatch load nothing and say what differs."""
+    def _resume_from(self, path: Path, init_log: InitLog) -> bool:
+        """Load a snapshot into what setup() built; on a mismatch load nothing and say what differs.
+
+        `init_log`: the initializations setup() skipped; what the snapshot does not fill is initialized
+        now, and when nothing is loaded, everything is, so training starts from what setup() builds."""
         started = time.monotonic()
         try:
             report = apply_snapshot(
-                self.user_state, load_snapshot(path), path, partial=self.resume_partial, namespaces=self._namespaces()
+                self.user_state, load_snapshot(path), path, partial=self.resume_partial, namespaces=self._namespaces(),
+                init_log=init_log,
             )
         except Exception as exc:  # noqa: BLE001 - a snapshot that does not fit must not cost the session
+            init_log.replay_all()
             report = getattr(exc, "report", None)
             if report is not None:
                 message = f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
             elif isinstance(exc, UserError):
                 message = str(exc)
             else:
-                message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); training starts from what setup() built"
+                message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); nothing was loaded"
+            message += "; training starts from what setup() built (initialized as usual)"
             self.bus.publish(
                 ResumeLoaded(
                     ok=False,
@@ -371,6 +380,9 @@ class TrainingWorker(threading.Thread):
         if report.pending_optimizers:
             self._pending_optimizers = PendingOptimizers.after_resume(path, report.pending_optimizers, self.step)
             notes = self._pending_optimizers.notes_at_resume
+        if report.initialized:
+            shown = ", ".join(report.initialized[:6]) + (f" and {len(report.initialized) - 6} more" if len(report.initialized) > 6 else "")
+            notes += (f"not in the snapshot, so initialized as setup() does: {shown}",)
         self.bus.publish(
             ResumeLoaded(
                 ok=True,
@@ -383,6 +395,8 @@ class TrainingWorker(threading.Thread):
                 unexpected=tuple(report.unexpected),
                 mismatched=tuple(report.mismatched),
                 notes=notes,
+                initialized=tuple(report.initialized),
+                mapped=report.mapped,
             )
         )
         return True

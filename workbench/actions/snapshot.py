@@ -11,8 +11,10 @@ of the weights (the model's own) plus file-backed pages the OS can drop.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -22,8 +24,10 @@ from typing import Any
 import torch
 
 from workbench.actions.leftovers import temp_prefix
+from workbench.actions.snapshot_integrity import check_free_space, disk_full_message, payload_bytes, verify_snapshot
 from workbench.errors import UserError
 from workbench.events import Snapshot
+from workbench.init_skipping import InitLog
 from workbench.runs import LEGACY, RUNS, latest_snapshot, snapshots_by_step
 from workbench.state_walk import Namespaces, find_with_globals
 
@@ -50,10 +54,18 @@ def write_snapshot(
         "saved_at": time.time(),
         "modules": {name: m.state_dict() for name, m in modules.items()},
         "optimizers": {name: o.state_dict() for name, o in optimizers.items()},
+        # The class of each optimizer: a resume into another kind (SGD state into AdamW) is refused, not
+        # accepted and then failed in the first step.
+        "optimizer_types": {name: _type_name(o) for name, o in optimizers.items()},
         "rng": _rng_state(),
     }
     folder = snapshot_folder(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(f"cannot write the snapshot: {folder} (or a folder above it) is not a folder any more.") from None
+    needed = payload_bytes(payload)
+    check_free_space(folder, needed)
     final = folder / f"step-{step:08d}.pt"
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(), suffix=".pt", dir=folder)
     try:
@@ -63,11 +75,19 @@ def write_snapshot(
             os.fsync(f.fileno())
         os.replace(tmp_name, final)
         _fsync_folder(folder)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp_name).unlink(missing_ok=True)
+        if isinstance(exc, (OSError, RuntimeError)):
+            free = shutil.disk_usage(folder).free
+            if free < needed or getattr(exc, "errno", None) == errno.ENOSPC:  # torch.save says "unexpected pos ..."
+                raise UserError(disk_full_message(folder, free, needed), hint="Free some space, then snapshot again.") from None
         raise
     _prune(folder, keep, protect=final)
     return Snapshot(path=str(final), bytes=final.stat().st_size, step=step, seconds=time.monotonic() - started)
+
+
+def _type_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def _rng_state() -> dict[str, Any]:
@@ -121,7 +141,10 @@ def find_snapshot(state_dir: Path, spec: str) -> Path:
 
 
 def load_snapshot(path: Path) -> dict[str, Any]:
-    """Map a snapshot (weights only: no arbitrary objects are ever unpickled); a damaged file is a UserError."""
+    """Check it (every member's CRC-32), then map it (weights only: no arbitrary object is ever unpickled).
+
+    A damaged file is a UserError that names it and offers the previous snapshot."""
+    verify_snapshot(path, snapshots_in(path.parent))
     try:
         payload = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - truncated zip, bad pickle, a file from elsewhere
@@ -141,7 +164,9 @@ class ResumeReport:
     optimizers: int = 0
     missing: list[str] = field(default_factory=list)  # in the model, not in the snapshot
     unexpected: list[str] = field(default_factory=list)  # in the snapshot, not in the model
-    mismatched: list[str] = field(default_factory=list)  # same name, other shape
+    mismatched: list[str] = field(default_factory=list)  # same name, other shape (or an optimizer that differs)
+    initialized: list[str] = field(default_factory=list)  # not in the snapshot: initialized as setup() does
+    mapped: int = 0  # tensors that took the snapshot's mapped storage (no copy)
     # Optimizers in the snapshot that setup() does not make (step() makes them on first use): loaded when they appear.
     pending_optimizers: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -165,58 +190,117 @@ class ResumeMismatch(Exception):
 
 
 def apply_snapshot(
-    state: Any, payload: dict[str, Any], path: Path, *, partial: bool = False, namespaces: Namespaces = ()
+    state: Any,
+    payload: dict[str, Any],
+    path: Path,
+    *,
+    partial: bool = False,
+    namespaces: Namespaces = (),
+    init_log: InitLog | None = None,
 ) -> ResumeReport:
-    """Copy the snapshot's tensors into the live modules and optimizers (found by the same names).
+    """Load the snapshot into the live modules and optimizers (found by the same names): all or nothing.
 
-    Nothing is loaded when names or shapes differ, unless `partial`. Tensors are copied
-    into the parameters setup() made (not assigned), so optimizers keep pointing at them.
+    Everything is checked before anything is touched: tensor names and shapes, each optimizer's
+    class, parameter groups and hyperparameters. On a mismatch nothing is loaded (unless `partial`:
+    then the tensors that fit, and no optimizer). Loading keeps every Parameter object (optimizers
+    point at them) but, where device and dtype match, gives it the snapshot's own mapped storage
+    instead of copying: no second copy of the weights, and pages are read as they are used.
+    `init_log`: what setup() skipped initializing (`init_skipping.py`); whatever the snapshot did not
+    fill is initialized now, as setup() would have done, and named in `report.initialized`.
     An optimizer the snapshot has and setup() did not make is returned in `pending_optimizers`.
     """
     modules, optimizers = find_with_globals(state, namespaces)
     report = ResumeReport(path=str(path), step=int(payload.get("step", 0)))
     saved_modules: dict[str, dict[str, torch.Tensor]] = payload.get("modules", {})
-    plans: list[tuple[torch.nn.Module, dict[str, torch.Tensor]]] = []
+    fills: list[tuple[torch.Tensor, torch.Tensor]] = []  # (live tensor, saved tensor)
     for name, module in modules.items():
         saved = saved_modules.get(name)
-        live = module.state_dict()
+        live = module.state_dict(keep_vars=True)
         if saved is None:
             report.missing.extend(f"{name}.{k}" for k in live)
             continue
-        usable = {}
         for key, tensor in live.items():
             if key not in saved:
                 report.missing.append(f"{name}.{key}")
             elif tuple(saved[key].shape) != tuple(tensor.shape):
                 report.mismatched.append(f"{name}.{key} {tuple(saved[key].shape)} -> {tuple(tensor.shape)}")
             else:
-                usable[key] = saved[key]
+                fills.append((tensor, saved[key]))
         report.unexpected.extend(f"{name}.{k}" for k in saved if k not in live)
-        plans.append((module, usable))
     report.unexpected.extend(f"{n}.*" for n in saved_modules if n not in modules)
+    saved_optimizers = payload.get("optimizers", {})
+    saved_types = payload.get("optimizer_types", {})
     for name, optimizer in optimizers.items():
-        saved_opt = payload.get("optimizers", {}).get(name)
-        if saved_opt is None:
-            continue
-        saved_groups = [len(g.get("params", ())) for g in saved_opt.get("param_groups", ())]
-        live_groups = [len(g["params"]) for g in optimizer.param_groups]
-        if saved_groups != live_groups:
-            report.mismatched.append(f"optimizer {name}: parameter groups {saved_groups} -> {live_groups}")
+        if name in saved_optimizers:
+            problem = _optimizer_problem(optimizer, saved_optimizers[name], saved_types.get(name))
+            if problem:
+                report.mismatched.append(f"optimizer {name}: {problem}")
     if not report.clean and not partial:
         raise ResumeMismatch(report)
-    with torch.no_grad():
-        for module, usable in plans:
-            module.load_state_dict(usable, strict=False)
-            report.tensors += len(usable)
     if report.clean:
-        for name, optimizer in optimizers.items():
-            saved_opt = payload.get("optimizers", {}).get(name)
-            if saved_opt is not None:
-                optimizer.load_state_dict(saved_opt)
-                report.optimizers += 1
-        report.pending_optimizers = {n: o for n, o in payload.get("optimizers", {}).items() if n not in optimizers}
+        report.optimizers = _load_optimizers(optimizers, saved_optimizers)
+        report.pending_optimizers = {n: o for n, o in saved_optimizers.items() if n not in optimizers}
+    report.tensors, report.mapped = _fill(fills)
+    if init_log is not None:
+        names = {id(t): f"{m}.{k}" for m, module in modules.items() for k, t in module.state_dict(keep_vars=True).items()}
+        # (one setup() made and then dropped, as a tied head's first weight, is initialized too, and not named)
+        report.initialized = [names[id(p)] for p in init_log.replay(t for t, _ in fills) if id(p) in names]
     _restore_rng(payload.get("rng", {}))
     return report
+
+
+def _optimizer_problem(optimizer: torch.optim.Optimizer, saved: dict[str, Any], saved_type: str | None) -> str | None:
+    """Why this saved state cannot go into `optimizer` (None if it can): found before anything is loaded."""
+    if saved_type is not None and saved_type != _type_name(optimizer):
+        return f"the snapshot holds the state of a {saved_type.rsplit('.', 1)[-1]}, setup() made a {type(optimizer).__name__}"
+    saved_groups = saved.get("param_groups", ())
+    sizes = [len(g.get("params", ())) for g in saved_groups]
+    live_sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != live_sizes:
+        return f"parameter groups {sizes} -> {live_sizes}"
+    for index, (group, live) in enumerate(zip(saved_groups, optimizer.param_groups)):
+        lacking = sorted(k for k in live if k not in group and k not in _GROUP_KEYS_WITH_DEFAULTS)
+        if lacking:
+            return (f"group {index} of the snapshot lacks {', '.join(lacking)}: the state of another kind of "
+                    f"optimizer than {type(optimizer).__name__}")
+    return None
+
+
+# Keys newer torch versions add with a default on load (`Optimizer.__setstate__`), so older snapshots lack them.
+_GROUP_KEYS_WITH_DEFAULTS = frozenset({"params", "param_names", "foreach", "maximize", "capturable", "differentiable",
+                                       "fused", "decoupled_weight_decay"})
+
+
+def _load_optimizers(optimizers: dict[str, torch.optim.Optimizer], saved: dict[str, Any]) -> int:
+    """Load each; if one fails, the ones loaded go back to what they were (setup()'s fresh state) and it raises."""
+    before: list[tuple[torch.optim.Optimizer, dict[str, Any]]] = []
+    try:
+        for name, optimizer in optimizers.items():
+            if name in saved:
+                before.append((optimizer, optimizer.state_dict()))
+                optimizer.load_state_dict(saved[name])  # CPU state stays the file's mapped pages (`.to()` is a no-op)
+    except BaseException:
+        for optimizer, state in before:
+            optimizer.load_state_dict(state)
+        raise
+    return len(before)
+
+
+def _fill(fills: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int]:
+    """Each live tensor takes its saved value; (tensors filled, of which by taking the mapped storage)."""
+    done: set[int] = set()
+    mapped = 0
+    with torch.no_grad():
+        for live, saved in fills:
+            if id(live) in done:
+                continue  # tied weights: one tensor under two names
+            done.add(id(live))
+            if live.device == saved.device and live.dtype == saved.dtype and live.layout == saved.layout:
+                live.data = saved  # the same Parameter object, now on the snapshot's pages (copy-on-write)
+                mapped += 1
+            else:
+                live.copy_(saved)  # another device or dtype: one copy, into what setup() allocated
+    return len(done), mapped
 
 
 def _restore_rng(rng: dict[str, Any]) -> None:

@@ -1,0 +1,189 @@
+"""--resume runs setup() without initializing what the snapshot fills, then maps the snapshot in without a copy."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import is_event, make_project, open_session
+from workbench.actions.snapshot import apply_snapshot, load_snapshot, write_snapshot
+from workbench.init_skipping import skipping_init
+
+MODEL = """\
+import torch
+
+WIDE = 8
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, WIDE)
+        self.body = torch.nn.Linear(WIDE, WIDE)
+        self.head = torch.nn.Linear(WIDE, 10, bias=False)
+        self.head.weight = self.emb.weight  # tied
+        EXTRA
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(self.emb(x))))
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    model = Net()
+    return {"model": model, "opt": OPTIMIZER}
+
+
+def step(state, bench):
+    x = torch.randint(0, 10, (16,))
+    loss = torch.nn.functional.cross_entropy(state["model"](x), x)
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return loss
+"""
+
+
+def project_source(extra: str = "", optimizer: str = "torch.optim.AdamW(model.parameters(), lr=0.01)") -> str:
+    return MODEL.replace("EXTRA", extra or "pass").replace("OPTIMIZER", optimizer)
+
+
+class InitCounter:
+    """Counts the initializations that really run (on parameters): what a resume should not do."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[int, ...]] = []
+        me = threading.get_ident()
+        for name in ("kaiming_uniform_", "uniform_", "normal_"):
+            original = getattr(torch.nn.init, name)
+
+            def counted(tensor, *args, _original=original, **kwargs):  # type: ignore[no-untyped-def]
+                if isinstance(tensor, torch.nn.Parameter) and threading.get_ident() != me:
+                    self.calls.append(tuple(tensor.shape))
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.nn.init, name, counted)
+
+
+def trained_snapshot(tmp_path: Path, source: str, steps: int = 5) -> tuple[Path, dict[str, torch.Tensor]]:
+    root = make_project(tmp_path, {"train.py": source}, folder="first")
+    with open_session(root / "train.py", max_steps=steps, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        from workbench.events import TakeSnapshot
+
+        live.send(TakeSnapshot())
+        snap = live.wait_for(is_event("snapshot"), timeout=20)
+        weights = {k: v.detach().clone() for k, v in live.session.worker.user_state["model"].state_dict().items()}
+    return Path(snap.path), weights
+
+
+def test_resume_runs_no_initialization_and_maps_the_weights_without_a_copy(tmp_path, monkeypatch) -> None:
+    path, trained = trained_snapshot(tmp_path, project_source())
+    counter = InitCounter(monkeypatch)
+    root = make_project(tmp_path, {"train.py": project_source()}, folder="second")
+    with open_session(root / "train.py", resume=path, start_paused=True) as live:
+        loaded = live.wait_for(is_event("resume"), timeout=30)
+        assert loaded.ok and loaded.initialized == () and loaded.mapped == loaded.tensors == 3, loaded
+        assert counter.calls == [], f"setup() initialized parameters the snapshot fills: {counter.calls}"
+        model = live.session.worker.user_state["model"]
+        for key, value in model.state_dict().items():
+            assert torch.equal(value, trained[key]), key
+        assert model.head.weight is model.emb.weight, "tied weights stay one tensor"
+        opt = live.session.worker.user_state["opt"]
+        assert all(p in opt.state for p in model.parameters()), "the optimizer points at the live parameters"
+        live.session.worker.max_steps = 2
+        from workbench.events import Resume
+
+        live.send(Resume())
+        live.events.steps(1)
+        assert model.head.weight.data_ptr() == model.emb.weight.data_ptr()
+    before = path.read_bytes()
+    assert load_snapshot(path)["step"] == 5 and path.read_bytes() == before, "training wrote into the snapshot file"
+
+
+def test_a_partial_resume_initializes_what_the_snapshot_lacks_and_says_which(tmp_path, monkeypatch) -> None:
+    path, trained = trained_snapshot(tmp_path, project_source())
+    counter = InitCounter(monkeypatch)
+    grown = project_source(extra="self.extra = torch.nn.Linear(WIDE, WIDE)")
+    root = make_project(tmp_path, {"train.py": grown}, folder="second")
+    with open_session(root / "train.py", resume=path, resume_partial=True, start_paused=True) as live:
+        loaded = live.wait_for(is_event("resume"), timeout=30)
+        assert loaded.ok and sorted(loaded.initialized) == ["model.extra.bias", "model.extra.weight"], loaded
+        assert any("initialized as setup() does: model.extra" in n for n in loaded.notes)
+        assert sorted(counter.calls) == [(8,), (8, 8)], "only the new layer is initialized"
+        model = live.session.worker.user_state["model"]
+        assert torch.equal(model.body.weight, trained["body.weight"])
+        bound = 1 / 8**0.5
+        assert 0 < model.extra.weight.abs().max() <= bound, "the new layer holds nn.Linear's own initialization"
+
+
+def test_a_refused_resume_initializes_everything_as_setup_would(tmp_path, monkeypatch) -> None:
+    path, trained = trained_snapshot(tmp_path, project_source())
+    counter = InitCounter(monkeypatch)
+    other = project_source().replace("WIDE = 8", "WIDE = 16")
+    root = make_project(tmp_path, {"train.py": other}, folder="second")
+    with open_session(root / "train.py", resume=path) as live:
+        refused = live.wait_for(is_event("resume"), timeout=30)
+        assert not refused.ok and "nothing was loaded" in refused.error and "initialized as usual" in refused.error
+        live.wait_for(is_event("paused", reason="resume failed"), timeout=10)
+        model = live.session.worker.user_state["model"]
+        # embedding normal_, body kaiming + bias; the head weight setup() replaced by the tied one is never initialized
+        assert sorted(counter.calls) == [(10, 16), (16,), (16, 16)], counter.calls
+        bound = 1 / 16**0.5
+        assert 0 < model.body.weight.abs().max() <= bound and model.body.weight.isfinite().all()
+
+
+def test_skipping_is_only_for_the_calling_threads_parameters() -> None:
+    data = torch.full((4,), 7.0)
+    with skipping_init() as log:
+        layer = torch.nn.Linear(3, 3)
+        torch.nn.init.zeros_(data)  # a plain tensor: data, not a parameter; always initialized
+        other: list[torch.nn.Linear] = []
+        worker = threading.Thread(target=lambda: other.append(torch.nn.Linear(3, 3)))
+        worker.start()
+        worker.join()
+    assert torch.equal(data, torch.zeros(4))
+    assert [tuple(p.shape) for p in log.parameters] == [(3, 3), (3,)]
+    assert other[0].weight.abs().max() > 0 and other[0].weight.abs().max() <= 1 / 3**0.5
+    assert torch.nn.init.kaiming_uniform_.__name__ == "kaiming_uniform_" and not hasattr(
+        torch.nn.init.kaiming_uniform_, "__vram_bench_skipping__"
+    ), "the initializers are put back"
+    replayed = log.replay([layer.bias])
+    assert replayed == [layer.weight] and 0 < layer.weight.abs().max() <= 1 / 3**0.5
+
+
+def test_another_optimizer_class_is_refused_before_anything_is_loaded(tmp_path) -> None:
+    model = torch.nn.Linear(4, 2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(3, 4)).sum().backward()
+    sgd.step()
+    write_snapshot({"model": model, "opt": sgd}, 7, 0, tmp_path)
+    path = next((tmp_path / "snapshots").glob("step-*.pt"))
+    payload = load_snapshot(path)
+
+    fresh = torch.nn.Linear(4, 2)
+    before = fresh.weight.detach().clone()
+    adam = torch.optim.AdamW(fresh.parameters())
+    from workbench.actions.snapshot import ResumeMismatch
+
+    with pytest.raises(ResumeMismatch) as refused:
+        apply_snapshot({"model": fresh, "opt": adam}, payload, path)
+    assert "holds the state of a SGD, setup() made a AdamW" in str(refused.value)
+    assert torch.equal(fresh.weight, before) and not adam.state, "something was loaded before the refusal"
+
+    # A snapshot from before the class was recorded: AdamW state into SGD(momentum) lacks `momentum`.
+    adam_model = torch.nn.Linear(4, 2)
+    adam = torch.optim.AdamW(adam_model.parameters())
+    adam_model(torch.randn(3, 4)).sum().backward()
+    adam.step()
+    old_style = {"format": payload["format"], "step": 3, "modules": {"model": adam_model.state_dict()},
+                 "optimizers": {"opt": adam.state_dict()}}
+    target = torch.nn.Linear(4, 2)
+    before = target.weight.detach().clone()
+    with pytest.raises(ResumeMismatch) as refused:
+        apply_snapshot({"model": target, "opt": torch.optim.SGD(target.parameters(), lr=0.1, momentum=0.9)}, old_style, path)
+    assert "lacks" in str(refused.value) and "momentum" in str(refused.value)
+    assert torch.equal(target.weight, before)
