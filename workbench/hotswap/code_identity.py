@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import types
 from dataclasses import dataclass, field
+from typing import Any
 
 CodeName = tuple[str, str]  # (co_filename, co_qualname)
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR | inspect.CO_COROUTINE
@@ -19,6 +20,24 @@ _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR | inspect.C
 
 def code_name(code: types.CodeType) -> CodeName:
     return code.co_filename, getattr(code, "co_qualname", code.co_name)
+
+
+def innermost(obj: Any) -> Any:
+    """Follow functools.wraps chains to the function the user wrote."""
+    seen = 0
+    while hasattr(obj, "__wrapped__") and seen < 100:
+        obj = obj.__wrapped__
+        seen += 1
+    return obj
+
+
+def function_parts(attr: Any) -> list[Any]:
+    """The functions inside a class attribute: a method, a static or class method's function, a property's."""
+    if isinstance(attr, (staticmethod, classmethod)):
+        return [attr.__func__]
+    if isinstance(attr, property):
+        return [f for f in (attr.fget, attr.fset, attr.fdel) if f is not None]
+    return [attr] if isinstance(attr, types.FunctionType) else []
 
 
 def without_lines(code: types.CodeType) -> types.CodeType:

@@ -31,7 +31,8 @@ _MAX_ITEMS = 256
 
 
 def iter_live(roots: list[Any]) -> Iterator[tuple[str, Any]]:
-    """(path, object) for every function and generator reachable from the roots, within bounds."""
+    """(path, object) for every function, generator and class reachable from the roots, within bounds
+    (a class only where something holds the class itself: instances are walked, not their types)."""
     seen: set[int] = set()
     stack: list[tuple[Any, str, int]] = [(root, name, 0) for name, root in reversed(list(_named(roots)))]
     while stack and len(seen) < _MAX_OBJECTS:
@@ -70,7 +71,9 @@ def iter_live(roots: list[Any]) -> Iterator[tuple[str, Any]]:
         elif isinstance(obj, (list, tuple, set, frozenset)):
             for i, value in enumerate(itertools.islice(obj, _MAX_ITEMS)):
                 stack.append((value, f"{path}[{i}]", depth + 1))
-        elif isinstance(obj, (type, types.ModuleType, torch.Tensor, torch.optim.Optimizer, str, bytes, int, float)):
+        elif isinstance(obj, type):
+            yield path, obj  # not walked: its methods are patched on the class itself
+        elif isinstance(obj, (types.ModuleType, torch.Tensor, torch.optim.Optimizer, str, bytes, int, float)):
             continue  # nothing in these holds user closures worth the walk (optimizers: only tensors)
         elif hasattr(obj, "__dict__"):
             for key, value in list(vars(obj).items()):
@@ -83,6 +86,13 @@ def _named(roots: list[Any]) -> Iterator[tuple[str, Any]]:
             yield root
         else:
             yield "state", root
+
+
+def split_roots(roots: list[Any]) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+    """The session state (None if not given) and the module namespaces, as (`train`, its globals), in `roots`."""
+    named = list(_named(roots))
+    state = next((root for name, root in named if name == "state"), None)
+    return state, [(name.removeprefix("module "), root) for name, root in named if name.startswith("module ")]
 
 
 @dataclass
@@ -265,7 +275,6 @@ def _optimizers(roots: list[Any]) -> Iterator[tuple[str, torch.optim.Optimizer]]
     """The optimizers of the state, and those only a module global holds (`global optimizer`; one step() made)."""
     from workbench.state_walk import find_with_globals
 
-    state = [root for name, root in _named(roots) if name == "state"]
-    namespaces = [(name.removeprefix("module "), root) for name, root in _named(roots) if name.startswith("module ")]
-    _, optimizers = find_with_globals(state[0] if state else None, namespaces)
+    state, namespaces = split_roots(roots)
+    _, optimizers = find_with_globals(state, namespaces)
     yield from optimizers.items()

@@ -17,12 +17,13 @@ from typing import Any
 
 from workbench.errors import ContractError
 from workbench.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute, ShiftLines
-from workbench.hotswap.code_identity import CodeChanges
+from workbench.hotswap.code_identity import CodeChanges, function_parts, innermost
 from workbench.hotswap.construction import built_from_note, constants_read_when_built
+from workbench.hotswap.deleted_names import RemoveDeleted, plan_deleted
 from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.scopes import DEF_NODES, Scope, index_statements, label_for
 from workbench.hotswap.source_index import SourceIndex, diff_source
-from workbench.hotswap.statement_slice import bound_names, calls_code, rerun_slice
+from workbench.hotswap.statement_slice import bound_names, calls_code, rerun_slice, sets_globals_it_does_not_name
 
 RESTART_HINT = "restart vram-bench to use it"
 
@@ -113,9 +114,6 @@ def plan_reload(
     changeset.index = diff.new_index
     for key, new in new_index.items():
         plan.statement(old_index.get(key), new)
-    for key, old in old_index.items():
-        if key not in new_index and key[0] == "def":
-            plan.notes.append(f"{key[1]}() was removed from the file but stays in the live module until restart")
     for statement in diff.after:
         if plan.dirty and isinstance(statement.node, (ast.Assign, ast.AnnAssign)):
             for scope in index_statements([statement.current_node()]).values():
@@ -128,6 +126,12 @@ def plan_reload(
     live_copies = _live_copies_patch(plan.patches)
     if live_copies is not None:
         plan.patches.append(live_copies)
+    deleted, kept = plan_deleted(
+        diff.old_region, diff.new_index.statements, module.__dict__, module.__name__, filename, base_index.source, new_source
+    )
+    plan.notes.extend(kept)
+    if deleted:
+        plan.patches.append(RemoveDeleted(module.__dict__, module.__name__, deleted))
     changeset.patches, changeset.changed, changeset.notes = plan.patches, plan.changed, plan.notes
     changeset.rebuild_if_live = plan.rebuild_if_live
     changeset.note_if_live = plan.note_if_live
@@ -267,49 +271,12 @@ def _literal_values(scope: Scope) -> dict[str, object]:
         return {}
 
 
-def _sets_globals_it_does_not_name(node: ast.stmt) -> bool:
-    """`exec(open("configurator.py").read())` (nanoGPT's overrides), `globals().update(cfg)`: a statement
-    that can bind any module name without naming it."""
-    for sub in ast.walk(node):
-        if not isinstance(sub, ast.Call):
-            continue
-        func = sub.func
-        if isinstance(func, ast.Name) and func.id == "exec":
-            return True
-        if (
-            isinstance(func, ast.Attribute)
-            and func.attr == "update"
-            and isinstance(func.value, ast.Call)
-            and isinstance(func.value.func, ast.Name)
-            and func.value.func.id in ("globals", "vars")
-        ):
-            return True
-    return False
-
-
 def compile_nodes(nodes: tuple[ast.stmt, ...], path: Path) -> types.CodeType:
     return compile(ast.Module(body=list(nodes), type_ignores=[]), str(path), "exec")
 
 
-def innermost(obj: Any) -> Any:
-    """Follow functools.wraps chains to the function the user wrote."""
-    seen = 0
-    while hasattr(obj, "__wrapped__") and seen < 100:
-        obj = obj.__wrapped__
-        seen += 1
-    return obj
-
-
 def _decorators(node: ast.stmt) -> str:
     return "\n".join(ast.dump(d) for d in getattr(node, "decorator_list", []))
-
-
-def _function_parts(attr: Any) -> list[Any]:
-    if isinstance(attr, (staticmethod, classmethod)):
-        return [attr.__func__]
-    if isinstance(attr, property):
-        return [f for f in (attr.fget, attr.fset, attr.fdel) if f is not None]
-    return [attr] if isinstance(attr, types.FunctionType) else []
 
 
 def _class_header(node: ast.ClassDef) -> str:
@@ -424,7 +391,7 @@ class _Planner:
             functions.append(innermost(self.live.get(node.name)))
         elif isinstance(node, ast.ClassDef) and isinstance(self.live.get(node.name), type):
             for attr in vars(self.live[node.name]).values():
-                for part in _function_parts(attr):
+                for part in function_parts(attr):
                     functions.append(innermost(part))
         filename = str(self.path)
         targets = [f for f in functions if isinstance(f, types.FunctionType) and f.__code__.co_filename == filename]
@@ -494,7 +461,7 @@ class _Planner:
             if id(node) in self.rerun_nodes or isinstance(node, (*DEF_NODES, ast.ClassDef)):
                 continue
             before = {n for n in self.dirty if node.lineno > self.rebound_at.get(n, node.lineno)}
-            opaque = _sets_globals_it_does_not_name(node)
+            opaque = sets_globals_it_does_not_name(node)
             if opaque:  # only the names it really set at start: the live value is not what the old line gave
                 before = {n for n in before if not self._kept_its_old_value(n)}
             names = sorted(before if opaque else bound_names(node) & before)

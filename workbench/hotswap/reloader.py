@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.hotswap.deleted_names import RemoveDeleted
 from workbench.hotswap.live_objects import UpdateLiveCopies
 from workbench.hotswap.patches import Patch, apply_all, undo_all
 from workbench.hotswap.planner import ChangeSet, ReloadError, plan_reload
@@ -172,17 +173,19 @@ class Reloader:
         if changeset.module is None:
             return self.version
         self.refresh(changeset)
-        live_copies = [p for p in changeset.patches if isinstance(p, UpdateLiveCopies)]
-        for patch in live_copies:
+        walkers = [p for p in changeset.patches if isinstance(p, (UpdateLiveCopies, RemoveDeleted))]
+        for patch in walkers:
             patch.roots = [*(roots or []), *((f"module {m.__name__}", m.__dict__) for m in self.project.modules().values())]
         try:
             apply_all(changeset.patches)
         except BaseException:
             self.forget_prepared(path)
             raise
-        for patch in live_copies:
+        for patch in walkers:
             changeset.notes.extend(patch.notes)
             patch.roots = []  # do not keep the state alive from the history
+            if isinstance(patch, RemoveDeleted):  # what it removed is decided now, against the live objects
+                changeset.changed.extend(f"{name} (removed)" for name in patch.removed)
         with self._lock:
             previous = self._applied.get(path, "")
             self._applied[path] = changeset.new_source
@@ -268,14 +271,14 @@ class Reloader:
         return last
 
     def _undo_patches(self, version: AppliedVersion, roots: list[Any] | None) -> None:
-        live_copies = [p for p in version.patches if isinstance(p, UpdateLiveCopies)]
+        walkers = [p for p in version.patches if isinstance(p, (UpdateLiveCopies, RemoveDeleted))]
         if roots is not None:
-            for patch in live_copies:
+            for patch in walkers:
                 patch.roots = [*roots, *((f"module {m.__name__}", m.__dict__) for m in self.project.modules().values())]
         try:
             undo_all(list(version.patches))
         finally:
-            for patch in live_copies:
+            for patch in walkers:
                 version.notes.extend(patch.notes)
                 patch.roots = []
 

@@ -42,6 +42,26 @@ def calls_code(node: ast.stmt) -> bool:
     return any(isinstance(sub, (ast.Call, ast.Await)) for sub in _own_scope(node))
 
 
+def sets_globals_it_does_not_name(node: ast.stmt) -> bool:
+    """`exec(open("configurator.py").read())` (nanoGPT's overrides), `globals().update(cfg)`: a statement
+    that can bind any module name without naming it."""
+    for sub in ast.walk(node):
+        if not isinstance(sub, ast.Call):
+            continue
+        func = sub.func
+        if isinstance(func, ast.Name) and func.id == "exec":
+            return True
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "update"
+            and isinstance(func.value, ast.Call)
+            and isinstance(func.value.func, ast.Name)
+            and func.value.func.id in ("globals", "vars")
+        ):
+            return True
+    return False
+
+
 def _own_scope(node: ast.AST) -> Iterable[ast.AST]:
     """Every node of a statement, without descending into function or class bodies."""
     stack = [node]
