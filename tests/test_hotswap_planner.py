@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from conftest import line_of
+from workbench.hotswap.deleted_names import RemoveDeleted
 from workbench.hotswap.patches import ReplaceCode, RunInNamespace, SetAttribute, apply_all, undo_all
 from workbench.hotswap.planner import ChangeSet, ReloadError, plan_reload
 from workbench.session import REQUIRED_FUNCTIONS
@@ -185,13 +186,16 @@ def test_added_function_and_constant_are_bound_in_the_live_module(load_module: L
     assert module.added.__globals__ is module.__dict__
 
 
-def test_removed_function_stays_with_a_note(load_module: Loader) -> None:
+def test_removed_function_leaves_the_module_and_a_rollback_puts_it_back(load_module: Loader) -> None:
     old = "def keep():\n    return 1\n\n\ndef gone():\n    return 2\n"
     module, path = load_module(old)
+    gone = module.gone
     changeset = reload(module, path, old, "def keep():\n    return 1\n")
-    assert changeset.changed == []
-    assert module.gone() == 2
-    assert any("gone() was removed" in note for note in changeset.notes), changeset.notes
+    assert "gone" not in vars(module)  # as a restart: a forgotten call site raises NameError
+    (removal,) = [p for p in changeset.patches if isinstance(p, RemoveDeleted)]
+    assert removal.notes == ["removed gone (deleted from the file)"] and removal.removed == ["gone"]
+    undo_all(changeset.patches)
+    assert module.gone is gone
 
 
 def test_call_statements_are_not_rerun(load_module: Loader) -> None:
