@@ -87,6 +87,7 @@ def test_init_change_with_live_instances_is_held_until_rebuild_which_carries_wei
     exp_avg = {
         name: live.session.worker.user_state["opt"].state[p]["exp_avg"].clone() for name, p in old_model.named_parameters()
     }
+    storage = {name: p.data_ptr() for name, p in old_model.named_parameters()}
     old_ref = weakref.ref(old_model)
     del old_model
 
@@ -102,6 +103,9 @@ def test_init_change_with_live_instances_is_held_until_rebuild_which_carries_wei
     assert torch.equal(model.scale.detach(), torch.full((1,), 2.0))
     for name, value in weights.items():
         assert torch.equal(model.state_dict()[name], value), f"{name} was not carried over"
+    carried = {name: p.data_ptr() for name, p in model.named_parameters() if name in storage}
+    assert carried == storage, "carried tensors were copied, not handed over (a second allocation)"
+    assert rebuilt.tensors_shared == 4
     for name, param in model.named_parameters():
         if name in exp_avg:
             assert torch.equal(state["opt"].state[param]["exp_avg"], exp_avg[name]), f"optimizer state of {name}"
@@ -168,6 +172,30 @@ def test_failed_rebuild_keeps_the_old_state_and_code(start_session):
     assert live.session.status().needs_rebuild == ("train.py",), "the change should stay held"
     assert live.session.reloader.version == 0
     live.events.steps(3)  # training goes on with the old code
+    assert not hasattr(torch.nn.init.kaiming_uniform_, "__vram_bench_skipping__"), "initialization is back to normal"
+
+
+def test_a_rebuild_initializes_only_what_it_does_not_carry(start_session):
+    live = start(start_session)
+    live.send(Pause())
+    live.wait_for(is_event("paused", reason="user"))
+    old = live.session.worker.user_state["model"]
+    body = (old.body.weight.detach().clone(), old.body.weight.data_ptr())
+    grown = MODEL_PY.replace(
+        "        self.head = torch.nn.Linear(8, 1)\n", "        self.head = torch.nn.Linear(8, 1)\n        self.extra = torch.nn.Linear(8, 8)\n"
+    )
+    save(live.root / "model.py", grown)
+    live.wait_for(is_event("reload", file="model.py"))
+    del old
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"), timeout=30)
+    assert rebuilt.ok and set(rebuilt.new) == {"model.extra.weight", "model.extra.bias"}
+    model = live.session.worker.user_state["model"]
+    assert torch.equal(model.body.weight, body[0]) and model.body.weight.data_ptr() == body[1]
+    bound = 1 / 8**0.5
+    assert 0 < model.extra.weight.abs().max() <= bound and 0 < model.extra.bias.abs().max() <= bound, (
+        "the new layer holds nn.Linear's own initialization"
+    )
 
 
 def test_rollback_restores_the_exact_previous_objects(start_session):

@@ -112,6 +112,7 @@ class Rebuilt(Event):
     code_version: int = 0
     changed: tuple[str, ...] = ()
     tensors_carried: int = 0
+    tensors_shared: int = 0  # of those, handed over without a copy (same device and dtype)
     optimizer_states_carried: int = 0
     new: tuple[str, ...] = ()
     mismatched: tuple[str, ...] = ()

@@ -2,7 +2,9 @@
 
 Parameters and buffers move by module path and tensor name when the shapes
 match; optimizer state follows its parameters. What did not match is reported,
-never guessed.
+never guessed. A carried tensor takes the old one's storage (same device and
+dtype) rather than a copy of it, and setup() runs with initialization skipped
+(`init_skipping.py`), so a rebuild needs memory only for what is new.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class CarryReport:
     mismatched: list[str] = field(default_factory=list)  # same name, other shape: freshly initialised
     dropped: list[str] = field(default_factory=list)  # in the old state only: gone
     unmatched_modules: list[str] = field(default_factory=list)
+    shared: int = 0  # carried by handing the old storage over (same device and dtype), not copied
+    carried: list[torch.Tensor] = field(default_factory=list, repr=False)  # the new tensors that got old values
     # id of each old parameter carried -> the new parameter it went to (what optimizers are moved along)
     param_map: dict[int, torch.nn.Parameter] = field(default_factory=dict, repr=False)
     old_names: dict[int, str] = field(default_factory=dict, repr=False)  # id of an old parameter -> its name
@@ -71,7 +75,12 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
                 elif source.shape != tensor.shape:
                     report.mismatched.append(f"{full} {tuple(source.shape)} -> {tuple(tensor.shape)}")
                 else:
-                    tensor.copy_(source)
+                    if tensor.device == source.device and tensor.dtype == source.dtype and tensor.layout == source.layout:
+                        tensor.data = source.data  # the new tensor takes the trained storage: no copy, no second allocation
+                        report.shared += 1
+                    else:
+                        tensor.copy_(source)
+                    report.carried.append(tensor)
                     report.tensors += 1
                     if isinstance(source, torch.nn.Parameter) and isinstance(tensor, torch.nn.Parameter):
                         report.param_map[id(source)] = tensor

@@ -972,9 +972,13 @@ class TrainingWorker(threading.Thread):
                 self.reloader.commit(changeset)
                 committed.append(changeset)
                 changed.extend(changeset.changed)
-            new_state = self._call_setup_for_rebuild()
+            # Initialization of what will be carried is wasted (and, on a GPU, a second model's worth of work):
+            # recorded, not run, and run afterwards for what was not carried.
+            with skipping_init() as init_log:
+                new_state = self._call_setup_for_rebuild()
             reset_compiled_code()
             report = carry_over(self.user_state, new_state, before, namespaces)
+            init_log.replay(report.carried)
             optimizer_notes = carry_optimizers_setup_did_not_make(self.user_state, new_state, report, namespaces)
         except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
             new_state = None
@@ -1013,6 +1017,7 @@ class TrainingWorker(threading.Thread):
                 code_version=version,
                 changed=tuple(changed),
                 tensors_carried=report.tensors,
+                tensors_shared=report.shared,
                 optimizer_states_carried=report.optimizer_states,
                 new=tuple(report.new),
                 mismatched=tuple(report.mismatched),
