@@ -133,3 +133,33 @@ def test_s_before_the_first_step_is_refused_with_the_reason(start_session) -> No
     refused = live.wait_for(is_event("error", where="command"), timeout=10)
     assert "no snapshot before the first step" in refused.message
     assert not list((live.session.run_dir / "snapshots").glob("*.pt"))
+
+
+def test_vram_bench_runs_lists_each_run_with_its_steps_versions_loss_and_snapshots(tmp_path) -> None:
+    root = make_project(tmp_path, {"train.py": TRAIN_PY})
+    with run_until_paused_at(root / "train.py", 5) as first:
+        first.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        snap = Path(take_snapshot(first).path)
+        first_run = first.session.run_dir
+    with run_until_paused_at(root / "train.py", 7, resume=snap) as second:
+        second.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        take_snapshot(second)
+        second_run = second.session.run_dir
+    killed = root / ".vram-bench" / "runs" / "2020-01-01T00-00-00"
+    killed.mkdir()
+    (killed / "run.json").write_text(json.dumps({"started": 1577836800.0, "pid": 2**22 + 12345, "step": 40, "ended": None}))
+
+    proc = subprocess.run([sys.executable, "-m", "workbench", "runs", str(root)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[2:] if line and not line.startswith(" ")}
+    assert list(rows) == [second_run.name, first_run.name, killed.name], proc.stdout
+    assert rows[second_run.name].split()[3:7] == ["quit", "7", "v0", rows[second_run.name].split()[6]]
+    assert "1, newest step 7" in rows[second_run.name] and "1, newest step 5" in rows[first_run.name]
+    assert "killed" in rows[killed.name] and "40" in rows[killed.name]
+    assert f"{second_run.name} resumed from {snap}" in proc.stdout
+    float(rows[first_run.name].split()[6])  # the last loss, a number
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "workbench", "runs", str(empty)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "has no runs yet" in proc.stderr

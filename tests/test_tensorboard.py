@@ -341,3 +341,38 @@ def test_a_full_disk_mid_run_gives_one_error_and_no_hang(tmp_path: Path, monkeyp
     log.stop()
     (error,) = errors_of(seen.drain())
     assert "No space left on device" in error.message
+
+
+# --------------------------------------------------------------------------- through a real session
+
+
+def test_a_session_with_tensorboard_writes_its_steps_and_versions_and_a_resume_continues_without_the_branch(
+    tmp_path: Path,
+) -> None:
+    from tests.conftest import is_event, make_project, open_session, save
+    from tests.test_resume_faults import TRAIN_PY
+    from workbench.events import Resume, TakeSnapshot
+
+    root = make_project(tmp_path, {"train.py": TRAIN_PY})
+    with open_session(root / "train.py", tensorboard=True, max_steps=4, exit_at_max_steps=False) as first:
+        first.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        first.send(TakeSnapshot())
+        snapshot = Path(first.wait_for(is_event("snapshot"), timeout=20).path)
+        save(first.entry, TRAIN_PY.replace("SLEEP = 0.003", "SLEEP = 0.002"))
+        first.wait_for(is_event("reload", code_version=1), timeout=20)
+        first.session.worker.max_steps = 9
+        first.send(Resume())
+        first.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        first_run = first.session.run_dir
+    written = read_run(first_run / "tensorboard")
+    assert written.steps("train/loss") == list(range(1, 10))
+    assert written.values("code/version") == [0.0] * 4 + [1.0] * 5
+    assert [(step, text.split(":")[0]) for step, text in written.texts[VERSIONS]] == [(5, "v1")]
+
+    with open_session(root / "train.py", tensorboard=True, resume=snapshot, max_steps=6, exit_at_max_steps=False) as resumed:
+        resumed.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        resumed_run = resumed.session.run_dir
+    branch = read_run(resumed_run / "tensorboard")
+    assert branch.steps("train/loss") == [1, 2, 3, 4, 5, 6], "the abandoned steps 5..9 of the first run remain"
+    assert VERSIONS not in branch.texts, "the first run's version text beyond step 4 remains"
+    assert read_run(first_run / "tensorboard").steps("train/loss") == list(range(1, 10)), "the first run was changed"

@@ -28,6 +28,7 @@ examples:
   vram-bench run train.py --headless --max-steps 100 < /dev/null
   vram-bench run train.py -- --batch-size 8   the script's own arguments go after --: it sees sys.argv == [train.py, --batch-size, 8]
   vram-bench run train.py --resume latest     continue from the newest snapshot of any run (.vram-bench/runs/)
+  vram-bench runs [PROJECT]                   list a project's runs: start, steps, versions, last loss, snapshots
   vram-bench load-bench --size 124M           compare memory-efficient ways to load GPT-2-sized weights
 
 In the app: space pause/resume, r reload, e evaluate, c cleanup, s snapshot, p profile, ? help, q quit.
@@ -47,6 +48,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="latest|PATH", help="load a snapshot into what setup() builds (weights, optimizer, step, RNG)")
     parser.add_argument("--resume-partial", action="store_true", help="with --resume: load the tensors that match, skip the rest")
     parser.add_argument("--keep-snapshots", type=positive_int, default=5, metavar="K", help="snapshots kept per project (default 5)")
+    parser.add_argument("--tensorboard", action="store_true", default=None,
+                        help="write TensorBoard event files into the run folder (needs: pip install 'vram-bench[tensorboard]'); "
+                        "`tensorboard = true` in the settings file does the same")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
     parser.add_argument("--training-nice", type=nice_increment, default=0, metavar="N",
@@ -121,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         from workbench.loadbench import main as load_bench
 
         return load_bench(args_list[1:])
+    if args_list and args_list[0] == "runs":
+        from workbench.runs_command import main as list_runs
+
+        return list_runs(args_list[1:])
     top, run = build_parsers()
     if args_list and args_list[0] == "run":
         ours, script_args = split_script_args(args_list[1:])
@@ -273,7 +281,14 @@ def _session_config(args: argparse.Namespace, device):  # type: ignore[no-untype
         snapshot_keep=args.keep_snapshots,
         freeze_gc=not args.no_gc_freeze,
         training_nice=args.training_nice,
+        tensorboard=args.tensorboard if args.tensorboard is not None else _tensorboard_setting(),
     )
+
+
+def _tensorboard_setting() -> bool:
+    from workbench.config import load_config
+
+    return load_config().tensorboard
 
 
 def _check_resume(args: argparse.Namespace, project) -> Path | None:  # type: ignore[no-untyped-def]

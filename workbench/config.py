@@ -25,6 +25,7 @@ EXAMPLE = """\
 # vram-bench settings. Delete a line to get the default back.
 # theme = "vram-dark"        # or vram-light, vram-high-contrast, vram-ansi, or a file in themes/ here
 # log_entries = 1000         # how many entries the log pane keeps
+# tensorboard = true         # write TensorBoard event files into each run folder (as --tensorboard)
 #
 # [keys]                     # rebind by action id (the help screen, ?, lists them)
 # snapshot = "S"
@@ -50,6 +51,7 @@ class UserConfig:
     theme: str | None = None
     keys: dict[str, str] = field(default_factory=dict)
     log_entries: int = DEFAULT_LOG_ENTRIES
+    tensorboard: bool = False
     problems: list[str] = field(default_factory=list)
     readable: bool = True  # False: the file exists but is not valid TOML; never overwrite it
 
@@ -80,13 +82,18 @@ def load_config(path: Path | None = None) -> UserConfig:
         config.log_entries = entries
     else:
         config.problems.append(f"{path}: log_entries must be a positive whole number, not {entries!r}")
+    tensorboard = data.pop("tensorboard", False)
+    if isinstance(tensorboard, bool):
+        config.tensorboard = tensorboard
+    else:
+        config.problems.append(f"{path}: tensorboard must be true or false, not {tensorboard!r}")
     keys = data.pop("keys", {})
     if isinstance(keys, dict):
         config.keys = {str(k): v for k, v in keys.items()}
     else:
         config.problems.append(f"{path}: [keys] must be a table of action = \"key\" lines")
     for unknown in data:
-        config.problems.append(f"{path}: unknown setting {unknown!r} (known: theme, log_entries, [keys])")
+        config.problems.append(f"{path}: unknown setting {unknown!r} (known: theme, log_entries, tensorboard, [keys])")
     return config
 
 

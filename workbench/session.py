@@ -69,6 +69,7 @@ class SessionConfig:
     step_ms: int = STEP_MS
     freeze_gc: bool = True  # gc.freeze() after setup: full collections skip the long-lived objects
     training_nice: int = 0  # lower the training thread's CPU priority by this much (thread_priority.py)
+    tensorboard: bool = False  # TensorBoard event files in the run folder (tensorboard_log.py; optional extra)
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ class Session:
             self.worker, self.bus.publish, factor=config.slow_step_factor, minimum=config.slow_step_seconds
         )
         self.event_log = EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log else None
+        self.tensorboard = self._tensorboard_log() if config.tensorboard else None  # a UserError if the extra is missing
         self._started = False
         self._final_snapshot = False
         self._stopped = threading.Event()
@@ -231,6 +233,8 @@ class Session:
             )
         if self.event_log is not None:
             self.event_log.start()
+        if self.tensorboard is not None:
+            self.tensorboard.start()
         if self.config.sample_memory:
             self.sampler.start()
         self.reload_service.start()
@@ -267,6 +271,8 @@ class Session:
             if self.event_log is not None:
                 self.event_log.stop()
                 _join(self.event_log, 2.0)
+            if self.tensorboard is not None:
+                self.tensorboard.stop()
         if self.router is not None:
             self.router.uninstall()
 
@@ -333,6 +339,11 @@ class Session:
         )
 
     # Internals ---------------------------------------------------------------------------
+    def _tensorboard_log(self):  # type: ignore[no-untyped-def]
+        from workbench.tensorboard_log import TensorBoardLog
+
+        return TensorBoardLog(self.bus, self.run_dir, resumed_from=self.config.resume)
+
     def _submit_changes(self, prepared) -> None:  # type: ignore[no-untyped-def]
         self.worker.commands.put(ApplyChanges(prepared))
 
