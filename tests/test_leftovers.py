@@ -24,12 +24,20 @@ def test_a_killed_writers_temp_file_is_removed_at_the_next_start_and_others_are_
         older.write_bytes(b"\0" * 10)
         mine = snapshots / "step-00000010.pt"
         mine.write_bytes(b"\0" * 10)
+        earlier_run = root / ".vram-bench" / "runs" / "2026-01-01T00-00-00"
+        (earlier_run / "snapshots").mkdir(parents=True)
+        in_a_run = earlier_run / "snapshots" / f".tmp-{dead_pid}-q1.pt"  # a run folder's writer, killed
+        in_a_run.write_bytes(b"\0" * 100)
+        record = earlier_run / f".tmp-{dead_pid}-r2.json"  # killed while updating run.json
+        record.write_text("{")
         with open_session(root / "train.py") as live:
             said = live.wait_for(is_event("error", where="run folder"))
             assert str(left) in said.message and f"pid {dead_pid}" in said.message and "2.93 KiB" in said.message, said
             assert said.is_warning
             live.wait_running(1)
-        assert not left.exists()
+            messages = [e.message for e in live.events.of("error") if e.where == "run folder"]
+        assert any(str(in_a_run) in m for m in messages) and any(str(record) in m for m in messages), messages
+        assert not left.exists() and not in_a_run.exists() and not record.exists()
         assert writing.exists() and older.exists() and mine.exists()
     finally:
         alive.kill()

@@ -52,6 +52,15 @@ def test_bad_values_are_named_and_the_rest_is_used(tmp_path):
     assert any("log_entries" in p for p in config.problems) and any("'colour'" in p for p in config.problems)
 
 
+def test_the_tensorboard_setting_is_read_and_a_bad_value_named(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("tensorboard = true\n")
+    assert load_config(path).tensorboard is True and not load_config(path).problems
+    path.write_text('tensorboard = "yes"\n')
+    config = load_config(path)
+    assert config.tensorboard is False and any("tensorboard must be true or false" in p for p in config.problems)
+
+
 def test_saving_the_theme_keeps_comments_and_other_settings(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text('# mine\nlog_entries = 50\n\n[keys]\nsnapshot = "S"  # capital\n')
