@@ -72,3 +72,26 @@ def test_breakdown_activations_come_from_the_step_peak_on_cuda():
     cuda = next(b for b in breakdowns if b.device.startswith("cuda"))
     activations = next(p for p in cuda.parts if p.name == "activations")
     assert activations.bytes is not None and activations.bytes > 0
+
+
+def test_resume_on_cuda_skips_init_copies_once_and_keeps_ties_and_the_optimizer(tmp_path):
+    from workbench.actions.snapshot import apply_snapshot, load_snapshot, write_snapshot
+    from workbench.init_skipping import skipping_init
+
+    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = torch.nn.Sequential(torch.nn.Embedding(100, 64), torch.nn.Linear(64, 100, bias=False)).cuda()
+        model[1].weight = model[0].weight
+        return model, torch.optim.AdamW(model.parameters())
+
+    model, opt = build()
+    model(torch.randint(0, 100, (8,), device="cuda")).sum().backward()
+    opt.step()
+    write_snapshot({"model": model, "opt": opt}, 1, 0, tmp_path)
+    path = next((tmp_path / "snapshots").glob("step-*.pt"))
+    with skipping_init() as log:
+        fresh, fresh_opt = build()
+    report = apply_snapshot({"model": fresh, "opt": fresh_opt}, load_snapshot(path), path, init_log=log)
+    assert report.clean and report.initialized == [] and report.mapped == 0  # GPU: copied into setup()'s tensors
+    assert fresh[0].weight.is_cuda and fresh[1].weight is fresh[0].weight
+    assert torch.equal(fresh[0].weight, model[0].weight)
+    assert fresh_opt.state[fresh[0].weight]["exp_avg"].is_cuda
