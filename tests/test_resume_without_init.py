@@ -187,3 +187,34 @@ def test_another_optimizer_class_is_refused_before_anything_is_loaded(tmp_path) 
         apply_snapshot({"model": target, "opt": torch.optim.SGD(target.parameters(), lr=0.1, momentum=0.9)}, old_style, path)
     assert "lacks" in str(refused.value) and "momentum" in str(refused.value)
     assert torch.equal(target.weight, before)
+
+
+def test_deferred_initialization_runs_before_setup_uses_a_value_so_setup_computes_what_it_always_did() -> None:
+    import copy
+
+    torch.manual_seed(0)
+    with skipping_init() as log:
+        filled = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            filled.weight.fill_(0.125)  # replaces the whole value: the deferred init is dropped
+        scaled = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            scaled.weight.mul_(0.0).add_(1.0)  # uses the value: the init runs first, then the user's ops
+        through_data = torch.nn.Linear(4, 4)
+        through_data.weight.data.uniform_(5.0, 6.0)  # `.data` hands the values out: init first, then the user's
+        assigned = torch.nn.Linear(4, 4)
+        assigned.weight.data = torch.full((4, 4), 3.0)  # foreign data: the deferred init is dropped
+        moved = torch.nn.Linear(4, 4).to(torch.float64)  # a move reads nothing: still deferred
+        ema = copy.deepcopy(torch.nn.Linear(4, 4))  # a copy reads the values: initialized first
+        untouched = torch.nn.Linear(4, 4)
+    assert torch.equal(filled.weight, torch.full((4, 4), 0.125))
+    assert torch.equal(scaled.weight, torch.ones(4, 4))
+    assert ((through_data.weight >= 5) & (through_data.weight <= 6)).all()
+    assert torch.equal(assigned.weight, torch.full((4, 4), 3.0))
+    assert 0 < ema.weight.abs().max() <= 0.5 and ema.weight.isfinite().all()
+    still = {id(p) for p in log.parameters}
+    assert id(moved.weight) in still and moved.weight.dtype == torch.float64
+    assert id(untouched.weight) in still and id(filled.weight) not in still and id(scaled.weight) not in still
+    log.replay_all()
+    assert 0 < moved.weight.abs().max() <= 0.5 and 0 < untouched.weight.abs().max() <= 0.5
+    assert torch.equal(filled.weight, torch.full((4, 4), 0.125)), "a replay overwrote what setup() wrote"

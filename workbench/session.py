@@ -137,6 +137,10 @@ class Session:
         self.probe: DeviceProbe = probe or TorchNvmlProbe()
         # The project's state folder (a UserError before anything starts), and this session's own run folder in it.
         self.state_dir, self._run_dir_note = choose_state_folder(project.root)
+        if config.tensorboard:
+            from workbench.tensorboard_log import require_tensorboardx
+
+            require_tensorboardx()  # a missing extra is one line, before a run folder is made for nothing
         self.run_dir = new_run_folder(self.state_dir)
         self.run_record = RunRecord(self.run_dir)
         self.bench = Bench(config.device, self.run_dir)
@@ -192,7 +196,7 @@ class Session:
             self.worker, self.bus.publish, factor=config.slow_step_factor, minimum=config.slow_step_seconds
         )
         self.event_log = EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log else None
-        self.tensorboard = self._tensorboard_log() if config.tensorboard else None  # a UserError if the extra is missing
+        self.tensorboard = self._tensorboard_log() if config.tensorboard else None
         self._started = False
         self._final_snapshot = False
         self._stopped = threading.Event()
