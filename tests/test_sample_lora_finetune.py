@@ -136,7 +136,7 @@ class Tour:
         assert rebuilt.tensors_carried == 8 and rebuilt.optimizer_states_carried == 0, rebuilt
         mismatched = ("model.fc1.lora_A (4, 32) -> (8, 32)", "model.fc1.lora_B (128, 4) -> (128, 8)")
         assert rebuilt.mismatched == mismatched and rebuilt.new == () and rebuilt.dropped == (), rebuilt
-        assert "carried 8 tensors and 0 optimizer states" in self.readme
+        assert "carried 8 tensors (8 handed over without a copy) and 0 optimizer states" in self.readme
         assert "shape changed: " + ", ".join(mismatched) in self.readme
         printed = [e.text for e in self.live.events.of("print")]
         assert "reusing the base pretrained earlier in this session" in printed, "a rebuild should not pretrain again"
@@ -157,7 +157,7 @@ class Tour:
         assert rebuilt.tensors_carried == 10 and rebuilt.optimizer_states_carried == 2, rebuilt
         new = ("model.fc2.lora_A", "model.fc2.lora_B", "model.fc3.lora_A", "model.fc3.lora_B")
         assert rebuilt.new == new and rebuilt.mismatched == () and rebuilt.dropped == (), rebuilt
-        assert "carried 10 tensors and 2 optimizer states" in self.readme
+        assert "carried 10 tensors (10 handed over without a copy) and 2 optimizer states" in self.readme
         assert "new: " + ", ".join(new) in self.readme
         steps = self.run_phase(code_version=2, count=100)
         assert steps[0].scalars["trainable_params"] == 5376.0 and steps[0].scalars["rank"] == 8.0

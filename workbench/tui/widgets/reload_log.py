@@ -158,7 +158,8 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
             line.append("REBUILT ", style=roles.bold("ok"))
             line.append(
                 f"setup() ran again in {event.seconds:.1f} s -> code v{event.code_version}; carried "
-                f"{event.tensors_carried} tensors and {event.optimizer_states_carried} optimizer states"
+                f"{event.tensors_carried} tensors ({event.tensors_shared} handed over without a copy) and "
+                f"{event.optimizer_states_carried} optimizer states"
             )
             for label, names in (("new", event.new), ("shape changed", event.mismatched), ("dropped", event.dropped)):
                 if names:
@@ -200,8 +201,9 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
         elif event.ok:  # a failed resume is also an error event, logged as such
             line.append("RESUMED FROM ", style=roles.bold("ok"))
             line.append(
-                f"{_relative(event.path, root)} at step {event.step}: {event.tensors} tensors, {event.optimizers} "
-                f"optimizer(s) in {event.seconds:.1f} s"
+                f"{_relative(event.path, root)} at step {event.step}: {event.tensors} tensors"
+                + (f" ({event.mapped} mapped from the file, no copy)" if event.mapped else "")
+                + f", {event.optimizers} optimizer(s) in {event.seconds:.1f} s"
             )
             skipped = [*event.missing, *event.unexpected, *event.mismatched]
             if skipped:
