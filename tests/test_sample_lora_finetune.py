@@ -90,7 +90,9 @@ def check_breakdown(device: dict, adapter_elements: int, adapter_tensors: int, r
     assert parts["gradients"]["bytes"] == trainable, "only the adapters hold gradients"
     assert parts["optimizer state"]["bytes"] == 2 * trainable + FLOAT * adapter_tensors, "AdamW state for the adapters only"
     assert parts["buffers"]["bytes"] == 0
-    assert parts["activations"]["bytes"] is None and parts["cache / fragmentation"]["bytes"] is None
+    # On CPU the activations row holds what autograd saved for backward in a measured step, labelled so.
+    assert parts["activations"]["label"].startswith("saved for backward") and parts["activations"]["bytes"] > 0
+    assert parts["cache / fragmentation"]["bytes"] is None
     assert any("of parameters are frozen (150.54 KiB): they need no gradients or optimizer state" in a for a in device["advice"])
     # What the README's table shows, row by row.
     for name in ("parameters", "gradients", "optimizer state", "buffers"):

@@ -561,7 +561,7 @@ def test_tmux_no_color_has_no_colour_codes(tmp_path: Path, tmux_screen) -> None:
     screen.send("q")  # quit without a snapshot
     status = screen.wait_exit()
     assert status == 0, screen.explain(f"exit status {status} after quitting without a snapshot")
-    assert not list((entry.parent / ".vram-bench" / "snapshots").glob("*.pt")), "quitting without a snapshot wrote one"
+    assert not list((entry.parent / ".vram-bench").rglob("*.pt")), "quitting without a snapshot wrote one"
 
 
 # --------------------------------------------------------------------------- ssh
@@ -719,7 +719,9 @@ def test_ssh_dropped_connection_writes_a_final_snapshot(tmp_path: Path, sshd: Ss
             pytest.fail(f"vram-bench (pid {pid}) still runs {ACTION_TIMEOUT:.0f} s after its SSH connection dropped\n"
                         f"{events_tail(entry.parent)}", pytrace=False)  # fmt: skip
         time.sleep(0.2)
-    events = [json.loads(line) for line in (entry.parent / ".vram-bench" / "events.jsonl").read_text().splitlines() if line.strip()]
+    logs = sorted((entry.parent / ".vram-bench" / "runs").glob("*/events.jsonl"))
+    assert len(logs) == 1, f"one session, one run folder: {logs}"
+    events = [json.loads(line) for line in logs[0].read_text().splitlines() if line.strip()]
     final = [e for e in events if e["event"] == "snapshot" and e.get("reason") == "final"]
     assert final, f"no final snapshot after the connection dropped (screen before:\n{shown})\n{events_tail(entry.parent)}"
     assert Path(final[-1]["path"]).is_file() and final[-1]["step"] >= step_of(status_line(shown, "RUNNING") or "")
