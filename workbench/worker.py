@@ -87,6 +87,7 @@ from workbench.memory.device import DeviceProbe
 from workbench.memory.gc_freeze import Frozen, collect_all, freeze_survivors
 from workbench.memory.gc_freeze import release as release_frozen
 from workbench.memory.leaks import find_leaks
+from workbench.memory.out_of_memory import is_out_of_memory
 from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
@@ -495,11 +496,11 @@ class TrainingWorker(threading.Thread):
             message = str(exc)
         elif isinstance(exc, KeyboardInterrupt):
             message = "step() was interrupted" + (f" at {file}:{line}" if file else "") + "; the model and optimizer are intact"
-        elif isinstance(exc, torch.OutOfMemoryError):
+        elif is_out_of_memory(exc):
             message = f"out of memory in step(): {exc}. The step's tensors were released and the cache emptied; {self._memory_report()}"
         self.bus.publish(Error(where="step", message=message, file=file, line=line, traceback=self._format(exc)))
         traceback.clear_frames(exc.__traceback__)  # the frames pin the step's tensors
-        if isinstance(exc, torch.OutOfMemoryError):
+        if is_out_of_memory(exc):
             if self._recording:
                 self._publish_or_report("memory snapshot", lambda: self._dump_memory("oom"))
             del exc
