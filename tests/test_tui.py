@@ -397,6 +397,36 @@ async def test_sigterm_in_the_app_writes_a_final_snapshot_and_exits(tmp_path, se
     assert session.last_snapshot and session.worker.last_snapshot_step == session.worker.step
 
 
+async def test_the_requeue_signal_in_the_app_snapshots_and_exits_with_its_reason(tmp_path, session_factory):
+    import os
+    import signal
+
+    session = session_factory(write_project(tmp_path / "proj"))
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: session.status().step > 3, what="training")
+        os.kill(os.getpid(), signal.SIGUSR1)  # a batch scheduler's "time is nearly up"
+        await until(pilot, lambda: not app.is_running, what="app exit", timeout=10)
+    session.close()
+    assert session.worker.final_snapshot is not None and session.worker.final_snapshot.outcome == "written"
+    assert session.worker.exit_reason == "requeue signal" and session.exit_code == 0
+
+
+async def test_the_app_exits_after_the_time_limits_final_snapshot(tmp_path, session_factory):
+    from dataclasses import replace
+
+    from workbench.time_limit import TimeLimit
+
+    session = session_factory(write_project(tmp_path / "proj"))
+    session.config = replace(session.config, time_limit=TimeLimit.after(14, "test limit"))
+    session.worker.time_limit = session.config.time_limit
+    app = make_app(session)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: not app.is_running, what="app exit at the time limit", timeout=20)
+    session.close()
+    assert session.worker.exit_reason == "time limit" and session.worker.final_snapshot.outcome == "written"
+
+
 def test_help_screen_snapshot(tmp_path, snap_compare, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", "/home/you/.config")  # the help names the settings file
     entry = write_project(tmp_path / "snapshot_demo", DETERMINISTIC)

@@ -51,6 +51,15 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensorboard", action="store_true", default=None,
                         help="write TensorBoard event files into the run folder (needs: pip install 'vram-bench[tensorboard]'); "
                         "`tensorboard = true` in the settings file does the same")
+    parser.add_argument("--time-limit", type=duration, metavar="DURATION",
+                        help="the job's wall-clock limit (3h50m, 90m, 20s): the final snapshot is written before it, then "
+                        "vram-bench exits 0 (default: the Slurm job's own end time, when it runs under Slurm)")
+    parser.add_argument("--requeue", action="store_true",
+                        help="after the requeue signal's (or the time limit's) final snapshot, requeue the Slurm job "
+                        "(scontrol requeue), so its next start resumes with --resume latest")
+    parser.add_argument("--requeue-signal", default="USR1", type=signal_name, metavar="SIGNAL",
+                        help="the signal that means: snapshot now, requeue if --requeue, exit 0 (default USR1, as "
+                        "#SBATCH --signal=USR1@90 sends it)")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
     parser.add_argument("--training-nice", type=nice_increment, default=0, metavar="N",
@@ -77,6 +86,29 @@ def nice_increment(text: str) -> int:
     if not 0 <= value <= 19:
         raise argparse.ArgumentTypeError("must be between 0 (off) and 19")
     return value
+
+
+def duration(text: str) -> float:
+    """An argparse type for --time-limit: 3h50m, 90m, 20s, 1d2h, or Slurm's HH:MM:SS."""
+    from workbench.time_limit import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return seconds
+
+
+def signal_name(text: str) -> str:
+    """An argparse type for --requeue-signal: USR1, SIGUSR2, ... (a signal that may be caught)."""
+    import signal
+
+    name = text.upper().removeprefix("SIG")
+    if name in ("KILL", "STOP") or not hasattr(signal, f"SIG{name}"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a signal that can be caught (try USR1 or USR2)")
+    return name
 
 
 def positive_int(text: str) -> int:
@@ -282,7 +314,19 @@ def _session_config(args: argparse.Namespace, device):  # type: ignore[no-untype
         freeze_gc=not args.no_gc_freeze,
         training_nice=args.training_nice,
         tensorboard=args.tensorboard if args.tensorboard is not None else _tensorboard_setting(),
+        time_limit=_time_limit(args),
+        requeue=args.requeue,
+        requeue_signal=args.requeue_signal,
     )
+
+
+def _time_limit(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """--time-limit, counted from now; else the Slurm job's end, when it runs under Slurm."""
+    from workbench.time_limit import TimeLimit, slurm_time_limit
+
+    if args.time_limit is not None:
+        return TimeLimit.after(args.time_limit, f"--time-limit {args.time_limit:.0f} s")
+    return slurm_time_limit()
 
 
 def _tensorboard_setting() -> bool:

@@ -226,12 +226,16 @@ class Memory(Event):
     rss_file_bytes: int
     system_total_bytes: int
     system_available_bytes: int
+    # The real ceiling: the memory cgroup's limit where one applies (nested: the smallest), else the host's RAM.
+    limit_bytes: int | None = None
+    limit_source: str | None = None  # "cgroup v2 /user.slice/job-1", "cgroup v1 /docker/abc" or "host"
+    cgroup_usage_bytes: int | None = None  # what the limiting cgroup holds (all its processes, page cache too)
     gpus: tuple[dict[str, Any], ...] = ()
     gpu_note: str | None = None
 
 
 # `where` values of errors that are warnings: nothing failed and training goes on.
-WARNINGS = frozenset({"slow step", "eval mode", "contract", "run folder"})
+WARNINGS = frozenset({"slow step", "eval mode", "contract", "run folder", "time limit"})
 
 
 @dataclass(frozen=True)
@@ -359,6 +363,7 @@ class Interrupt(Command):
 class Quit(Command):
     word: ClassVar[str] = "quit"
     final_snapshot: bool = False  # write a snapshot of the state before stopping (signals, "snapshot and quit")
+    reason: str = "quit"  # the exit's reason: "requeue signal" (SIGUSR1: snapshot, requeue if asked, exit 0)
 
 
 COMMANDS: dict[str, type[Command]] = {

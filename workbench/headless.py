@@ -113,7 +113,8 @@ def _silence_sys_stdin(stdin: TextIO | None) -> tuple[TextIO, TextIO] | None:
 
 
 def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, object]:
-    """SIGINT finishes the current step and exits; SIGTERM and SIGHUP (a dropped SSH link) write a final snapshot first.
+    """SIGINT finishes the current step and exits; SIGTERM and SIGHUP (a dropped SSH link) write a final snapshot first;
+    the requeue signal (SIGUSR1) too, then requeues the job if asked and exits 0.
 
     The quit escalates like the `quit` command's (QuitTimeouts). A second signal interrupts the step
     at once; a third ends the child processes and exits (code 130). A forked child (a DataLoader
@@ -131,7 +132,7 @@ def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, 
             return
         received["count"] += 1
         if received["count"] == 1:
-            session.request_quit(final_snapshot=final_snapshot)
+            session.request_quit(final_snapshot=final_snapshot, reason="requeue signal" if signum == requeue else "quit")
             escalation.begin()
             if session.worker.step_started is not None:
                 session.bus.publish(Error(where="command", message="stopping after the current step; signal again to interrupt it"))
@@ -141,7 +142,8 @@ def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, 
             end_child_processes(1.0)
             os._exit(130)  # a step stuck in C code: the user insists
 
-    handlers = {signal.SIGINT: False, signal.SIGTERM: True, signal.SIGHUP: True}
+    requeue = getattr(signal, f"SIG{session.config.requeue_signal}")  # a batch scheduler's "time is nearly up"
+    handlers = {signal.SIGINT: False, signal.SIGTERM: True, signal.SIGHUP: True, requeue: True}
     for sig, final_snapshot in handlers.items():
         previous[sig] = signal.getsignal(sig)
         signal.signal(sig, lambda signum, frame, snap=final_snapshot: handle(signum, frame, snap))

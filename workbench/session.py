@@ -35,6 +35,7 @@ from workbench.project import Project, ignored_hooks, unload_project
 from workbench.runs import RunRecord, leftover_folders, new_run_folder
 from workbench.state_folder import choose_state_folder
 from workbench.telemetry import Telemetry
+from workbench.time_limit import TimeLimit
 from workbench.units import human_bytes
 from workbench.watchdog import StepWatchdog
 from workbench.worker import ApplyChanges, RunState, TrainingWorker
@@ -70,6 +71,9 @@ class SessionConfig:
     freeze_gc: bool = True  # gc.freeze() after setup: full collections skip the long-lived objects
     training_nice: int = 0  # lower the training thread's CPU priority by this much (thread_priority.py)
     tensorboard: bool = False  # TensorBoard event files in the run folder (tensorboard_log.py; optional extra)
+    time_limit: TimeLimit | None = None  # the job's wall-clock limit: final snapshot and exit before it (time_limit.py)
+    requeue: bool = False  # after a requeue signal or the time limit's snapshot, requeue the batch job (Slurm)
+    requeue_signal: str = "USR1"  # the signal that means "snapshot now, requeue, exit 0"
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,8 @@ class Session:
             resume_partial=config.resume_partial,
             snapshot_keep=config.snapshot_keep,
             run_record=self.run_record,
+            time_limit=config.time_limit,
+            requeue=config.requeue,
             freeze_gc=config.freeze_gc,
             nice=config.training_nice,
         )
@@ -280,10 +286,10 @@ class Session:
         if self.router is not None:
             self.router.uninstall()
 
-    def request_quit(self, final_snapshot: bool = False) -> None:
+    def request_quit(self, final_snapshot: bool = False, reason: str = "quit") -> None:
         """Ask the training thread to stop after its step (writing a final snapshot first if asked)."""
         self._final_snapshot = self._final_snapshot or final_snapshot
-        self.worker.commands.put(Quit(final_snapshot=final_snapshot))
+        self.worker.commands.put(Quit(final_snapshot=final_snapshot, reason=reason))
 
     def close(self) -> None:
         """Stop and forget the project's modules (several sessions may share one process)."""

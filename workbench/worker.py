@@ -30,6 +30,8 @@ import workbench
 from workbench.actions.cleanup import run_cleanup, trim_c_heap
 from workbench.actions.final_snapshot import FinalSnapshot
 from workbench.actions.pending_optimizers import PendingOptimizers
+from workbench.actions.requeue import requeue_job
+from workbench.actions.snapshot_integrity import payload_bytes
 from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_recording
 from workbench.actions.profile import ProfileRun
 from workbench.actions.snapshot import (
@@ -92,10 +94,11 @@ from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
 from workbench.rebuild import carry_optimizers_setup_did_not_make, carry_over, restore_globals
-from workbench.state_walk import find_instances
+from workbench.state_walk import find_instances, find_with_globals
 from workbench.saved_bytes import SavedBytes
 from workbench.runs import RunRecord
 from workbench.telemetry import Telemetry
+from workbench.time_limit import TimeLimit
 from workbench.thread_priority import lower_current_thread
 
 
@@ -168,6 +171,8 @@ class TrainingWorker(threading.Thread):
         resume_partial: bool = False,
         snapshot_keep: int = DEFAULT_KEEP,
         run_record: RunRecord | None = None,
+        time_limit: TimeLimit | None = None,
+        requeue: bool = False,
         freeze_gc: bool = True,
         nice: int = 0,
     ) -> None:
@@ -190,6 +195,10 @@ class TrainingWorker(threading.Thread):
         self.resume_partial = resume_partial
         self.snapshot_keep = snapshot_keep
         self.run_record = run_record  # run.json: how far this run got, for `vram-bench runs`
+        self.time_limit = time_limit  # a job's wall-clock limit: the final snapshot is written before it
+        self.requeue = requeue  # requeue the batch job after a requeue signal's or the time limit's snapshot
+        self._snapshot_seconds: float | None = None  # how long the last snapshot took (the time limit plans with it)
+        self._state_bytes_estimate: int | None = None  # until a snapshot is timed, its size says how long one takes
         self.freeze_gc = freeze_gc  # freeze what setup() left alive: short full collections (memory/gc_freeze.py)
         self.frozen: Frozen | None = None
         self.nice_increment = nice
@@ -257,6 +266,8 @@ class TrainingWorker(threading.Thread):
                         self._step_once = False
                         self._run_step()
                         self._check_max_steps()
+                    if self.time_limit is not None and not self._quit:
+                        self._check_time_limit()
                 except KeyboardInterrupt:
                     # An interrupt that arrived just after its step finished: nothing to stop.
                     self._command_error("the step had already finished when the interrupt arrived")
@@ -553,6 +564,8 @@ class TrainingWorker(threading.Thread):
             if command.final_snapshot and self.user_state is not None:
                 self._final_snapshot()
             self._quit = True
+            if command.reason != "quit":
+                self._end_for(command.reason)
         elif isinstance(command, Pause):
             if self.state is RunState.RUNNING:
                 self._pause("user")
@@ -652,6 +665,37 @@ class TrainingWorker(threading.Thread):
             suspects=tuple(dataclasses.asdict(s) for s in report.suspects),
         )
 
+    def _check_time_limit(self) -> None:
+        """Between steps (and while paused): once the time left is about what a snapshot takes, write the final
+        one and exit, before the scheduler's SIGKILL can cost the run its progress."""
+        assert self.time_limit is not None
+        slowest = max(self.step_ms_history, default=0.0) / 1000
+        if self.user_state is None or not self.time_limit.snapshot_due(self._snapshot_seconds, self._state_bytes(), slowest):
+            return
+        left = max(self.time_limit.remaining(), 0.0)
+        self.bus.publish(Error(where="time limit", message=f"{self.time_limit.source}: {left:.0f} s left, about what the "
+                               "final snapshot needs: writing it and exiting"))
+        self._final_snapshot()
+        self._quit = True
+        self._end_for("time limit")
+
+    def _end_for(self, reason: str) -> None:
+        """The exit's reason (unless the final snapshot failed, which the exit must say), and the requeue."""
+        if self.exit_reason != "final snapshot failed":
+            self.exit_reason = reason
+        if self.requeue:
+            done, sentence = requeue_job()
+            self.bus.publish(Error(where="requeue" if not done else "time limit", message=sentence))
+
+    def _state_bytes(self) -> int:
+        """The tensors a snapshot writes, estimated once (before any snapshot has been timed)."""
+        if self._state_bytes_estimate is None:
+            modules, optimizers = find_with_globals(self.user_state, self._namespaces())
+            self._state_bytes_estimate = payload_bytes(
+                [m.state_dict() for m in modules.values()] + [o.state_dict() for o in optimizers.values()]
+            )
+        return self._state_bytes_estimate
+
     def _nothing_trained_yet(self) -> str:
         if self._first_step == 0:
             return "no snapshot before the first step: it would hold the untrained model, and a later --resume would take it for training"
@@ -690,6 +734,7 @@ class TrainingWorker(threading.Thread):
         finally:
             self.activity = None
         self.last_snapshot_step, self.last_snapshot_path, self.last_snapshot_error = self.step, event.path, None
+        self._snapshot_seconds = event.seconds
         self._update_run_record()
         self.bus.publish(dataclasses.replace(event, reason=reason))
         return True

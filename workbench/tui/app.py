@@ -112,6 +112,13 @@ class VramBenchApp(App[None]):
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         for problem in self.problems:
             self.notify(problem, title="Settings", severity="warning", timeout=20)
+        if self.session.config.time_limit is not None:
+            self.set_interval(0.5, self._exit_at_the_time_limit, name="time-limit")
+
+    def _exit_at_the_time_limit(self) -> None:
+        """The training thread wrote its final snapshot before the job's limit and stopped: so does the app."""
+        if self.session.worker.state.value == "stopped":
+            self.exit()
 
     def _remember_theme(self, theme: Theme) -> None:
         """A theme picked in the palette is the one the next session starts with."""
@@ -143,8 +150,10 @@ class VramBenchApp(App[None]):
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 loop.add_signal_handler(sig, self._quit_with_snapshot)
+            requeue = getattr(signal, f"SIG{self.session.config.requeue_signal}")
+            loop.add_signal_handler(requeue, lambda: self._quit_with_snapshot("requeue signal"))
             loop.add_signal_handler(signal.SIGINT, lambda: self.call_later(self.action_quit))
-            self._signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+            self._signals = (signal.SIGTERM, signal.SIGHUP, requeue, signal.SIGINT)
         except (NotImplementedError, RuntimeError, ValueError):
             self._signals = ()
 
@@ -156,8 +165,8 @@ class VramBenchApp(App[None]):
         for sig in getattr(self, "_signals", ()):
             loop.remove_signal_handler(sig)
 
-    def _quit_with_snapshot(self) -> None:
-        self.session.request_quit(final_snapshot=True)
+    def _quit_with_snapshot(self, reason: str = "quit") -> None:
+        self.session.request_quit(final_snapshot=True, reason=reason)
         self.exit()
 
     async def action_quit(self) -> None:
