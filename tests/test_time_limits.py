@@ -131,3 +131,21 @@ def test_the_snapshot_is_due_when_the_time_left_is_what_a_snapshot_takes() -> No
     assert not limit.snapshot_due(snapshot_seconds=5, state_bytes=0, slowest_step_seconds=1)
     assert limit.snapshot_due(snapshot_seconds=40, state_bytes=0, slowest_step_seconds=1)  # 1.5 x 40 + margin > 60
     assert limit.snapshot_due(snapshot_seconds=None, state_bytes=6_000_000_000, slowest_step_seconds=0)  # ~60 s to write
+
+
+def test_resume_auto_starts_fresh_without_a_snapshot_and_resumes_the_latest_with_one(tmp_path) -> None:
+    root = make_project(tmp_path, {"train.py": TRAIN_PY})
+    command = [sys.executable, "-m", "workbench", "run", str(root / "train.py"), "--headless", "--no-watch",
+               "--resume", "auto", "--max-steps", "3"]
+    first = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert first.returncode == 0 and "no snapshot yet, so this run starts fresh" in first.stderr, first.stderr
+    assert not [e for e in events_of(first.stdout) if e["event"] == "resume"]
+    from tests.conftest import is_event, open_session
+    from tests.test_resume_faults import take_snapshot
+
+    with open_session(root / "train.py", max_steps=4, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        snap = Path(take_snapshot(live).path)
+    second = subprocess.run([*command[:-1], "6"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    resumed = [e for e in events_of(second.stdout) if e["event"] == "resume"]
+    assert second.returncode == 0 and resumed and resumed[0]["ok"] and resumed[0]["path"] == str(snap), second.stderr

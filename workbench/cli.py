@@ -45,7 +45,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record-memory", action="store_true", help="record CUDA allocation history for memory snapshots (m)")
     parser.add_argument("--sample-hz", type=float, default=10.0, metavar="HZ", help="memory sampling rate (default 10)")
     parser.add_argument("--memory-window", type=float, default=300.0, metavar="SECONDS", help="memory history shown (default 300)")
-    parser.add_argument("--resume", metavar="latest|PATH", help="load a snapshot into what setup() builds (weights, optimizer, step, RNG)")
+    parser.add_argument("--resume", metavar="latest|auto|PATH", help="load a snapshot into what setup() builds (weights, "
+                        "optimizer, step, RNG); auto: the latest if there is one, else start fresh (batch jobs that requeue)")
     parser.add_argument("--resume-partial", action="store_true", help="with --resume: load the tensors that match, skip the rest")
     parser.add_argument("--keep-snapshots", type=positive_int, default=5, metavar="K", help="snapshots kept per project (default 5)")
     parser.add_argument("--tensorboard", action="store_true", default=None,
@@ -208,7 +209,7 @@ def _run(args: argparse.Namespace) -> int:
 
         tui_settings = load_tui_settings(args.theme)
     entry = resolve_entry(entry)
-    if args.resume and args.resume != "latest":
+    if args.resume and args.resume not in ("latest", "auto"):
         args.resume = str(Path(args.resume).expanduser().absolute())  # typed relative to here, before the chdir
     config = _session_config(args, device)
     if args.headless:
@@ -336,17 +337,26 @@ def _tensorboard_setting() -> bool:
 
 
 def _check_resume(args: argparse.Namespace, project) -> Path | None:  # type: ignore[no-untyped-def]
-    """Find and open the snapshot before any UI starts: a missing or damaged one is a one-line error."""
+    """Find and check the snapshot before any UI starts: a missing or damaged one is a one-line error.
+
+    `auto` (for batch jobs that requeue themselves): the latest snapshot if there is one, else a fresh start."""
     if not args.resume:
         if args.resume_partial:
-            raise UserError("--resume-partial only makes sense with --resume latest|PATH.")
+            raise UserError("--resume-partial only makes sense with --resume latest|auto|PATH.")
         return None
     from workbench.actions.snapshot import find_snapshot, load_snapshot
-
+    from workbench.runs import latest_snapshot
     from workbench.state_folder import choose_state_folder
 
-    path = find_snapshot(choose_state_folder(project.root)[0], args.resume)
-    load_snapshot(path)  # mapped, not read: cheap, and a damaged file fails here
+    state_dir = choose_state_folder(project.root)[0]
+    if args.resume == "auto":
+        path = latest_snapshot(state_dir)
+        if path is None:
+            print("vram-bench: --resume auto: no snapshot yet, so this run starts fresh", file=sys.stderr)
+            return None
+    else:
+        path = find_snapshot(state_dir, args.resume)
+    load_snapshot(path)  # every record's CRC checked, then mapped: a damaged file fails here
     return path
 
 
