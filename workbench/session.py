@@ -21,7 +21,7 @@ from workbench.bench import Bench
 from workbench.early_output import EarlyOutput
 from workbench.eventbus import EventBus
 from workbench.eventlog import EventLogWriter
-from workbench.events import Command, Error, Interrupt, Quit, ReloadNow, Start
+from workbench.events import Command, Error, Interrupt, Pause, Quit, ReloadNow, Start
 from workbench.actions.leftovers import remove_leftovers
 from workbench.actions.snapshot import DEFAULT_KEEP
 from workbench.hotswap.reloader import DEFAULT_MAX_HISTORY, Reloader
@@ -327,6 +327,12 @@ class Session:
                 self.bus.publish(Error(where="command", message="no step is running: nothing to interrupt"))
         else:
             self.worker.commands.put(command)
+            started = self.worker.step_started
+            running = time.monotonic() - started if started is not None else 0.0
+            if isinstance(command, Pause) and running >= 1.0 and self.worker.state is RunState.RUNNING:
+                # Applied at the step boundary: said at once, so a long step does not look like an ignored key.
+                self.bus.publish(Error(where="pausing", message=f"pausing after the current step (running for {running:.0f} s; "
+                                       "i interrupts it)"))
 
     def status(self) -> SessionStatus:
         w = self.worker

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from workbench.events import Error, Event
+from workbench.suspension import SuspendedTime
 from workbench.worker import TrainingWorker
 
 
@@ -29,12 +30,15 @@ class StepWatchdog(threading.Thread):
         self._warned_for: float | None = None
 
     def run(self) -> None:
+        suspended = SuspendedTime()
         while not self._stop_event.wait(self._every):
+            suspended.tick(self._every)
             started = self._worker.step_started
             history = list(self._worker.step_ms_history)
             if started is None or started == self._warned_for or len(history) < 3:
                 continue
-            running = time.monotonic() - started
+            # Time the whole process was stopped (SIGSTOP, a suspended job) is no step's doing.
+            running = time.monotonic() - started - suspended.since(started)
             median = statistics.median(history) / 1000
             if running >= max(self._minimum, self._factor * median):
                 self._warned_for = started
