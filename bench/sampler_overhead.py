@@ -55,6 +55,17 @@ def steps_per_second(entry: Path, steps: int, sample: bool, hz: float) -> float:
     return (len(measured) - 1) / (measured[-1] - measured[0])
 
 
+def per_call(fn, calls: int = 2000) -> float:
+    """Seconds per call, the median of 5 batches (this machine's other work shows up as outliers)."""
+    batches = []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(calls // 5):
+            fn()
+        batches.append((time.perf_counter() - started) / (calls // 5))
+    return statistics.median(batches)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4)
@@ -70,18 +81,23 @@ def main() -> None:
             for sample, into in ((False, off), (True, on)) if i % 2 == 0 else ((True, on), (False, off)):
                 into.append(steps_per_second(folder / "train.py", args.steps, sample, args.hz))
     ratio = statistics.median(on) / statistics.median(off)
+    from workbench.memory.cgroup import read_ceiling
     from workbench.memory.device import TorchNvmlProbe
     from workbench.memory.sampler import take_sample
 
-    probe, started = TorchNvmlProbe(), time.perf_counter()
-    for _ in range(1000):
-        take_sample(probe)
-    per_sample = (time.perf_counter() - started) / 1000
+    probe = TorchNvmlProbe()
+    per_sample = per_call(lambda: take_sample(probe))
+    per_ceiling = per_call(read_ceiling)  # the memory cgroup's share of a sample (one pread; limits every 5 s)
+    ceiling = read_ceiling()
     print(f"tiny_gpt, {args.rounds} rounds x {args.steps} steps each way, sampler at {args.hz:g} Hz")
     print(f"  sampler off: median {statistics.median(off):.2f} steps/s  {[round(x, 2) for x in off]}")
     print(f"  sampler on:  median {statistics.median(on):.2f} steps/s  {[round(x, 2) for x in on]}")
     print(f"  on / off: {ratio:.1%}  (target >= 99%)")
     print(f"  one sample costs {per_sample * 1e6:.0f} us: {per_sample * args.hz:.3%} of a core at {args.hz:g} Hz")
+    print(
+        f"  of which the memory ceiling {per_ceiling * 1e6:.1f} us ({ceiling.limit_source}, "
+        f"{ceiling.limit_bytes / 2**30:.2f} GiB; limits re-read every 5 s)"
+    )
     print(f"  {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
 
 

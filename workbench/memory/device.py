@@ -39,6 +39,9 @@ class GpuMemory:
     # NVML (the whole device)
     device_used: int | None = None
     device_total: int | None = None
+    # What this process may use: the device's memory, a MIG slice's, or set_per_process_memory_fraction's share
+    limit: int | None = None
+    limit_source: str | None = None  # "device", "MIG slice", "set_per_process_memory_fraction(0.50)"
     process_used: int | None = None  # this process, from the compute process list
     utilization: int | None = None  # percent
     temperature: int | None = None  # Celsius
@@ -131,12 +134,15 @@ class TorchNvmlProbe:
     # torch.cuda ------------------------------------------------------------------------
     def _gpu(self, index: int) -> GpuMemory:
         stats = _safe(lambda: self._cuda.memory_stats(index), {}) or {}
-        uuid = self._torch_uuid(index)
+        props = _safe(lambda: self._cuda.get_device_properties(index))
+        uuid = _props_uuid(props)
         handle = self._handle_for(index, uuid)
         used, total = self._nvml_memory(handle)
+        name = _safe(lambda: self._cuda.get_device_name(index), f"cuda:{index}")
+        limit, limit_source = self._limit(index, name, props, total)
         return GpuMemory(
             index=index,
-            name=_safe(lambda: self._cuda.get_device_name(index), f"cuda:{index}"),
+            name=name,
             uuid=uuid,
             allocated=stats.get("allocated_bytes.all.current"),
             reserved=stats.get("reserved_bytes.all.current"),
@@ -148,6 +154,8 @@ class TorchNvmlProbe:
             allocations=stats.get("allocation.all.allocated"),
             device_used=used,
             device_total=total,
+            limit=limit,
+            limit_source=limit_source,
             process_used=self._nvml_reading("process memory", handle, self._process_memory),
             utilization=self._nvml_reading("utilization", handle, lambda h: int(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu)),
             temperature=self._nvml_reading(
@@ -156,9 +164,27 @@ class TorchNvmlProbe:
             power_watts=self._nvml_reading("power", handle, lambda h: self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
         )
 
-    def _torch_uuid(self, index: int) -> str | None:
-        uuid = _safe(lambda: self._cuda.get_device_properties(index).uuid)
-        return _normal_uuid(str(uuid)) if uuid is not None else None
+    def _limit(self, index: int, name: str, props: Any, nvml_total: int | None) -> tuple[int | None, str | None]:
+        """The most this process can reach on the device: never more than it may use.
+
+        torch sees a MIG slice's memory as the device's (`total_memory`), NVML the whole GPU's;
+        `set_per_process_memory_fraction` caps torch's reserved memory at that share of `total_memory`.
+        The fraction is read only once CUDA is initialized (reading it would initialize CUDA; before
+        that, no fraction can have been set).
+        """
+        visible = _safe(lambda: int(props.total_memory)) if props is not None else None
+        total = visible or nvml_total
+        if not total:
+            return None, None
+        fraction = 1.0
+        if _safe(lambda: self._cuda.is_initialized(), False):
+            read = getattr(self._cuda, "get_per_process_memory_fraction", None)
+            fraction = _safe(lambda: float(read(index)), 1.0) if read is not None else 1.0
+        if 0.0 <= fraction < 1.0:
+            return int(total * fraction), f"set_per_process_memory_fraction({fraction:.2f})"
+        if "MIG" in name.split() or (visible and nvml_total and visible < nvml_total * 0.95):
+            return total, "MIG slice"
+        return total, "device"
 
     # NVML --------------------------------------------------------------------------------
     def _start_nvml(self) -> None:
@@ -235,6 +261,11 @@ class TorchNvmlProbe:
         except Exception:  # noqa: BLE001 - not supported by this driver/GPU: say so once, stop asking
             self._missing.add(what)
             return None
+
+
+def _props_uuid(props: Any) -> str | None:
+    uuid = _safe(lambda: props.uuid) if props is not None else None
+    return _normal_uuid(str(uuid)) if uuid is not None else None
 
 
 def _normal_uuid(text: str) -> str:

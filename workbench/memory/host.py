@@ -1,4 +1,4 @@
-"""Host memory of this process and the machine, via psutil."""
+"""Host memory of this process and the machine (psutil), and its real ceiling (the memory cgroup, see cgroup.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass
 
 import psutil
+
+from workbench.memory.cgroup import MemoryCeiling, read_ceiling
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,20 @@ class HostMemory:
     system_total: int
     system_available: int
     swap_used: int
+    ceiling: MemoryCeiling | None = None  # None: not read (a test's fixed figures): the host's RAM is the ceiling
+
+    @property
+    def limit(self) -> int:
+        """What this process may use: the memory cgroup's limit where one applies, else the host's RAM."""
+        return self.ceiling.limit_bytes if self.ceiling is not None else self.system_total
+
+    @property
+    def limit_source(self) -> str:
+        return self.ceiling.limit_source if self.ceiling is not None else "host"
+
+    @property
+    def cgroup_usage(self) -> int | None:
+        return self.ceiling.usage_bytes if self.ceiling is not None else None
 
 
 _process = psutil.Process()
@@ -26,7 +42,8 @@ _system: tuple[float, int, int, int] | None = None  # (when, total, available, s
 
 
 def read_host_memory() -> HostMemory:
-    """This process's memory every call (about 15 us); system RAM and swap at most once a second."""
+    """This process's memory and its cgroup's usage every call (about 15 + 5 us); system RAM and swap at most
+    once a second, the cgroup's limits every few seconds."""
     global _system
     info = _process.memory_info()
     shared = getattr(info, "shared", 0)  # Linux: resident file-backed + shmem pages
@@ -46,4 +63,5 @@ def read_host_memory() -> HostMemory:
         system_total=total,
         system_available=available,
         swap_used=swap,
+        ceiling=read_ceiling(),
     )

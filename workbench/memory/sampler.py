@@ -27,6 +27,9 @@ class MemorySample:
             rss_file_bytes=self.host.rss_file,
             system_total_bytes=self.host.system_total,
             system_available_bytes=self.host.system_available,
+            limit_bytes=self.host.limit,
+            limit_source=self.host.limit_source,
+            cgroup_usage_bytes=self.host.cgroup_usage,
             gpus=tuple(
                 {**g.to_dict(), "allocations_per_step": rate}
                 for g, rate in zip(self.gpus, self.allocations_per_step or (None,) * len(self.gpus))

@@ -1,5 +1,10 @@
 """Memory gauges: host process and system RAM always; per GPU when there is one; history lines.
 
+The RSS bar's 100% is the real ceiling: the memory cgroup's limit where one
+applies ("of cgroup limit 2.00 GiB", with what the cgroup holds), else the
+host's RAM. A GPU's figures say what this process may use where that is less
+than the device (a MIG slice, set_per_process_memory_fraction).
+
 A GPU bar is stacked: other processes and CUDA context (device used minus our
 reserved) | cached but free (reserved minus allocated) | live tensors
 (allocated). Allocator retries and OOMs turn red when they move.
@@ -25,6 +30,7 @@ from workbench.tui.widgets.loss_chart import sparkline
 
 BAR_WIDTH = 20
 HIGHLIGHT_SECONDS = 30.0  # how long a moved retry/OOM counter stays red
+NEAR_LIMIT = 0.9  # share of the cgroup limit in use at which the host gauge turns to a warning
 
 
 class MemoryGauges(Static, can_focus=True):
@@ -114,10 +120,18 @@ def render_memory(
     text = Text(overflow="fold")
     text.append("Host\n", style="bold underline")
     used = host.system_total - host.system_available
+    limit = host.limit  # the real ceiling: the memory cgroup's limit where one applies, else the host's RAM
+    limited = host.limit_source != "host"
+    charged = host.cgroup_usage if limited and host.cgroup_usage is not None else host.rss
+    near = limited and limit and charged / limit >= NEAR_LIMIT
     text.append(" RSS ", style="bold")
-    text.append(bar(host.rss / host.system_total if host.system_total else 0, bar_width), style=roles.info)
+    text.append(bar(host.rss / limit if limit else 0, bar_width), style=roles.warning if near else roles.info)
     text.append(f" {human_bytes(host.rss)}\n")
     text.append(f"     anon {human_bytes(host.rss_anon)}, file {human_bytes(host.rss_file)}\n", style="dim")
+    if limited:
+        text.append(f"     of cgroup limit {human_bytes(limit)}\n", style=roles.warning if near else "dim")
+        if host.cgroup_usage is not None:
+            text.append(f"     cgroup in use {human_bytes(host.cgroup_usage)}\n", style=roles.warning if near else "dim")
     text.append(" RAM ", style="bold")
     text.append(bar(used / host.system_total if host.system_total else 0, bar_width), style=roles.secondary)
     text.append(f" {human_bytes(used)}\n")
@@ -174,7 +188,7 @@ def _render_gpu(
         text.append("   " + ", ".join(f for f in facts if f) + "\n", style="dim")
     width = bar_width + 4
     allocated, reserved = gpu.allocated or 0, gpu.reserved or 0
-    total = gpu.device_total or reserved or 1
+    total = gpu.device_total or gpu.limit or reserved or 1
     other = max((gpu.device_used or reserved) - reserved, 0)
     cached = max(reserved - allocated, 0)
     cells = [round(other / total * width), round(cached / total * width), round(allocated / total * width)]
@@ -184,7 +198,9 @@ def _render_gpu(
     text.append("█" * cells[2], style=roles.ok)
     text.append("░" * max(width - sum(cells), 0))
     used = gpu.device_used if gpu.device_used is not None else reserved
-    text.append(f"\n   {human_bytes(used)} of {human_bytes(gpu.device_total)} used\n")
+    text.append(f"\n   {human_bytes(used)} of {human_bytes(gpu.device_total or gpu.limit)} used\n")
+    if gpu.limit is not None and gpu.limit_source != "device" and gpu.limit != gpu.device_total:
+        text.append(f"   this process may use {human_bytes(gpu.limit)} ({gpu.limit_source})\n", style="dim")
     text.append("   live   ", style=roles.ok)
     text.append(f"{human_bytes(allocated)}\n")
     text.append("   cached ", style=roles.warning)
