@@ -61,6 +61,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requeue-signal", default="USR1", type=signal_name, metavar="SIGNAL",
                         help="the signal that means: snapshot now, requeue if --requeue, exit 0 (default USR1, as "
                         "#SBATCH --signal=USR1@90 sends it)")
+    parser.add_argument("--on-memory-limit", choices=("snapshot", "pause", "warn"), default="snapshot",
+                        help="when memory's trend reaches its ceiling (a cgroup's limit, the machine's RAM, a GPU's) within "
+                        "a snapshot's time: snapshot and pause (default), pause, or only warn")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
     parser.add_argument("--training-nice", type=nice_increment, default=0, metavar="N",
@@ -318,6 +321,7 @@ def _session_config(args: argparse.Namespace, device):  # type: ignore[no-untype
         time_limit=_time_limit(args),
         requeue=args.requeue,
         requeue_signal=args.requeue_signal,
+        on_memory_limit=args.on_memory_limit,
     )
 
 

@@ -28,8 +28,10 @@ from workbench.hotswap.reloader import DEFAULT_MAX_HISTORY, Reloader
 from workbench.hotswap.service import ReloadService
 from workbench.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
 from workbench.memory.device import DeviceProbe, TorchNvmlProbe
+from workbench.memory.cgroup import previous_oom_kills_note
 from workbench.memory.host import read_host_memory
-from workbench.memory.sampler import HostReader, MemorySampler
+from workbench.memory.sampler import HostReader, MemorySample, MemorySampler
+from workbench.memory_guard import MemoryGuard
 from workbench.output import OutputRouter
 from workbench.project import Project, ignored_hooks, unload_project
 from workbench.runs import RunRecord, leftover_folders, new_run_folder
@@ -74,6 +76,7 @@ class SessionConfig:
     time_limit: TimeLimit | None = None  # the job's wall-clock limit: final snapshot and exit before it (time_limit.py)
     requeue: bool = False  # after a requeue signal or the time limit's snapshot, requeue the batch job (Slurm)
     requeue_signal: str = "USR1"  # the signal that means "snapshot now, requeue, exit 0"
+    on_memory_limit: str = "snapshot"  # memory_guard.py: before a forecast kill, snapshot and pause / pause / warn
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class SessionStatus:
     needs_rebuild: tuple[str, ...] = ()  # files whose saved changes are held until a rebuild
     activity: str | None = None  # a long action between steps (a snapshot being written)
     unsaved_steps: int = 0
+    memory_warning: str | None = None  # a memory trend toward the ceiling, while it lasts (memory_guard.py)
 
 
 def _join(thread: threading.Thread | None, timeout: float) -> None:
@@ -172,6 +176,7 @@ class Session:
             run_record=self.run_record,
             time_limit=config.time_limit,
             requeue=config.requeue,
+            on_memory_limit=config.on_memory_limit,
             freeze_gc=config.freeze_gc,
             nice=config.training_nice,
         )
@@ -187,9 +192,12 @@ class Session:
             if config.watch
             else None
         )
+        self.memory_guard = MemoryGuard(
+            self.bus.publish, self.worker.commands.put, self.worker.expected_snapshot_seconds, config.on_memory_limit
+        )
         self.sampler = MemorySampler(
             self.probe,
-            self.telemetry.store_memory,
+            self._store_memory,
             self.bus.publish,
             interval=config.memory_interval,
             event_interval=config.memory_event_interval,
@@ -232,6 +240,8 @@ class Session:
             self.bus.publish(Error(where="contract", message=note))
         if self._run_dir_note:
             self.bus.publish(Error(where="run folder", message=self._run_dir_note))
+        if (oom_note := previous_oom_kills_note()) is not None:
+            self.bus.publish(Error(where="memory limit", message=oom_note))
         self.run_record.start(str(self.project.entry), self.config.resume)
         for leftover in remove_leftovers(leftover_folders(self.state_dir)):
             self.bus.publish(
@@ -352,9 +362,15 @@ class Session:
             needs_rebuild=tuple(self.project.relative(p) for p in list(w.held_paths())),
             activity=w.activity,
             unsaved_steps=self.unsaved_steps,
+            memory_warning=self.memory_guard.warning,
         )
 
     # Internals ---------------------------------------------------------------------------
+    def _store_memory(self, sample: MemorySample) -> None:
+        """On the sampler's thread: the gauges' history, and the forecast of a memory limit."""
+        self.telemetry.store_memory(sample)
+        self.memory_guard.observe(sample)
+
     def _tensorboard_log(self):  # type: ignore[no-untyped-def]
         from workbench.tensorboard_log import TensorBoardLog
 

@@ -90,6 +90,7 @@ from workbench.memory.gc_freeze import Frozen, collect_all, freeze_survivors
 from workbench.memory.gc_freeze import release as release_frozen
 from workbench.memory.leaks import find_leaks
 from workbench.memory.out_of_memory import is_out_of_memory
+from workbench.memory_guard import MemoryLimitNear
 from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
@@ -98,7 +99,7 @@ from workbench.state_walk import find_instances, find_with_globals
 from workbench.saved_bytes import SavedBytes
 from workbench.runs import RunRecord
 from workbench.telemetry import Telemetry
-from workbench.time_limit import TimeLimit
+from workbench.time_limit import ASSUMED_WRITE_SECONDS_PER_BYTE, TimeLimit
 from workbench.thread_priority import lower_current_thread
 
 
@@ -111,7 +112,7 @@ class RunState(str, enum.Enum):
 
 
 # Pauses that a successful reload ends on its own: the user saved a fix.
-AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out of memory"})
+AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out of memory", "memory limit"})
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ class TrainingWorker(threading.Thread):
         run_record: RunRecord | None = None,
         time_limit: TimeLimit | None = None,
         requeue: bool = False,
+        on_memory_limit: str = "snapshot",
         freeze_gc: bool = True,
         nice: int = 0,
     ) -> None:
@@ -197,6 +199,7 @@ class TrainingWorker(threading.Thread):
         self.run_record = run_record  # run.json: how far this run got, for `vram-bench runs`
         self.time_limit = time_limit  # a job's wall-clock limit: the final snapshot is written before it
         self.requeue = requeue  # requeue the batch job after a requeue signal's or the time limit's snapshot
+        self.on_memory_limit = on_memory_limit  # what the memory guard's "the ceiling is near" does (memory_guard.py)
         self._snapshot_seconds: float | None = None  # how long the last snapshot took (the time limit plans with it)
         self._state_bytes_estimate: int | None = None  # until a snapshot is timed, its size says how long one takes
         self.freeze_gc = freeze_gc  # freeze what setup() left alive: short full collections (memory/gc_freeze.py)
@@ -332,6 +335,8 @@ class TrainingWorker(threading.Thread):
                 self.exit_code, self.exit_reason, self._quit = 2, "setup failed", True
             return
         self.setup_seconds = time.monotonic() - self.setup_started
+        self._state_bytes_estimate = None
+        self._state_bytes()  # once, here: the memory guard and the time limit plan a snapshot's time with it
         self.eval_watch.refresh(self.user_state)
         self.bus.publish(Setup(status="done", seconds=self.setup_seconds))
         self.reloader.track_loaded_modules()  # modules that setup imported are watched too
@@ -581,6 +586,8 @@ class TrainingWorker(threading.Thread):
                 self._command_error(f"`step` runs a single step while paused; training is {self.state.value}")
         elif isinstance(command, ApplyChanges):
             self._apply(command.changeset)
+        elif isinstance(command, MemoryLimitNear):
+            self._memory_limit_near(command)
         elif isinstance(command, Rollback):
             self._rollback()
         elif isinstance(command, Rebuild):
@@ -664,6 +671,30 @@ class TrainingWorker(threading.Thread):
             groups=tuple(dataclasses.asdict(g) for g in report.groups[:20]),
             suspects=tuple(dataclasses.asdict(s) for s in report.suspects),
         )
+
+    def _memory_limit_near(self, near: MemoryLimitNear) -> None:
+        """Before the kernel's kill: a snapshot (with time to write it) and a pause, with who holds the memory."""
+        if self.state is not RunState.RUNNING or self.user_state is None:
+            return  # paused already: nothing grows
+        self.bus.publish(Error(where="memory limit", message=f"{near.sentence}: {self._MEMORY_ACTIONS[self.on_memory_limit]}"))
+        if self.on_memory_limit == "warn":
+            return
+        if self.on_memory_limit == "snapshot" and self.step != self._first_step and self.step != self.last_snapshot_step:
+            self._snapshot("memory limit")
+        self._publish_or_report("leaks", self._find_leaks)  # who holds the memory: the leak finder's top owners
+        self._pause("memory limit")
+
+    _MEMORY_ACTIONS = {
+        "snapshot": "writing a snapshot and pausing (save a fix to resume, or press space to go on)",
+        "pause": "pausing (save a fix to resume, or press space to go on)",
+        "warn": "training goes on (--on-memory-limit warn)",
+    }
+
+    def expected_snapshot_seconds(self) -> float:
+        """How long a snapshot takes: the last one's time, or the state's size at a slow disk's speed."""
+        if self._snapshot_seconds is not None:
+            return self._snapshot_seconds
+        return (self._state_bytes_estimate or 0) * ASSUMED_WRITE_SECONDS_PER_BYTE + 1.0
 
     def _check_time_limit(self) -> None:
         """Between steps (and while paused): once the time left is about what a snapshot takes, write the final
@@ -1044,6 +1075,7 @@ class TrainingWorker(threading.Thread):
             return
         self.user_state = new_state
         self._state_built_at = self.reloader.version
+        self._state_bytes_estimate = None  # the new state's size, when next asked
         self.eval_watch.refresh(new_state)
         del new_state
         for changeset in committed:

@@ -84,4 +84,6 @@ class StatusBar(Static):
         text.append(f" | code v{s.code_version}")
         if s.needs_rebuild:
             text.append(f" | REBUILD NEEDED ({', '.join(s.needs_rebuild)}): {self.app.key_for('rebuild')}", style=palette.bold("error"))
+        if s.memory_warning:
+            text.append(f" | {s.memory_warning.upper()}", style=palette.bold("warning"))
         self._shown.show(self, text)
