@@ -59,3 +59,12 @@ def test_a_slow_leak_far_from_the_ceiling_is_not_an_emergency() -> None:
 def test_no_ceiling_no_forecast() -> None:
     series = [(i / 10, 0.5 * GB + 50 * MB * i / 10) for i in range(300)]
     assert feed(MemoryForecast(), series, ceiling=None) == []
+
+
+def test_memory_one_long_step_builds_up_is_no_trend_but_the_same_climb_across_steps_is() -> None:
+    climb = [(i / 10, 0.5 * GB + 100 * MB * i / 10) for i in range(120)]  # 100 MB/s for 12 s toward 2 GB
+    one_step = MemoryForecast()
+    assert [c for t, used in climb if (c := one_step.add(t, int(used), 2 * GB, 5.0, step=7))] == []
+    across = MemoryForecast()
+    kinds = [c.kind for i, (t, used) in enumerate(climb) if (c := across.add(t, int(used), 2 * GB, 5.0, step=i // 5))]
+    assert kinds == ["warn", "act"]

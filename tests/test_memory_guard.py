@@ -26,7 +26,7 @@ def run(guard: MemoryGuard, samples: list[MemorySample]) -> None:
 
 def test_a_host_leak_under_a_cgroup_warns_once_then_hands_the_act_to_the_training_thread() -> None:
     published, acted = [], []
-    guard = MemoryGuard(published.append, acted.append, snapshot_seconds=lambda: 2.0)
+    guard = MemoryGuard(published.append, acted.append, seconds_to_act=lambda: 6.0)
     run(guard, [MemorySample(time=i / 10, host=host(int(0.5 * GB + 60 * MB * i / 10))) for i in range(260)])
     warnings = [e for e in published if isinstance(e, Error) and e.where == "memory limit"]
     assert len(warnings) == 1 and warnings[0].is_warning
@@ -37,7 +37,7 @@ def test_a_host_leak_under_a_cgroup_warns_once_then_hands_the_act_to_the_trainin
 
 def test_warn_only_never_acts_and_a_gpu_is_watched_against_what_the_process_may_use() -> None:
     published, acted = [], []
-    guard = MemoryGuard(published.append, acted.append, snapshot_seconds=lambda: 2.0, action="warn")
+    guard = MemoryGuard(published.append, acted.append, seconds_to_act=lambda: 6.0, action="warn")
     samples = [
         MemorySample(time=i / 10, host=host(GB), gpus=(GpuMemory(index=0, name="fake", allocated=int(GB + 100 * MB * i / 10),
                                                                  device_total=80 * GB, limit=4 * GB,
@@ -52,6 +52,6 @@ def test_warn_only_never_acts_and_a_gpu_is_watched_against_what_the_process_may_
 
 def test_no_limit_means_the_machines_free_memory_is_the_ceiling() -> None:
     published, acted = [], []
-    guard = MemoryGuard(published.append, acted.append, snapshot_seconds=lambda: 1.0)
+    guard = MemoryGuard(published.append, acted.append, seconds_to_act=lambda: 6.0)
     run(guard, [MemorySample(time=i / 10, host=host(GB, limit=None)) for i in range(300)])
     assert published == [] and acted == [] and guard.warning is None

@@ -19,7 +19,6 @@ from workbench.memory.sampler import MemorySample
 from workbench.units import human_bytes
 
 ACTIONS = ("snapshot", "pause", "warn")
-MARGIN_SECONDS = 5.0  # on top of the snapshot's time: the step running when the command arrives
 
 
 @dataclass(frozen=True)
@@ -35,14 +34,16 @@ class MemoryGuard:
         self,
         publish: Callable[[Event], None],
         act: Callable[[MemoryLimitNear], None],
-        snapshot_seconds: Callable[[], float],
+        seconds_to_act: Callable[[], float],
         action: str = "snapshot",
+        step_count: Callable[[], int | None] = lambda: None,
     ) -> None:
         if action not in ACTIONS:
             raise ValueError(f"--on-memory-limit must be one of {', '.join(ACTIONS)}")
         self._publish = publish
         self._act = act
-        self._snapshot_seconds = snapshot_seconds
+        self._seconds_to_act = seconds_to_act
+        self._step_count = step_count
         self.action = action
         self._forecasts: dict[str, MemoryForecast] = {}
         self.warning: str | None = None  # for the status bar, while a trend lasts
@@ -62,8 +63,8 @@ class MemoryGuard:
 
     def _feed(self, what: str, t: float, used: int, ceiling: int, label: str) -> None:
         forecast = self._forecasts.setdefault(what, MemoryForecast())
-        act_within = self._snapshot_seconds() + MARGIN_SECONDS if self.action != "warn" else 0.0
-        change = forecast.add(t, used, ceiling, act_within)
+        act_within = self._seconds_to_act() if self.action != "warn" else 0.0
+        change = forecast.add(t, used, ceiling, act_within, self._step_count())
         if change is None:
             if forecast.warning is not None:
                 self.warning = _sentence(what, forecast.warning, label)

@@ -193,7 +193,8 @@ class Session:
             else None
         )
         self.memory_guard = MemoryGuard(
-            self.bus.publish, self.worker.commands.put, self.worker.expected_snapshot_seconds, config.on_memory_limit
+            self.bus.publish, self.worker.commands.put, self.worker.seconds_to_act, config.on_memory_limit,
+            step_count=lambda: self.worker.step,
         )
         self.sampler = MemorySampler(
             self.probe,

@@ -690,11 +690,13 @@ class TrainingWorker(threading.Thread):
         "warn": "training goes on (--on-memory-limit warn)",
     }
 
-    def expected_snapshot_seconds(self) -> float:
-        """How long a snapshot takes: the last one's time, or the state's size at a slow disk's speed."""
-        if self._snapshot_seconds is not None:
-            return self._snapshot_seconds
-        return (self._state_bytes_estimate or 0) * ASSUMED_WRITE_SECONDS_PER_BYTE + 1.0
+    def seconds_to_act(self) -> float:
+        """How long acting on a memory limit takes: the running step's end (twice the slowest recent step), a
+        snapshot (the last one's time, or the state's size at a slow disk's speed), and a second to spare."""
+        snapshot = self._snapshot_seconds
+        if snapshot is None:
+            snapshot = (self._state_bytes_estimate or 0) * ASSUMED_WRITE_SECONDS_PER_BYTE
+        return 2 * max(self.step_ms_history, default=0.0) / 1000 + snapshot + 1.0
 
     def _check_time_limit(self) -> None:
         """Between steps (and while paused): once the time left is about what a snapshot takes, write the final

@@ -3,10 +3,12 @@
 The kernel's OOM killer (or a container's) sends SIGKILL: no handler runs, nothing is
 saved. The only defence is to see it coming. Fed one sample at a time (the memory
 sampler's), `MemoryForecast` fits a line to the last `window` seconds and calls it a
-trend only when the climb is sustained: the fit is good (most of the change is the
-line, not noise), the slope is real (above `min_rate`) and the window really climbed
-(at least `min_climb`). A flat run, a sawtooth of allocations freed each step, or one
-jump (a new buffer) is no trend. A warning clears itself once the climb stops.
+trend only when the climb is sustained: it spans at least 3 s and, when steps run,
+at least 3 step boundaries (memory that one long step builds up and frees at its end
+is no leak, however steep), the fit is good (most of the change is the line, not
+noise), the slope is real (above `MIN_RATE`) and the window really climbed (at least
+`MIN_CLIMB`). A flat run, a sawtooth of allocations freed each step, or one jump (a
+new buffer) is no trend. A warning clears itself once the climb stops.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ WINDOW_SECONDS = 10.0
 MIN_RATE = 1 << 20  # bytes per second: slower growth is no emergency
 MIN_CLIMB = 64 << 20  # bytes the window must have climbed
 MIN_FIT = 0.8  # R² of the line: a steady climb, not noise
+MIN_SPAN = 3.0  # seconds of samples before a line is fitted at all
+MIN_STEPS = 3  # step boundaries the climb must span, when steps are running
 WARN_HORIZON = 300.0  # warn when the ceiling is this many seconds away, or nearer
 CLEAR_AFTER = 5.0  # seconds without a trend before a warning clears
 
@@ -43,15 +47,21 @@ class MemoryForecast:
         self.window = window
         self.warn_horizon = warn_horizon
         self._samples: deque[tuple[float, float]] = deque()
+        self._steps: deque[int | None] = deque()
         self.warning: Trend | None = None  # the trend warned about, until it clears
         self._acted = False
         self._calm_since: float | None = None
 
-    def add(self, t: float, used: int, ceiling: int | None, act_within: float) -> ForecastChange | None:
-        """One sample; `act_within`: seconds the action needs (a snapshot's time plus a margin)."""
+    def add(
+        self, t: float, used: int, ceiling: int | None, act_within: float, step: int | None = None
+    ) -> ForecastChange | None:
+        """One sample; `act_within`: seconds the action needs (a snapshot's time plus a margin); `step`: the
+        training step count at the sample, when known."""
         self._samples.append((t, float(used)))
+        self._steps.append(step)
         while self._samples and self._samples[0][0] < t - self.window:
             self._samples.popleft()
+            self._steps.popleft()
         trend = self.trend(ceiling) if ceiling else None
         if trend is None or trend.seconds_left > self.warn_horizon:
             if self.warning is None:
@@ -74,8 +84,11 @@ class MemoryForecast:
 
     def trend(self, ceiling: int) -> Trend | None:
         """A sustained climb toward `ceiling` over the window, or None."""
-        if len(self._samples) < 5 or self._samples[-1][0] - self._samples[0][0] < self.window * 0.5:
+        if len(self._samples) < 5 or self._samples[-1][0] - self._samples[0][0] < MIN_SPAN:
             return None
+        first, last = self._steps[0], self._steps[-1]
+        if first is not None and last is not None and last - first < MIN_STEPS:
+            return None  # within one or two steps: memory a step builds up and frees is no trend
         n = len(self._samples)
         ts = [t for t, _ in self._samples]
         ys = [y for _, y in self._samples]
