@@ -218,3 +218,31 @@ def test_deferred_initialization_runs_before_setup_uses_a_value_so_setup_compute
     log.replay_all()
     assert 0 < moved.weight.abs().max() <= 0.5 and 0 < untouched.weight.abs().max() <= 0.5
     assert torch.equal(filled.weight, torch.full((4, 4), 0.125)), "a replay overwrote what setup() wrote"
+
+
+def test_the_mapped_pages_are_made_private_before_the_first_step_and_the_file_stays_as_it_was(tmp_path) -> None:
+    import sys
+
+    def anon() -> int:
+        status = Path("/proc/self/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("RssAnon:")).split()[1]) * 1024
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("MADV_POPULATE_WRITE is Linux's")
+    model = torch.nn.Linear(2048, 4096)  # 32 MiB of weights
+    write_snapshot({"model": model}, 3, 0, tmp_path)
+    path = next((tmp_path / "snapshots").glob("step-*.pt"))
+    before_file = path.read_bytes()
+    with skipping_init() as log:
+        fresh = torch.nn.Linear(2048, 4096)
+    payload = load_snapshot(path)
+    before = anon()
+    report = apply_snapshot({"model": fresh}, payload, path, init_log=log)
+    grew = anon() - before
+    assert report.mapped == 2 and torch.equal(fresh.weight, model.weight)
+    if report.populated == 0:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14): pages become private in the first step")
+    assert report.populated >= 32 << 20 and grew >= 30 << 20, (report.populated, grew)
+    with torch.no_grad():
+        fresh.weight.add_(1.0)  # training writes: the private pages change, the file does not
+    assert path.read_bytes() == before_file

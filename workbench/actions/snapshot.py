@@ -28,6 +28,7 @@ from workbench.actions.snapshot_integrity import check_free_space, disk_full_mes
 from workbench.errors import UserError
 from workbench.events import Snapshot
 from workbench.init_skipping import InitLog
+from workbench.memory.populate import populate_for_writing
 from workbench.runs import LEGACY, RUNS, latest_snapshot, snapshots_by_step
 from workbench.state_walk import Namespaces, find_with_globals
 
@@ -167,6 +168,7 @@ class ResumeReport:
     mismatched: list[str] = field(default_factory=list)  # same name, other shape (or an optimizer that differs)
     initialized: list[str] = field(default_factory=list)  # not in the snapshot: initialized as setup() does
     mapped: int = 0  # tensors that took the snapshot's mapped storage (no copy)
+    populated: int = 0  # bytes of those made private up front (memory/populate.py), not page by page in step 1
     # Optimizers in the snapshot that setup() does not make (step() makes them on first use): loaded when they appear.
     pending_optimizers: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -204,7 +206,8 @@ def apply_snapshot(
     class, parameter groups and hyperparameters. On a mismatch nothing is loaded (unless `partial`:
     then the tensors that fit, and no optimizer). Loading keeps every Parameter object (optimizers
     point at them) but, where device and dtype match, gives it the snapshot's own mapped storage
-    instead of copying: no second copy of the weights, and pages are read as they are used.
+    instead of copying: no second copy of the weights. Those pages are then made private in one call per
+    storage (`populate.py`), so the first step does not fault on each page twice.
     `init_log`: what setup() skipped initializing (`init_skipping.py`); whatever the snapshot did not
     fill is initialized now, as setup() would have done, and named in `report.initialized`.
     An optimizer the snapshot has and setup() did not make is returned in `pending_optimizers`.
@@ -241,12 +244,37 @@ def apply_snapshot(
         report.optimizers = _load_optimizers(optimizers, saved_optimizers)
         report.pending_optimizers = {n: o for n, o in saved_optimizers.items() if n not in optimizers}
     report.tensors, report.mapped = _fill(fills)
+    report.populated = populate_for_writing(_live_tensors(modules, optimizers), _storages_of(payload))
     if init_log is not None:
         names = {id(t): f"{m}.{k}" for m, module in modules.items() for k, t in module.state_dict(keep_vars=True).items()}
         # (one setup() made and then dropped, as a tied head's first weight, is initialized too, and not named)
         report.initialized = [names[id(p)] for p in init_log.replay(t for t, _ in fills) if id(p) in names]
     _restore_rng(payload.get("rng", {}))
     return report
+
+
+def _storages_of(payload: Any) -> set[int]:
+    """The data pointers of every tensor storage in a loaded payload: the snapshot file's mapped pages."""
+    found: set[int] = set()
+    stack = [payload]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            found.add(value.untyped_storage().data_ptr())
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return found
+
+
+def _live_tensors(modules: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer]) -> list[torch.Tensor]:
+    """What training writes: parameters, buffers and optimizer state (the storages worth making private now)."""
+    tensors: list[torch.Tensor] = [t for m in modules.values() for t in m.state_dict(keep_vars=True).values()]
+    for optimizer in optimizers.values():
+        for state in optimizer.state.values():
+            tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    return tensors
 
 
 def _optimizer_problem(optimizer: torch.optim.Optimizer, saved: dict[str, Any], saved_type: str | None) -> str | None:
