@@ -68,3 +68,15 @@ def test_memory_one_long_step_builds_up_is_no_trend_but_the_same_climb_across_st
     across = MemoryForecast()
     kinds = [c.kind for i, (t, used) in enumerate(climb) if (c := across.add(t, int(used), 2 * GB, 5.0, step=i // 5))]
     assert kinds == ["warn", "act"]
+
+
+def test_a_ramp_over_a_few_slow_steps_that_is_then_freed_is_not_warned_about() -> None:
+    # The flat run of test_memory_limit.py under load: 40 MB more each step for 6 steps of 0.6 s, then freed.
+    series, step = [], 0
+    for i in range(1200):
+        t = i / 10
+        step = int(t / 0.6)
+        series.append((t, 0.8 * GB + (1 + step % 6) * 40 * MB, step))
+    forecast = MemoryForecast()
+    changes = [c for t, used, s in series if (c := forecast.add(t, int(used), 24 * GB, 3.0, step=s))]
+    assert changes == []

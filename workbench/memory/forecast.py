@@ -3,8 +3,9 @@
 The kernel's OOM killer (or a container's) sends SIGKILL: no handler runs, nothing is
 saved. The only defence is to see it coming. Fed one sample at a time (the memory
 sampler's), `MemoryForecast` fits a line to the last `window` seconds and calls it a
-trend only when the climb is sustained: it spans at least 3 s and, when steps run,
-at least 3 step boundaries (memory that one long step builds up and frees at its end
+trend only when the climb is sustained: it fills the window (to warn) or at least 3 s
+(to act, when the ceiling is only seconds away) and, when steps run, at least 3 step
+boundaries (memory that one long step builds up and frees at its end
 is no leak, however steep), the fit is good (most of the change is the line, not
 noise), the slope is real (above `MIN_RATE`) and the window really climbed (at least
 `MIN_CLIMB`). A flat run, a sawtooth of allocations freed each step, or one jump (a
@@ -20,7 +21,8 @@ WINDOW_SECONDS = 10.0
 MIN_RATE = 1 << 20  # bytes per second: slower growth is no emergency
 MIN_CLIMB = 64 << 20  # bytes the window must have climbed
 MIN_FIT = 0.8  # R² of the line: a steady climb, not noise
-MIN_SPAN = 3.0  # seconds of samples before a line is fitted at all
+MIN_SPAN = 3.0  # seconds of climb enough to act on, when the ceiling is that near
+WARN_SPAN = 0.9  # share of the window a climb must fill to be warned about
 MIN_STEPS = 3  # step boundaries the climb must span, when steps are running
 WARN_HORIZON = 300.0  # warn when the ceiling is this many seconds away, or nearer
 CLEAR_AFTER = 5.0  # seconds without a trend before a warning clears
@@ -62,7 +64,13 @@ class MemoryForecast:
         while self._samples and self._samples[0][0] < t - self.window:
             self._samples.popleft()
             self._steps.popleft()
-        trend = self.trend(ceiling) if ceiling else None
+        # Acting needs the ceiling imminent on a short climb (a fast leak leaves no time for more); a warning
+        # needs the climb to fill the window (a ramp of a few slow steps that is then freed is no leak).
+        short = self.trend(ceiling, MIN_SPAN) if ceiling else None
+        if short is not None and short.seconds_left <= act_within and not self._acted:
+            self._acted, self.warning, self._calm_since = True, short, None
+            return ForecastChange("act", short, ceiling or 0)
+        trend = self.trend(ceiling, self.window * WARN_SPAN) if ceiling else None
         if trend is None or trend.seconds_left > self.warn_horizon:
             if self.warning is None:
                 return None
@@ -73,18 +81,15 @@ class MemoryForecast:
             return ForecastChange("clear", None, ceiling or 0)
         self._calm_since = None
         assert ceiling is not None
-        if trend.seconds_left <= act_within and not self._acted:
-            self._acted, self.warning = True, trend
-            return ForecastChange("act", trend, ceiling)
         if self.warning is None:
             self.warning = trend
             return ForecastChange("warn", trend, ceiling)
         self.warning = trend  # the status bar follows the latest figure
         return None
 
-    def trend(self, ceiling: int) -> Trend | None:
-        """A sustained climb toward `ceiling` over the window, or None."""
-        if len(self._samples) < 5 or self._samples[-1][0] - self._samples[0][0] < MIN_SPAN:
+    def trend(self, ceiling: int, span: float = MIN_SPAN) -> Trend | None:
+        """A sustained climb toward `ceiling` over at least `span` seconds of the window, or None."""
+        if len(self._samples) < 5 or self._samples[-1][0] - self._samples[0][0] < span:
             return None
         first, last = self._steps[0], self._steps[-1]
         if first is not None and last is not None and last - first < MIN_STEPS:
