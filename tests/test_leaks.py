@@ -129,9 +129,12 @@ def test_a_loss_list_holding_graphs_is_the_top_suspect(make_module) -> None:
     # them from the first time, so asking again (nothing changed) gives the same answer.
     again = find_leaks(state)
     assert again.groups == report.groups
-    assert [(s.description, s.bytes, s.count, s.referrers) for s in again.suspects] == [
-        (s.description, s.bytes, s.count, s.referrers) for s in report.suspects
+    assert [(s.description, s.bytes, s.count) for s in again.suspects] == [
+        (s.description, s.bytes, s.count) for s in report.suspects
     ]
+    # The same chain for this leak; tensors of other tests' sessions still in the process may be reached
+    # along another of their equally long paths.
+    assert again.suspects[0].referrers == top.referrers
 
 
 def test_a_graph_kept_by_the_state_is_the_states() -> None:

@@ -55,3 +55,17 @@ def test_no_limit_means_the_machines_free_memory_is_the_ceiling() -> None:
     guard = MemoryGuard(published.append, acted.append, seconds_to_act=lambda: 6.0)
     run(guard, [MemorySample(time=i / 10, host=host(GB, limit=None)) for i in range(300)])
     assert published == [] and acted == [] and guard.warning is None
+
+
+def test_the_leak_report_of_a_memory_limit_shows_in_the_log_with_its_largest_suspects(tmp_path) -> None:
+    from rich.text import Text
+
+    from workbench.events import LeaksFound
+    from workbench.tui.widgets.reload_log import render_entry
+
+    event = LeaksFound(step=40, total_bytes=1400 * MB, unowned_bytes=1300 * MB, seconds=0.2, groups=(),
+                       suspects=({"description": "train.KEPT: list of 65 tensors", "bytes": 1300 * MB, "referrers": (), "count": 65},))
+    line = render_entry(event, tmp_path, timestamps=False)
+    assert isinstance(line, Text)
+    assert line.plain == ("LEAKS 1.27 GiB of 1.37 GiB in tensors no model, optimizer or state owns; largest: "
+                          "train.KEPT: list of 65 tensors (1.27 GiB)")

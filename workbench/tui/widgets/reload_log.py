@@ -21,6 +21,7 @@ from workbench.events import (
     Error,
     Evaluation,
     Event,
+    LeaksFound,
     MemorySnapshotTaken,
     Exit,
     Paused,
@@ -41,7 +42,7 @@ from workbench.tui.traceback_view import render_traceback
 
 LOGGED = (
     Reload, Rebuilt, MemorySnapshotTaken, Evaluation, Error, Paused, Resumed, ResumeLoaded, Setup, Snapshot, Cleanup, Profile,
-    Print, Exit, Start,
+    Print, Exit, Start, LeaksFound,
 )
 DEFAULT_ENTRIES = 1000
 
@@ -210,6 +211,13 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
                 line.append(f"; not loaded: {', '.join(skipped[:6])}" + (" ..." if len(skipped) > 6 else ""), style=roles.warning)
             for note in event.notes:
                 line.append(f"; {note}", style=roles.warning)
+    elif isinstance(event, LeaksFound):
+        line.append("LEAKS ", style=roles.bold("warning"))
+        line.append(f"{human_bytes(event.unowned_bytes)} of {human_bytes(event.total_bytes)} in tensors no model, optimizer or "
+                    "state owns")
+        suspects = [f"{s['description']} ({human_bytes(s['bytes'])})" for s in event.suspects[:3]]
+        if suspects:
+            line.append("; largest: " + "; ".join(suspects), style=roles.warning)
     elif isinstance(event, Snapshot):
         line.append("SNAPSHOT ", style=roles.bold("info"))
         line.append(f"{_relative(event.path, root)} ({human_bytes(event.bytes)}) at step {event.step}")
