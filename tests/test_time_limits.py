@@ -78,7 +78,7 @@ def test_the_requeue_signal_snapshots_requeues_the_slurm_job_and_exits_0(tmp_pat
     assert [e["reason"] for e in events if e["event"] == "snapshot"] == ["final"]
     assert events[-1]["event"] == "exit" and events[-1]["reason"] == "requeue signal"
     assert calls.read_text().split() == ["requeue", "4242"], "scontrol requeue was not called for the job"
-    assert any("requeued Slurm job 4242" in e.get("message", "") for e in events)
+    assert any(e.get("where") == "requeued" and "requeued Slurm job 4242" in e["message"] for e in events)
 
 
 def test_requeue_outside_slurm_or_when_scontrol_fails_says_so() -> None:

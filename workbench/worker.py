@@ -718,7 +718,7 @@ class TrainingWorker(threading.Thread):
             self.exit_reason = reason
         if self.requeue:
             done, sentence = requeue_job()
-            self.bus.publish(Error(where="requeue" if not done else "time limit", message=sentence))
+            self.bus.publish(Error(where="requeued" if done else "requeue", message=sentence))  # a warning / an error
 
     def _state_bytes(self) -> int:
         """The tensors a snapshot writes, estimated once (before any snapshot has been timed)."""
