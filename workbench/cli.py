@@ -74,7 +74,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-mouse", action="store_true", help="TUI: keyboard only, no mouse capture")
     parser.add_argument("--theme", metavar="NAME", help="TUI theme for this run: vram-dark, vram-light, vram-high-contrast, "
                         "vram-ansi, or a theme file's name (default: the one last picked in the palette)")
+    parser.add_argument("--detach", action="store_true",
+                        help="start the session in the background and return (attach later: vram-bench attach NAME)")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    parser.add_argument("--session-name", help=argparse.SUPPRESS)  # set by `run` for the session process it starts
 
 
 def _whole_number(text: str) -> int:
@@ -155,6 +158,13 @@ def split_script_args(args: list[str]) -> tuple[list[str], list[str]]:
     return args[:cut], args[cut + 1 :]
 
 
+SESSION_COMMANDS = {  # the subcommands that speak to running sessions: module, function
+    "ls": ("workbench.sessions_command", "ls_main"),
+    "attach": ("workbench.sessions_command", "attach_main"),
+    "stop": ("workbench.sessions_command", "stop_main"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "load-bench":
@@ -165,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         from workbench.runs_command import main as list_runs
 
         return list_runs(args_list[1:])
+    if args_list and args_list[0] in SESSION_COMMANDS:
+        import importlib
+
+        module, function = SESSION_COMMANDS[args_list[0]]
+        return getattr(importlib.import_module(module), function)(args_list[1:])
     top, run = build_parsers()
     if args_list and args_list[0] == "run":
         ours, script_args = split_script_args(args_list[1:])
@@ -178,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = top.parse_args(args_list)
         args.path, args.script_args = None, []
+    args.argv = args_list
     try:
         return _run(args)
     except UserError as exc:
@@ -205,8 +221,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         entry = Path(args.path)
     device = resolve_device(args.device)
-    if args.headless:
-        tui_settings = None
+    if args.headless or args.session_name or args.detach:
+        tui_settings = None  # no app in this process (the session process never imports Textual)
     else:
         from workbench.tui.settings import tui_settings as load_tui_settings
 
@@ -215,6 +231,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume and args.resume not in ("latest", "auto"):
         args.resume = str(Path(args.resume).expanduser().absolute())  # typed relative to here, before the chdir
     config = _session_config(args, device)
+    if args.session_name:
+        return _session_process(entry, args, config)
+    if args.detach:
+        return _start_detached(entry, args)
     if args.headless:
         from workbench.fdcapture import ProtocolStdout
         from workbench.headless import run_headless
@@ -248,6 +268,39 @@ def _run(args: argparse.Namespace) -> int:
     if _report_setup_failure(session, args.debug):
         return 2
     return app.return_code or session.exit_code
+
+
+def _start_detached(entry: Path, args: argparse.Namespace) -> int:
+    """`run --detach`: start the session process, say how to reach it, return."""
+    from workbench.protocol import registry
+    from workbench.session_process import refuse_second_session, start_detached
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    root = entry.parent.resolve()
+    refuse_second_session(root, say)
+    name = registry.choose_name(root)
+    started = start_detached(args.argv, name, say)
+    pid = started.facts.pid if started.facts else "?"
+    say(f"vram-bench: session {name} runs in the background (pid {pid}); attach: vram-bench attach {name}; "
+        f"end it: vram-bench stop {name}")
+    return 0
+
+
+def _session_process(entry: Path, args: argparse.Namespace, config) -> int:  # type: ignore[no-untyped-def]
+    """In the detached session process: load the project, serve its socket until the session ends."""
+    from workbench.session import Session
+    from workbench.session_process import serve
+
+    project, early, resume = _load_as_a_script(entry, args)
+    session = Session(project, replace(config, resume=resume, write_event_log=True, memory_event_interval=0.5),
+                      stdout_passthrough=sys.stderr, early_output=early)
+    code = serve(session, args.session_name)
+    _report_final_snapshot(session)
+    if _report_setup_failure(session, args.debug):
+        return 2
+    return code
 
 
 def _close_after_the_app(session) -> None:  # type: ignore[no-untyped-def]

@@ -51,6 +51,10 @@ class Subscription(Generic[E]):
             self._wakeup.wait(timeout)
         return self.drain()
 
+    def recent(self) -> tuple[Event, ...]:
+        """What is queued, oldest first, left in place: a ring of the latest events (a late client's replay)."""
+        return tuple(self._items)
+
     def __iter__(self) -> Iterator[Event]:
         return iter(self.drain())
 

@@ -264,6 +264,15 @@ class Print(Event):
 
 
 @dataclass(frozen=True)
+class CommandSent(Event):
+    """A command that an attached client sent (`client` names it): every client's log says who did what."""
+
+    name: ClassVar[str] = "command"
+    client: str
+    command: str
+
+
+@dataclass(frozen=True)
 class Exit(Event):
     name: ClassVar[str] = "exit"
     reason: str

@@ -30,8 +30,13 @@ class Line:
     problem: str | None = None
 
 
-def read_lines(fd: int, max_bytes: int = MAX_LINE_BYTES, chunk: int = READ_CHUNK) -> Iterator[Line]:
-    """Lines from `fd` until end of input (or a read error, e.g. the descriptor was closed)."""
+def read_lines(
+    fd: int, max_bytes: int = MAX_LINE_BYTES, chunk: int = READ_CHUNK, *, unterminated_last: bool = True
+) -> Iterator[Line]:
+    """Lines from `fd` until end of input (or a read error, e.g. the descriptor was closed).
+
+    `unterminated_last=False` drops a last line without its newline: on a socket, that is
+    a message whose sender died while writing it, not a message."""
     pending = bytearray()
     skipping = False  # inside an overlong line, already reported: drop bytes up to its newline
     while True:
@@ -58,7 +63,7 @@ def read_lines(fd: int, max_bytes: int = MAX_LINE_BYTES, chunk: int = READ_CHUNK
             pending.clear()
             skipping = False
             start = end + 1
-    if pending and not skipping:
+    if pending and not skipping and unterminated_last:
         yield _decode(bytes(pending))  # a last line without a newline
 
 
