@@ -11,6 +11,8 @@ import dataclasses
 import json
 import math
 import time
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -24,16 +26,26 @@ class Event:
     """Base of every event; `name` is the value of the `"event"` JSON key."""
 
     name: ClassVar[str] = "event"
+    # Optional fields added to the schema later, left out of the JSON while None (readers default them).
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset()
     time: float = field(default_factory=_now, kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"event": self.name}
         for f in dataclasses.fields(self):
-            data[f.name] = _jsonable(getattr(self, f.name))
+            value = getattr(self, f.name)
+            if value is None and f.name in self.omitted_when_none:
+                continue
+            data[f.name] = _jsonable(value)
         return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+
+
+def jsonable(value: Any) -> Any:
+    """A value as `to_dict` writes it: tuples become lists, NaN/Inf become "nan"/"inf"/"-inf"."""
+    return _jsonable(value)
 
 
 def _jsonable(value: Any) -> Any:
@@ -69,11 +81,17 @@ class Setup(Event):
 @dataclass(frozen=True)
 class Step(Event):
     name: ClassVar[str] = "step"
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"peak_allocated", "gpu", "saved_bytes"})
     step: int
     loss: float
     ms: float
     scalars: dict[str, float] = field(default_factory=dict)
     code_version: int = 0
+    # Optional (None when not measured): the step's peak of live tensors on GPU `gpu`, and what autograd
+    # saved for backward on the steps of a version that are measured (the versions table's figures).
+    peak_allocated: int | None = None
+    gpu: int | None = None
+    saved_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -221,6 +239,7 @@ class LeaksFound(Event):
 @dataclass(frozen=True)
 class Memory(Event):
     name: ClassVar[str] = "memory"
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"swap_used_bytes"})
     rss_bytes: int
     rss_anon_bytes: int
     rss_file_bytes: int
@@ -232,6 +251,7 @@ class Memory(Event):
     cgroup_usage_bytes: int | None = None  # what the limiting cgroup holds (all its processes, page cache too)
     gpus: tuple[dict[str, Any], ...] = ()
     gpu_note: str | None = None
+    swap_used_bytes: int | None = None  # None: not sent (older sessions)
 
 
 # `where` values of errors that are warnings: nothing failed and training goes on.
@@ -278,6 +298,154 @@ class Exit(Event):
     reason: str
     step: int
     code: int = 0
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def float_from_json(value: Any) -> Any:
+    """The inverse of how NaN/Inf travel ("nan", "inf", "-inf"); anything else is returned as it is."""
+    if isinstance(value, str):
+        return _NON_FINITE.get(value, value)
+    return value
+
+
+class _Mismatch(Exception):
+    """A value of the wrong JSON type; `expected` says what the field takes."""
+
+    def __init__(self, expected: str, value: Any) -> None:
+        super().__init__(expected)
+        self.expected, self.value = expected, value
+
+
+def _decode_float(value: Any) -> float:
+    value = float_from_json(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Mismatch('a number (or "nan", "inf", "-inf")', value)
+    return float(value)
+
+
+def _decode_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Mismatch("a whole number", value)
+    return value
+
+
+def _exact(kind: type, expected: str) -> Any:
+    def decode(value: Any) -> Any:
+        if not isinstance(value, kind):
+            raise _Mismatch(expected, value)
+        return value
+
+    return decode
+
+
+def _decoder(hint: Any) -> Any:
+    """A function turning the JSON form of a value of type `hint` back into it (or raising _Mismatch)."""
+    if hint is float:
+        return _decode_float
+    if hint is int:
+        return _decode_int
+    if hint is bool:
+        return _exact(bool, "true or false")
+    if hint is str:
+        return _exact(str, "a string")
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        decode_inner = _decoder(inner[0]) if len(inner) == 1 else (lambda v: v)
+        return lambda value: None if value is None else decode_inner(value)
+    if origin is tuple:
+        decode_item = _decoder(args[0]) if args else (lambda v: v)
+
+        def decode_tuple(value: Any) -> tuple[Any, ...]:
+            if not isinstance(value, (list, tuple)):
+                raise _Mismatch("a list", value)
+            return tuple(decode_item(v) for v in value)
+
+        return decode_tuple
+    if origin is dict:
+        decode_value = _decoder(args[1]) if len(args) == 2 else (lambda v: v)
+
+        def decode_dict(value: Any) -> dict[str, Any]:
+            if not isinstance(value, dict):
+                raise _Mismatch("an object", value)
+            return {k: decode_value(v) for k, v in value.items()}
+
+        return decode_dict
+    return lambda value: value  # Any, and nested dicts: as JSON has them
+
+
+_EVENT_TYPES: dict[str, type[Event]] = {}
+_FIELD_DECODERS: dict[type[Event], tuple[tuple[str, Any, bool], ...]] = {}
+
+
+def event_types() -> dict[str, type[Event]]:
+    """Every Event subclass by its wire name (`"step"` -> Step), subclasses of subclasses included."""
+    found: dict[str, type[Event]] = {}
+    pending = list(Event.__subclasses__())
+    while pending:
+        kind = pending.pop()
+        pending.extend(kind.__subclasses__())
+        found.setdefault(kind.name, kind)
+    return found
+
+
+def _fields_of(kind: type[Event]) -> tuple[tuple[str, Any, bool], ...]:
+    """(name, decoder, required) for every field of an event type; worked out once per type."""
+    fields = _FIELD_DECODERS.get(kind)
+    if fields is None:
+        hints = typing.get_type_hints(kind)
+        fields = tuple(
+            (f.name, _decoder(hints[f.name]), f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(kind)
+        )
+        _FIELD_DECODERS[kind] = fields
+    return fields
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """The inverse of `Event.to_dict()`: the event a JSON-lines object describes.
+
+    Keys this version does not know are ignored (a newer session may send more); an unknown event
+    name, a missing required field or a value of the wrong type raises ValueError saying which.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"an event is a JSON object, not {type(data).__name__}")
+    name = data.get("event")
+    if name is None:
+        raise ValueError(f'not an event: the object has no "event" key (keys: {", ".join(map(str, data)) or "none"})')
+    kind = _EVENT_TYPES.get(name) if isinstance(name, str) else None
+    if kind is None:
+        _EVENT_TYPES.update(event_types())  # an event type defined since the last look
+        kind = _EVENT_TYPES.get(name) if isinstance(name, str) else None
+        if kind is None:
+            raise ValueError(f"unknown event {_shown(str(name))}; known events: {', '.join(sorted(_EVENT_TYPES))}")
+    values: dict[str, Any] = {}
+    for field_name, decode, required in _fields_of(kind):
+        if field_name not in data:
+            if required:
+                raise ValueError(f"event {name!r} is missing its {field_name!r} field")
+            continue
+        try:
+            values[field_name] = decode(data[field_name])
+        except _Mismatch as bad:
+            raise ValueError(
+                f"event {name!r}: field {field_name!r} should be {bad.expected}, not {_shown(json.dumps(bad.value))}"
+            ) from None
+    return kind(**values)
+
+
+def event_from_json(line: str) -> Event:
+    """One JSON line (as `Event.to_json()` writes it) back into its event; ValueError when it is not one."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not a JSON line ({exc.msg} at character {exc.pos}): {_shown(line)}") from None
+    return event_from_dict(data)
 
 
 # --------------------------------------------------------------------------- commands
