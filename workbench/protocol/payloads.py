@@ -1,0 +1,105 @@
+"""Memory figures as a front end receives them: plain frozen records, no torch, no psutil.
+
+They carry the attributes the memory gauges read from the engine's records
+(`workbench.memory.sampler.MemorySample`, `workbench.memory.device.GpuMemory`,
+`workbench.memory.host.HostMemory`), which import torch or psutil. The field
+names of `GpuMemory` are the engine's, and a test keeps them so; `HostMemory`
+holds as plain fields what the engine's computes from its cgroup reading
+(`limit`, `limit_source`, `cgroup_usage`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.events import Memory
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    rss: int
+    rss_anon: int
+    rss_file: int
+    system_total: int
+    system_available: int
+    swap_used: int = 0
+    limit: int = 0  # the real ceiling: the memory cgroup's limit where one applies, else the host's RAM
+    limit_source: str = "host"
+    cgroup_usage: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU as the engine's `GpuMemory` describes it (same fields, same `fragmentation`)."""
+
+    index: int
+    name: str
+    uuid: str | None = None
+    allocated: int | None = None
+    reserved: int | None = None
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    inactive_split: int | None = None
+    alloc_retries: int | None = None
+    ooms: int | None = None
+    allocations: int | None = None
+    device_used: int | None = None
+    device_total: int | None = None
+    limit: int | None = None
+    limit_source: str | None = None
+    process_used: int | None = None
+    utilization: int | None = None
+    temperature: int | None = None
+    power_watts: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def fragmentation(self) -> float | None:
+        """Share of reserved memory that is split and inactive (cannot be returned by empty_cache)."""
+        if self.inactive_split is None or not self.reserved:
+            return None
+        return self.inactive_split / self.reserved
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    time: float
+    host: HostMemory
+    gpus: tuple[GpuMemory, ...] = field(default_factory=tuple)
+    gpu_note: str | None = None
+    allocations_per_step: tuple[float | None, ...] = ()  # per GPU
+
+
+HOST_FIELDS = tuple(f.name for f in dataclasses.fields(HostMemory))
+GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuMemory))
+
+
+def gpu_from_dict(data: dict[str, Any]) -> GpuMemory:
+    """A GPU from its dict in a `memory` event (keys this version does not know are left out)."""
+    return GpuMemory(**{name: data[name] for name in GPU_FIELDS if name in data})
+
+
+def sample_from_event(event: Memory) -> MemorySample:
+    """What a `memory` event says, as the gauges read it. The sample's time is the event's."""
+    gpus = tuple(gpu_from_dict(g) for g in event.gpus)
+    return MemorySample(
+        time=event.time,
+        host=HostMemory(
+            rss=event.rss_bytes,
+            rss_anon=event.rss_anon_bytes,
+            rss_file=event.rss_file_bytes,
+            system_total=event.system_total_bytes,
+            system_available=event.system_available_bytes,
+            swap_used=event.swap_used_bytes or 0,
+            limit=event.limit_bytes if event.limit_bytes is not None else event.system_total_bytes,
+            limit_source=event.limit_source or "host",
+            cgroup_usage=event.cgroup_usage_bytes,
+        ),
+        gpus=gpus,
+        gpu_note=event.gpu_note,
+        allocations_per_step=tuple(g.get("allocations_per_step") for g in event.gpus),
+    )
