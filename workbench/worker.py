@@ -1,14 +1,14 @@
 """The training thread: owns the user's state and runs `step` back to back.
 
 Everything that touches the live model happens here, between two steps: code
-reloads, cleanup, snapshots, profiling. Commands arrive through a queue; events
-leave through the bus. Nothing here ever waits for a front end.
+reloads, cleanup, snapshots, profiling. Commands arrive through a queue and each
+runs through `workbench.dispatch.dispatch` (its handler lives in `workbench/commands/`);
+events leave through the bus. Nothing here ever waits for a front end.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import os
 import queue
@@ -16,110 +16,62 @@ import sys
 import threading
 import time
 import traceback
-import types
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader
-
 import workbench
-from workbench.actions.cleanup import run_cleanup, trim_c_heap
 from workbench.actions.final_snapshot import FinalSnapshot
+from workbench.actions.memory_snapshot import dump_snapshot, start_recording
 from workbench.actions.pending_optimizers import PendingOptimizers
-from workbench.actions.requeue import requeue_job
-from workbench.actions.snapshot_integrity import payload_bytes
-from workbench.actions.memory_snapshot import NeedsCuda, dump_snapshot, start_recording
 from workbench.actions.profile import ProfileRun
+from workbench.actions.requeue import requeue_job
 from workbench.actions.snapshot import (
     DEFAULT_KEEP,
     apply_snapshot,
     load_snapshot,
     write_snapshot,
 )
+from workbench.actions.snapshot_integrity import payload_bytes
+from workbench.bench import Bench, to_scalar
+from workbench.commands import ApplyChanges  # registers the handlers
+from workbench.dispatch import dispatch
 from workbench.errors import UserError
 from workbench.eval_mode import EvalModeWatch
-from workbench.bench import Bench, to_scalar
 from workbench.eventbus import EventBus
 from workbench.events import (
-    BreakdownReady,
     Command,
-    DumpMemorySnapshot,
     Error,
-    Evaluate,
     Evaluation,
     Exit,
-    FindLeaks,
-    LeaksFound,
     MemorySnapshotTaken,
-    Pause,
     Paused,
     Profile,
-    Quit,
-    Rebuild,
-    Rebuilt,
-    Reload,
-    Resume,
     Resumed,
     ResumeLoaded,
-    Rollback,
-    RunCleanup,
-    RunProfile,
-    RunStatements,
     Setup,
-    ShowBreakdown,
-    Snapshot,
     Step,
-    StepOnce,
-    TakeSnapshot,
 )
-from workbench.hotswap.compiled import reset_compiled_code
-from workbench.hotswap.construction import built_from_note
-from workbench.hotswap.loader_workers import worker_notes
-from workbench.hotswap.patches import RunInNamespace, apply_all
-from workbench.hotswap.planner import ChangeSet, ReloadError
-from workbench.hotswap.reloader import AppliedVersion, Reloader
+from workbench.hotswap.patches import RunInNamespace
+from workbench.hotswap.planner import ChangeSet
+from workbench.hotswap.reloader import Reloader
 from workbench.init_skipping import InitLog, skipping_init
-from workbench.hotswap.service import SourceUnchanged
-from workbench.memory.breakdown import session_breakdown, session_breakdown_for_gpus
 from workbench.memory.device import DeviceProbe
 from workbench.memory.gc_freeze import Frozen, collect_all, freeze_survivors
 from workbench.memory.gc_freeze import release as release_frozen
-from workbench.memory.leaks import find_leaks
 from workbench.memory.out_of_memory import is_out_of_memory
-from workbench.memory_guard import MemoryLimitNear
 from workbench.nonfinite import describe_non_finite
 from workbench.output import OutputRouter
 from workbench.project import Project, deepest_frame_in
-from workbench.rebuild import carry_optimizers_setup_did_not_make, carry_over, restore_globals
-from workbench.state_walk import find_instances, find_with_globals
-from workbench.saved_bytes import SavedBytes
+from workbench.run_state import AUTO_RESUME_REASONS, RunState
 from workbench.runs import RunRecord
+from workbench.saved_bytes import SavedBytes
+from workbench.state_walk import find_with_globals
 from workbench.telemetry import Telemetry
-from workbench.time_limit import ASSUMED_WRITE_SECONDS_PER_BYTE, TimeLimit
 from workbench.thread_priority import lower_current_thread
+from workbench.time_limit import ASSUMED_WRITE_SECONDS_PER_BYTE, TimeLimit
 
-
-class RunState(str, enum.Enum):
-    SETUP = "setup"
-    RUNNING = "running"
-    PAUSED = "paused"
-    SETUP_FAILED = "setup failed"
-    STOPPED = "stopped"
-
-
-# Pauses that a successful reload ends on its own: the user saved a fix.
-AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out of memory", "memory limit"})
-
-
-@dataclass(frozen=True)
-class ApplyChanges(Command):
-    """Internal: a prepared reload (or word that a file holds the live code), handled at the next step boundary."""
-
-    changeset: ChangeSet | SourceUnchanged
+__all__ = ["AUTO_RESUME_REASONS", "ApplyChanges", "RunState", "TrainingWorker", "split_step_output"]
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
@@ -297,7 +249,7 @@ class TrainingWorker(threading.Thread):
         except queue.Empty:
             return
         while True:
-            self._handle(command)
+            dispatch(self, command)  # the one place a command runs: see workbench/dispatch.py
             if self._quit:
                 return
             try:
@@ -563,73 +515,7 @@ class TrainingWorker(threading.Thread):
         elif self.state is RunState.RUNNING:
             self._pause("max steps")
 
-    # Commands ----------------------------------------------------------------------------
-    def _handle(self, command: Command) -> None:
-        if isinstance(command, Quit):
-            if command.final_snapshot and self.user_state is not None:
-                self._final_snapshot()
-            self._quit = True
-            if command.reason != "quit":
-                self._end_for(command.reason)
-        elif isinstance(command, Pause):
-            if self.state is RunState.RUNNING:
-                self._pause("user")
-        elif isinstance(command, Resume):
-            if self.state is RunState.SETUP_FAILED:
-                self._command_error("setup() failed, so there is nothing to resume: fix it and save to run setup again")
-            elif self.state is RunState.PAUSED:
-                self._resume("user")
-        elif isinstance(command, StepOnce):
-            if self.state is RunState.PAUSED:
-                self._step_once = True
-            else:
-                self._command_error(f"`step` runs a single step while paused; training is {self.state.value}")
-        elif isinstance(command, ApplyChanges):
-            self._apply(command.changeset)
-        elif isinstance(command, MemoryLimitNear):
-            self._memory_limit_near(command)
-        elif isinstance(command, Rollback):
-            self._rollback()
-        elif isinstance(command, Rebuild):
-            self._rebuild()
-        elif isinstance(command, RunStatements):
-            self._run_statements()
-        elif isinstance(command, RunCleanup):
-            self._publish_or_report("cleanup", lambda: run_cleanup(self.probe))
-        elif isinstance(command, TakeSnapshot):
-            if self.user_state is None:
-                self._command_error("nothing to snapshot yet: setup() has not finished")
-            elif self.step == self._first_step:
-                self._command_error(self._nothing_trained_yet())
-            else:
-                self._snapshot("requested")
-        elif isinstance(command, RunProfile):
-            self._start_profile(command.steps)
-        elif isinstance(command, ShowBreakdown):
-            if self.user_state is None:
-                self._command_error("no breakdown yet: setup() has not finished")
-            else:
-                self._publish_or_report("breakdown", self._breakdown)
-        elif isinstance(command, FindLeaks):
-            if self.user_state is None:
-                self._command_error("no leak census yet: setup() has not finished")
-            else:
-                self._publish_or_report("leaks", self._find_leaks)
-        elif isinstance(command, DumpMemorySnapshot):
-            try:
-                self.bus.publish(self._dump_memory("requested"))
-            except NeedsCuda as exc:
-                self._command_error(str(exc))
-            except Exception as exc:  # noqa: BLE001
-                self.bus.publish(Error(where="memory snapshot", message=f"memory snapshot failed: {exc}"))
-        elif isinstance(command, Evaluate):
-            if self.user_state is None:
-                self._command_error("nothing to evaluate yet: setup() has not finished")
-            elif self.project.function("evaluate") is None:
-                self._command_error("the project defines no evaluate(state, bench) function")
-            else:
-                self._run_evaluate()
-
+    # Between steps: what the loop and the command handlers (workbench/commands/) share ----
     def _run_evaluate(self) -> None:
         """Run the user's evaluate(); its scalars join the chart. A failure is reported, training goes on."""
         evaluate = self.project.function("evaluate")
@@ -650,45 +536,6 @@ class TrainingWorker(threading.Thread):
         self.telemetry.record_step(self.step, scalars, 0.0, count=False)
         self.telemetry.versions.record_scalars(scalars)
         self.bus.publish(Evaluation(step=self.step, scalars=scalars, ms=(time.perf_counter() - started) * 1000))
-
-    def _breakdown(self) -> BreakdownReady:
-        gpus = self.probe.gpus() if self._gpu_index is not None else []
-        saved = self.telemetry.versions.latest_saved_bytes()  # measured on any device: the activations on CPU
-        if gpus:
-            devices = session_breakdown_for_gpus(self.user_state, gpus, dict(self.telemetry.step_peaks), saved_for_backward=saved)
-        else:
-            devices = session_breakdown(self.user_state, saved_for_backward=saved)
-        return BreakdownReady(step=self.step, devices=tuple(d.to_dict() for d in devices))
-
-    def _find_leaks(self) -> LeaksFound:
-        namespaces = {m.__name__: m.__dict__ for m in self.project.modules().values()}
-        report = find_leaks(self.user_state, namespaces=namespaces)
-        return LeaksFound(
-            step=self.step,
-            total_bytes=report.total_bytes,
-            unowned_bytes=report.unowned_bytes,
-            seconds=report.seconds,
-            groups=tuple(dataclasses.asdict(g) for g in report.groups[:20]),
-            suspects=tuple(dataclasses.asdict(s) for s in report.suspects),
-        )
-
-    def _memory_limit_near(self, near: MemoryLimitNear) -> None:
-        """Before the kernel's kill: a snapshot (with time to write it) and a pause, with who holds the memory."""
-        if self.state is not RunState.RUNNING or self.user_state is None:
-            return  # paused already: nothing grows
-        self.bus.publish(Error(where="memory limit", message=f"{near.sentence}: {self._MEMORY_ACTIONS[self.on_memory_limit]}"))
-        if self.on_memory_limit == "warn":
-            return
-        if self.on_memory_limit == "snapshot" and self.step != self._first_step and self.step != self.last_snapshot_step:
-            self._snapshot("memory limit")
-        self._publish_or_report("leaks", self._find_leaks)  # who holds the memory: the leak finder's top owners
-        self._pause("memory limit")
-
-    _MEMORY_ACTIONS = {
-        "snapshot": "writing a snapshot and pausing (save a fix to resume, or press space to go on)",
-        "pause": "pausing (save a fix to resume, or press space to go on)",
-        "warn": "training goes on (--on-memory-limit warn)",
-    }
 
     def seconds_to_act(self) -> float:
         """How long acting on a memory limit takes: the running step's end (twice the slowest recent step), a
@@ -728,11 +575,6 @@ class TrainingWorker(threading.Thread):
                 [m.state_dict() for m in modules.values()] + [o.state_dict() for o in optimizers.values()]
             )
         return self._state_bytes_estimate
-
-    def _nothing_trained_yet(self) -> str:
-        if self._first_step == 0:
-            return "no snapshot before the first step: it would hold the untrained model, and a later --resume would take it for training"
-        return f"no step has run since the resume: step {self.step} is already in {self.last_snapshot_path}"
 
     def _final_snapshot(self) -> None:
         """The quit's snapshot, and what it did (`final_snapshot`): failed means the exit status says so too."""
@@ -792,327 +634,12 @@ class TrainingWorker(threading.Thread):
     def _dump_memory(self, reason: str) -> MemorySnapshotTaken:
         return dump_snapshot(self.bench.run_dir, self._gpu_index is not None, self._recording, reason)
 
-    def _start_profile(self, steps: int) -> None:
-        if steps == 0:
-            if self._profile is None:
-                self._command_error("`profile 0` cancels a running profile, and none is running")
-                return
-            self._publish_or_report("profile", self._cancel_profile)
-            return
-        if self._profile is not None:
-            self._command_error(f"already profiling ({self._profile.remaining} steps to go)")
-            return
-        if self.state is not RunState.RUNNING:
-            self._command_error(
-                f"profiling records the next {steps} training steps, but training is {self.state.value}: "
-                "resume first (space), then profile"
-            )
-            return
-        try:
-            self._profile = ProfileRun(steps, self.bench.run_dir, self.reloader.version, cuda=self.probe.available())
-        except Exception as exc:  # noqa: BLE001
-            self._command_error(f"could not start torch.profiler: {exc}")
-            return
-        self.bus.publish(Profile(status="started", steps=steps))
-
-    def _source_unchanged(self, unchanged: SourceUnchanged) -> None:
-        """The file is back to the live code: a change held for rebuild is dropped, and the user told."""
-        relative = self.project.relative(unchanged.path)
-        ms = (time.monotonic() - unchanged.detected_at) * 1000
-        if self._held.pop(unchanged.path, None) is not None:
-            note = "the file is back to the live code: the change held for a rebuild is dropped (nothing is held)"
-            self.bus.publish(Reload(ok=True, file=relative, ms=ms, code_version=self.reloader.version, notes=(note,)))
-        elif not unchanged.manual:
-            self.bus.publish(Reload(ok=True, file=relative, ms=ms, code_version=self.reloader.version, notes=("no code changes",)))
-
-    def _cancel_profile(self) -> Profile:
-        profile, self._profile = self._profile, None
-        assert profile is not None
-        profile.abort()
-        return Profile(status="cancelled", steps=profile.remaining)
-
-    def _apply(self, changeset: ChangeSet | SourceUnchanged) -> None:
-        if isinstance(changeset, SourceUnchanged):
-            self._source_unchanged(changeset)
-            return
-        relative = self.project.relative(changeset.path)
-        try:
-            self.reloader.refresh(changeset)  # decide on what would really be applied now
-        except ReloadError as exc:
-            self.bus.publish(Reload(ok=False, file=relative, error=exc.message, line=exc.line, code_version=self.reloader.version))
-            return
-        reasons = self._rebuild_reasons(changeset)
-        if reasons and self.user_state is not None:
-            # Applying would leave live objects built by old code running new code: hold it back.
-            self._held[changeset.path] = changeset
-            self.reloader.forget_prepared(changeset.path)
-            self.bus.publish(
-                Reload(
-                    ok=True,
-                    file=relative,
-                    ms=(time.monotonic() - changeset.detected_at) * 1000,
-                    code_version=self.reloader.version,
-                    held=tuple(changeset.changed),
-                    needs_rebuild=tuple(reasons),
-                    notes=(
-                        "held back: press R (command `rebuild`) to run setup() again with the new code, carrying "
-                        "weights and optimizer state over, or keep going on the old code",
-                        *changeset.notes,
-                    ),
-                )
-            )
-            return
-        self._held.pop(changeset.path, None)
-        try:
-            version = self.reloader.commit(changeset, roots=[("state", self.user_state)])
-        except ReloadError as exc:
-            self.bus.publish(Reload(ok=False, file=relative, error=exc.message, line=exc.line, code_version=self.reloader.version))
-            return
-        except Exception as exc:  # noqa: BLE001 - a patch that fails is undone; training goes on
-            self.bus.publish(
-                Reload(
-                    ok=False,
-                    file=relative,
-                    error=f"applying the change failed ({type(exc).__name__}: {exc}); nothing was changed",
-                    code_version=self.reloader.version,
-                )
-            )
-            return
-        notes = list(changeset.notes)
-        if changeset.statements:
-            self._statements[changeset.path] = changeset.statements
-        else:
-            self._statements.pop(changeset.path, None)
-        if changeset.changed:
-            self.telemetry.record_version(self.step, version, tuple(changeset.changed))
-            if reset_compiled_code():
-                notes.append("torch.compile caches were reset: compiled code recompiles on its next call")
-            if changeset.module is not None:
-                notes.extend(worker_notes(self._loader_roots(), changeset.changed, changeset.module))
-            notes.extend(self._reasons_with_live_instances((), changeset.note_if_live.items(), "live instances"))
-            notes.extend(changeset.built_from_notes())
-        self.bus.publish(
-            Reload(
-                ok=True,
-                file=relative,
-                changed=tuple(changeset.changed),
-                ms=(time.monotonic() - changeset.detected_at) * 1000,
-                code_version=version,
-                notes=tuple(notes),
-            )
-        )
-        if changeset.changed:
-            self._after_code_change()
-
-    def _loader_roots(self) -> list[tuple[str, Any]]:
-        """Where DataLoaders live: the state, and module globals of script-style trainers (`train_loader = ...`)."""
-        roots: list[tuple[str, Any]] = [("state", self.user_state)]
-        for module_name, namespace in self._namespaces():
-            roots.extend(
-                (f"{module_name}.{name}", value)
-                for name, value in list(namespace.items())
-                if isinstance(value, (DataLoader, types.GeneratorType))
-            )
-        return roots
-
-    def _run_statements(self) -> None:
-        """Run the changed module statements that a reload did not re-run, because the user asked."""
-        if not self._statements:
-            if any(c.statements for c in self._held.values()):
-                self._command_error(
-                    "the edited module statements are part of a change held for a rebuild: press R (command `rebuild`) "
-                    "to apply it, then x runs them"
-                )
-            else:
-                self._command_error("no held-back module statements to run")
-            return
-        ran = False
-        for path, statements in list(self._statements.items()):
-            try:
-                with self.project.as_script():
-                    apply_all([patch for _, patch in statements])
-            except Exception as exc:  # noqa: BLE001 - undone by apply_all; the old values stay
-                file, line = self._where(exc)
-                self.bus.publish(
-                    Error(where="reload", message=f"running the statements failed: {type(exc).__name__}: {exc}; "
-                          "nothing was changed", file=file, line=line, traceback=self._format(exc))
-                )
-                traceback.clear_frames(exc.__traceback__)
-                continue
-            del self._statements[path]
-            self.bus.publish(
-                Reload(
-                    ok=True,
-                    file=self.project.relative(path),
-                    changed=tuple(name for _, patch in statements for name in patch.binds),
-                    code_version=self.reloader.version,
-                    notes=tuple(f"ran {label}" for label, _ in statements),
-                )
-            )
-            ran = True
-        if ran:
-            self._after_code_change()  # like a saved fix: a pause for an error ends, a failed setup() runs again
-
-    def _rebuild_reasons(self, changeset: ChangeSet) -> list[str]:
-        return self._reasons_with_live_instances(
-            changeset.needs_rebuild, changeset.rebuild_if_live.items(), "live instances built by the old code"
-        )
-
-    def _reasons_with_live_instances(
-        self, always: Iterable[str], if_live: Iterable[tuple[type, str]], instances_are: str
-    ) -> list[str]:
-        """The reasons to rebuild: `always`, and each class's reason where the state holds instances of it."""
-        reasons = list(always)
-        namespaces = self._namespaces()
-        for cls, why in if_live:
-            if any(reason.startswith(why) for reason in reasons):
-                continue  # the class and the one a reload made again in its place: said once
-            instances = find_instances(self.user_state, cls, namespaces=namespaces) if self.user_state is not None else []
-            if instances:
-                shown = ", ".join(instances[:5]) + (f" and {len(instances) - 5} more" if len(instances) > 5 else "")
-                reasons.append(f"{why}; {instances_are}: {shown}")
-        return reasons
-
     def _after_code_change(self) -> None:
+        """After a handler changed the live code: a failed setup() runs again, a pause for an error ends."""
         if self.state is RunState.SETUP_FAILED:
             self._run_setup()
         elif self.state is RunState.PAUSED and self.pause_reason in AUTO_RESUME_REASONS:
             self._resume("reload")
-
-    def _rollback(self) -> None:
-        try:
-            undone, version = self.reloader.rollback(roots=[("state", self.user_state)])
-        except ReloadError as exc:
-            self._command_error(exc.message)
-            return
-        self._held.pop(undone.path, None)
-        self.telemetry.record_version(self.step, version, (f"rollback of v{undone.version}",))
-        reset_compiled_code()
-        notes = [
-            f"rolled back version {undone.version}: the code before it runs again; "
-            "the file on disk still has the newer code (save it again to re-apply)",
-            *undone.notes,
-        ]
-        module = self.project.modules().get(undone.path)
-        if module is not None:
-            notes.extend(worker_notes(self._loader_roots(), undone.changed, module, "this rollback"))
-        if undone.version <= self._state_built_at:  # setup() ran since this version: it built with its values
-            notes.extend(built_from_note(name, chains, rolled_back=True) for name, chains in undone.built_from)
-        built_by_newer = self._rolled_back_rebuild_reasons(undone)
-        if built_by_newer:
-            notes.append(
-                "the live state was built by the rolled-back code, so it keeps its shape until R (command `rebuild`) "
-                f"runs setup() again with the code before it: {'; '.join(built_by_newer)}"
-            )
-        self.bus.publish(
-            Reload(
-                ok=True,
-                file=self.project.relative(undone.path),
-                changed=undone.changed,
-                code_version=version,
-                needs_rebuild=tuple(built_by_newer),
-                notes=tuple(notes),
-            )
-        )
-        self._after_code_change()
-
-    def _rolled_back_rebuild_reasons(self, undone: AppliedVersion) -> list[str]:
-        """What of the undone version shaped the live state: its setup() or constructors, applied by a rebuild."""
-        if self.user_state is None:
-            return []
-        return self._reasons_with_live_instances(
-            undone.needs_rebuild, undone.rebuild_if_live, "live instances built by the rolled-back code"
-        )
-
-    def _rebuild(self) -> None:
-        """Apply held changes, run setup() again, carry tensors and optimizer state over, free the old state.
-
-        `activity` says so while it runs: setup() may take minutes, and a quit waits for it (headless's
-        escalation never cuts it short) rather than lose the trained state it is carrying over."""
-        if self.user_state is None:
-            self._command_error("nothing to rebuild: setup() has not finished (fix it and save to run it again)")
-            return
-        self.activity = "rebuilding: setup() runs again"
-        try:
-            self._rebuild_now()
-        finally:
-            self.activity = None
-
-    def _rebuild_now(self) -> None:
-        started = time.monotonic()
-        held, self._held = list(self._held.values()), {}
-        committed: list[ChangeSet] = []
-        changed: list[str] = []
-        namespaces = self._namespaces()
-        # The globals as they were: setup() re-binds `global model`; the old ones are carried from, or put back.
-        before = [(name, dict(namespace)) for name, namespace in namespaces]
-        try:
-            for changeset in held:
-                self.reloader.commit(changeset)
-                committed.append(changeset)
-                changed.extend(changeset.changed)
-            # Initialization of what will be carried is wasted (and, on a GPU, a second model's worth of work):
-            # recorded, not run, and run afterwards for what was not carried.
-            with skipping_init() as init_log:
-                new_state = self._call_setup_for_rebuild()
-            reset_compiled_code()
-            report = carry_over(self.user_state, new_state, before, namespaces)
-            init_log.replay(report.carried)
-            optimizer_notes = carry_optimizers_setup_did_not_make(self.user_state, new_state, report, namespaces)
-        except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
-            new_state = None
-            for _ in committed:
-                self.reloader.undo_last_commit()
-            restore_globals(namespaces, before)  # what a half-run setup() bound to module globals
-            for changeset in held:
-                self.reloader.forget_prepared(changeset.path)
-            self._held = {c.path: c for c in held}
-            file, line = self._where(exc)
-            message = f"rebuild failed: {type(exc).__name__}: {exc}; the old state and code keep running"
-            self.bus.publish(Error(where="rebuild", message=message, file=file, line=line, traceback=self._format(exc)))
-            traceback.clear_frames(exc.__traceback__)
-            collect_all()  # the half-built new state (a rebuild that ran out of memory, say)
-            self.probe.empty_cache()
-            self.bus.publish(Rebuilt(ok=False, error=message, code_version=self.reloader.version))
-            return
-        self.user_state = new_state
-        self._state_built_at = self.reloader.version
-        self._state_bytes_estimate = None  # the new state's size, when next asked
-        self.eval_watch.refresh(new_state)
-        del new_state
-        for changeset in committed:
-            if changeset.statements:  # what x runs, as after a save applied at once
-                self._statements[changeset.path] = changeset.statements
-        collect_all()  # the old state, frozen since setup: thawed, collected, and the new state frozen
-        trim_c_heap()  # the old state's small CPU tensors came from the C heap: give its pages back (RSS falls)
-        self.probe.empty_cache()
-        version = self.reloader.version
-        self.telemetry.record_version(self.step, version, ("rebuild", *changed))
-        if not changed:  # same code, new state: still its own row in the versions table
-            self.telemetry.versions.start(version, ("rebuild",), self.step, fresh_state=True)
-        self.bus.publish(
-            Rebuilt(
-                ok=True,
-                seconds=time.monotonic() - started,
-                code_version=version,
-                changed=tuple(changed),
-                tensors_carried=report.tensors,
-                tensors_shared=report.shared,
-                optimizer_states_carried=report.optimizer_states,
-                new=tuple(report.new),
-                mismatched=tuple(report.mismatched),
-                dropped=tuple(report.dropped),
-                notes=tuple(optimizer_notes),
-            )
-        )
-        if self.state is RunState.PAUSED and self.pause_reason in AUTO_RESUME_REASONS:
-            self._resume("rebuild")
-
-    def _call_setup_for_rebuild(self) -> Any:
-        setup = self.project.function("setup")
-        if setup is None:
-            raise NameError("setup(bench) is not defined in the project file")
-        return setup(self.bench)
 
     # Helpers -----------------------------------------------------------------------------
     def _pause(self, reason: str) -> None:
