@@ -2,16 +2,24 @@
 
 Each test copies the tiny_gpt sample into a tmp dir and starts the real CLI (`vram-bench run
 train.py --no-mouse`, from this checkout) in a detached tmux server on a private socket, with
-HOME and the XDG folders in the tmp dir. It presses keys with `tmux send-keys` (space to pause,
-`s` for a snapshot, `q` to quit) and reads the screen with `tmux capture-pane`, like a user
-at a terminal: no Textual test harness, no mouse. The screens are checked for characters
-that terminals mangle, for text that would be invisible at 16 colours, and for colour codes
-when NO_COLOR is set.
+HOME and the XDG folders in the tmp dir and a short private XDG_RUNTIME_DIR under /tmp. `run`
+starts the training session as a detached process of its own and opens the app attached to it.
+The tests press keys with `tmux send-keys` (space to pause, `s` for a snapshot, `q` then `s` or
+`x` to stop the session) and read the screen with `tmux capture-pane`, like a user at a
+terminal: no Textual test harness, no mouse. The screens are checked for characters that
+terminals mangle, for text that would be invisible at 16 colours, and for colour codes when
+NO_COLOR is set.
+
+The terminal going away (the tmux server killed, SIGHUP to the starting process group, a
+dropped SSH link) ends the app, not the session (issue 16): it trains on, `vram-bench ls` lists
+it, `vram-bench attach` from a new tmux session draws its history and the step count going on,
+and stopping it there writes a final snapshot that `--resume latest` loads. Every session
+process a test started is ended at its teardown (tests/e2e_sessions.py).
 
 The SSH tests start a throwaway OpenSSH server on a loopback port (its own host key, user key
-and config, all in the tmp dir) and run the same session through `ssh -tt 127.0.0.1`; one
-also drops the connection mid-training and expects a final snapshot (SIGHUP). Tests skip, saying why, where tmux or the OpenSSH server is missing (`.ci/run` installs them
-where it can).
+and config, all in the tmp dir) and run the same session through `ssh -tt 127.0.0.1`. Tests
+skip, saying why, where tmux or the OpenSSH server is missing (`.ci/run` installs them where
+it can).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +40,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
+from e2e_sessions import (
+    end_sessions,
+    make_runtime_dir,
+    pid_alive,
+    session_facts,
+    wait_gone,
+    wait_session_facts,
+)
 
 import workbench
 
@@ -40,6 +58,7 @@ SAMPLE = REPO / "sample_projects" / "tiny_gpt"
 WIDTH, HEIGHT = 120, 40
 STARTUP_TIMEOUT = 90.0  # torch import + setup() of the sample on a slow, shared CI machine
 ACTION_TIMEOUT = 30.0  # a key press until the screen shows its effect
+STOP_TIMEOUT = 60.0  # stopping a session: its final snapshot, then its exit, then the app's
 SSHD = Path("/usr/sbin/sshd")
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (apt-get install tmux)")
@@ -65,9 +84,26 @@ def vram_bench_argv() -> list[str]:
     return [sys.executable, "-m", "workbench"]
 
 
+_RUNTIME_DIRS: list[Path] = []  # this test's XDG_RUNTIME_DIRs: their sessions are ended at teardown
+
+
+@pytest.fixture(autouse=True)
+def _end_every_session() -> Iterator[None]:
+    """After each test (and after its tmux servers are gone): end every session process it started, then
+    remove its runtime folder. Autouse, so set up first and torn down last."""
+    try:
+        yield
+    finally:
+        while _RUNTIME_DIRS:
+            end_sessions(_RUNTIME_DIRS.pop())
+
+
 def private_env(tmp_path: Path) -> dict[str, str]:
-    """A clean environment: no user config, no colour hints, this checkout's workbench first on the path."""
+    """A clean environment: no user config, no colour hints, this checkout's workbench first on the path,
+    and a short private XDG_RUNTIME_DIR (a session's socket path must fit in 107 bytes) ended at teardown."""
     home = tmp_path / "home"
+    runtime = make_runtime_dir()
+    _RUNTIME_DIRS.append(runtime)
     env = {
         "PATH": os.environ.get("PATH", os.defpath),
         "HOME": str(home),
@@ -75,6 +111,7 @@ def private_env(tmp_path: Path) -> dict[str, str]:
         "XDG_DATA_HOME": str(home / ".local" / "share"),
         "XDG_CACHE_HOME": str(home / ".cache"),
         "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "XDG_RUNTIME_DIR": str(runtime),
         "LANG": "C.UTF-8",
         "PYTHONPATH": str(REPO),
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -85,8 +122,9 @@ def private_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def app_command(entry: Path, env: dict[str, str], pid_file: Path, *, extra_env: dict[str, str] | None = None) -> str:
-    """A shell command line that records its pid, then becomes `vram-bench run <entry> --no-mouse`.
+def vram_bench_command(folder: Path, env: dict[str, str], pid_file: Path, *args: str,
+                       extra_env: dict[str, str] | None = None) -> str:
+    """A shell command line that records its pid, then becomes `vram-bench ARGS` in `folder`.
 
     Run it with its own shell (`sh -c`, or as the remote command of ssh): it ends in `exec`.
     """
@@ -94,15 +132,56 @@ def app_command(entry: Path, env: dict[str, str], pid_file: Path, *, extra_env: 
     return " ".join(
         [
             f"echo $$ > {shlex.quote(str(pid_file))};",
-            f"cd {shlex.quote(str(entry.parent))} &&",
+            f"cd {shlex.quote(str(folder))} &&",
             "exec env",
             *(shlex.quote(f"{k}={v}") for k, v in assignments.items()),
             *map(shlex.quote, vram_bench_argv()),
-            "run",
-            shlex.quote(entry.name),
-            "--no-mouse",
+            *map(shlex.quote, args),
         ]
     )
+
+
+def app_command(entry: Path, env: dict[str, str], pid_file: Path, *, extra_env: dict[str, str] | None = None) -> str:
+    """`vram-bench run <entry> --no-mouse`: starts the session process, then the app attached to it."""
+    return vram_bench_command(entry.parent, env, pid_file, "run", entry.name, "--no-mouse", extra_env=extra_env)
+
+
+def attach_command(project: Path, env: dict[str, str], pid_file: Path) -> str:
+    """`vram-bench attach --no-mouse` in the project's folder: the app again, on the session that runs there."""
+    return vram_bench_command(project, env, pid_file, "attach", "--no-mouse")
+
+
+def vram_bench(env: dict[str, str], *args: str, cwd: Path, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """`vram-bench ARGS` outside any terminal (stdin /dev/null), with the test's environment."""
+    return subprocess.run([*vram_bench_argv(), *args], check=False, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, encoding="utf-8", errors="replace", timeout=timeout)
+
+
+def runtime_dir(env: dict[str, str]) -> Path:
+    return Path(env["XDG_RUNTIME_DIR"])
+
+
+def run_events(project: Path, run: int = -1) -> list[dict]:
+    """The events of one of the project's runs (by start: -1 is the newest), as written to its events.jsonl."""
+    logs = sorted((project / ".vram-bench" / "runs").glob("*/events.jsonl"))
+    if not logs:
+        return []
+    events = []
+    for line in logs[run].read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return events
+
+
+def session_log_tail(env: dict[str, str], n: int = 15) -> str:
+    """The last lines of each session process's own log (its stdout and stderr: tracebacks land there)."""
+    parts = []
+    for log in sorted((runtime_dir(env) / "vram-bench").glob("*.log")):
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
+        parts.append(f"--- {log.name} ---\n" + "\n".join(lines))
+    return "\n".join(parts) or "(no session log)"
 
 
 def events_tail(project: Path, n: int = 40) -> str:
@@ -197,6 +276,7 @@ class TmuxScreen:
         text = f"{why}\n--- the screen (the process {alive}) ---\n{screen.rstrip()}\n"
         if self.project is not None:
             text += f"--- {self.project.name}/.vram-bench/events.jsonl (last prints/errors) ---\n{events_tail(self.project)}\n"
+        text += f"--- the session processes' logs ---\n{session_log_tail(self.env)}\n"
         return text
 
     def wait_for(self, condition: str | Callable[[str], bool], timeout: float = ACTION_TIMEOUT, what: str | None = None) -> str:
@@ -230,34 +310,22 @@ class TmuxScreen:
         return self.exit_status()
 
     def close(self) -> None:
-        """Kill the tmux server (SIGHUP to the pane), then make sure the app it ran is gone."""
+        """Kill the tmux server (SIGHUP to the pane: the app detaches), then make sure the app it ran is gone.
+        The session process is not the app's to end: the test's teardown ends it (`_end_every_session`)."""
         if self.started:
             self.tmux("kill-server", check=False)
         try:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return
-        deadline = time.monotonic() + 15  # SIGHUP writes a final snapshot first
-        while _pid_alive(pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 15  # the app leaves at once on SIGHUP; give a slow machine time
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _pid_alive(pid):
+        if pid_alive(pid):
             try:
                 os.kill(pid, 9)
             except OSError:
                 pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (its parent has not reaped it yet) is gone for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 @pytest.fixture
@@ -458,6 +526,10 @@ def test_screen_checks_flag_what_they_are_for() -> None:
     with pytest.raises(AssertionError, match="right border"):
         assert_no_mangled_characters("\n".join([top, row[:-2] + "\u2502", bottom]))
 
+    axis = "\u2502 4.0 \u252b\u28a3    \u2523\n\u2502     \u2517\u2501\u2533\u2501\u2501\u2533\u2501\u251b\u2502\n\u2502      10  20  \u2502\n\u2502\n\u2502      step   \u2502"
+    assert chart_step_ticks(axis) == [10, 20]
+    assert chart_step_ticks("\u2502 loss  waiting for the first step... \u2502") == []
+
 
 # --------------------------------------------------------------------------- the drive
 
@@ -485,18 +557,105 @@ def run_snapshot(project: Path, step: int) -> Path:
     return found[0] if found else project / ".vram-bench" / "runs" / "?" / f"step-{step:08d}.pt"
 
 
-def quit_without_question(screen: TmuxScreen) -> None:
-    """Nothing trained since the snapshot: q exits at once, with status 0."""
+QUESTION = "Leave the session?"  # the title of what q asks
+
+
+def leave_by_stopping(screen: TmuxScreen, *, snapshot: bool) -> dict:
+    """q, then s (stop after a final snapshot) or x (stop without one): the session ends, then the app,
+    with status 0; nothing is left running. The session's facts (name, pid)."""
+    facts = wait_session_facts(runtime_dir(screen.env))
     screen.send("q")
-    status = screen.wait_exit()
-    assert status == 0, screen.explain(f"exit status {status} after q")
+    asked = screen.wait_for(QUESTION, what=f"{QUESTION!r} after q")
+    assert_no_mangled_characters(asked)
+    screen.send("s" if snapshot else "x")
+    status = screen.wait_exit(timeout=STOP_TIMEOUT)
+    key = "s (stop after a final snapshot)" if snapshot else "x (stop without a snapshot)"
+    assert status == 0, screen.explain(f"exit status {status} after q, {key}")
+    assert wait_gone(int(facts["pid"]), ACTION_TIMEOUT), screen.explain(f"the session (pid {facts['pid']}) still runs after q, {key}")
+    after = screen.capture(history=True)
+    assert "vram-bench: the session ended (quit, exit code 0)" in after, screen.explain(
+        f"the app did not say the session ended after q, {key}", after)
+    assert not session_facts(runtime_dir(screen.env)), "the ended session left its facts file behind"
+    return facts
+
+
+def status_step(screen: str) -> int:
+    """The step count on the status bar (RUNNING or PAUSED)."""
+    line = status_line(screen, "RUNNING") or status_line(screen, "PAUSED")
+    assert line is not None, screen
+    return step_of(line)
+
+
+def step_events(project: Path) -> list[int]:
+    return [e["step"] for e in run_events(project) if e.get("event") == "step"]
+
+
+def assert_the_session_trains_on(project: Path, env: dict[str, str], facts: dict, shown_step: int) -> None:
+    """The app is gone, the session is not: its process runs, events.jsonl grows, `vram-bench ls` lists it running."""
+    pid, name = int(facts["pid"]), facts["name"]
+    assert pid_alive(pid), f"the session process (pid {pid}) ended with the app\n{events_tail(project)}\n{session_log_tail(env)}"
+    logs = sorted((project / ".vram-bench" / "runs").glob("*/events.jsonl"))
+    assert len(logs) == 1, f"one session, one run folder: {logs}"
+    before = step_events(project)
+    time.sleep(2.0)
+    after = step_events(project)
+    assert len(after) > len(before) and max(after) > max(before, default=0) >= shown_step, (
+        f"events.jsonl did not grow in 2 s after the app left ({len(before)} then {len(after)} step events; "
+        f"last steps {before[-1:]} then {after[-1:]})\n{events_tail(project)}\n{session_log_tail(env)}")
+    listed = vram_bench(env, "ls", cwd=project)
+    assert listed.returncode == 0, f"vram-bench ls: exit {listed.returncode}\n{listed.stdout}{listed.stderr}"
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    assert rows and rows[0][:4] == ["NAME", "PID", "STATE", "STEP"], listed.stdout
+    mine = [row for row in rows[1:] if row and row[0] == name]
+    assert len(mine) == 1 and mine[0][1] == str(pid), f"vram-bench ls does not list session {name} (pid {pid}):\n{listed.stdout}"
+    assert mine[0][2] == "running" and int(mine[0][3]) >= shown_step, f"not running past step {shown_step}:\n{listed.stdout}"
+
+
+def chart_step_ticks(screen: str) -> list[int]:
+    """The numbers under the loss chart's x axis (the row below its bottom edge `┗━━┳━━┛`, labelled "step"), or []
+    while it has no points ("waiting for the first step...")."""
+    if "waiting for the first step" in screen:
+        return []
+    lines = screen.splitlines()
+    for row, line in enumerate(lines[:-1]):
+        left = line[: WIDTH * 2 // 3]  # the loss pane; the memory pane is on the right
+        if "\u2517" in left and "\u2533" in left:  # ┗ and ┳: the plot's bottom edge with its tick marks
+            below = lines[row + 1 : row + 4]
+            if any(re.search(r"\bstep\b", later[: WIDTH * 2 // 3]) for later in below):
+                return [int(n) for n in re.findall(r"\b\d+\b", lines[row + 1][: WIDTH * 2 // 3])]
+    return []
+
+
+def final_snapshot_event(project: Path, run: int = -1) -> dict | None:
+    finals = [e for e in run_events(project, run) if e.get("event") == "snapshot" and e.get("reason") == "final"]
+    return finals[-1] if finals else None
+
+
+def assert_resumes_from(project: Path, env: dict[str, str], snapshot: dict) -> None:
+    """`vram-bench run train.py --headless --resume latest` loads that snapshot (its `resume` event names it)."""
+    max_steps = int(snapshot["step"]) + 2
+    result = vram_bench(env, "run", "train.py", "--headless", "--resume", "latest", "--max-steps", str(max_steps),
+                        cwd=project, timeout=STARTUP_TIMEOUT + 60)
+    events = []
+    for line in result.stdout.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    resumed = [e for e in events if e.get("event") == "resume"]
+    said = f"exit {result.returncode}\nstdout (last lines):\n" + "\n".join(result.stdout.splitlines()[-15:]) + f"\nstderr:\n{result.stderr[-2000:]}"
+    assert result.returncode == 0, f"--resume latest --max-steps {max_steps}: {said}"
+    assert resumed and resumed[0].get("ok") and Path(resumed[0]["path"]).resolve() == Path(snapshot["path"]).resolve(), (
+        f"--resume latest did not load the final snapshot {snapshot['path']}: resume events {resumed}\n{said}")
+    steps = [e["step"] for e in events if e.get("event") == "step"]
+    assert steps and steps[0] == int(snapshot["step"]) + 1, f"the resumed run's first step is not {int(snapshot['step']) + 1}: {steps[:5]}"
 
 
 # --------------------------------------------------------------------------- tmux tests
 
 
 @needs_tmux
-def test_tmux_keyboard_only_pause_snapshot_step_and_quit_with_snapshot(tmp_path: Path, tmux_screen) -> None:
+def test_tmux_keyboard_only_pause_snapshot_step_and_stop_with_snapshot(tmp_path: Path, tmux_screen) -> None:
     entry = copy_sample(tmp_path)
     env = private_env(tmp_path)
     screen = tmux_screen(env, term="tmux-256color", project=entry.parent)
@@ -506,21 +665,25 @@ def test_tmux_keyboard_only_pause_snapshot_step_and_quit_with_snapshot(tmp_path:
     assert_no_mangled_characters(screen.capture())
     assert_text_visible(screen.capture(escapes=True))
 
-    screen.send("n")  # one step while paused: now there is progress a quit would lose
+    screen.send("n")  # one step while paused: now there is progress a stop without a snapshot would lose
     screen.wait_for(
         lambda s: paused(s) and step_of(status_line(s, "PAUSED") or "step 0") == step + 1, what=f"step {step + 1} after n"
     )
     screen.send("q")
-    asked = screen.wait_for(lambda s: "since the last snapshot" in s or "Quit vram-bench?" in s, what="the quit question")
+    asked = screen.wait_for(QUESTION, what=f"{QUESTION!r} after q")
+    assert re.search(r"\b1 steps? (was|were) trained since the last snapshot", asked), screen.explain("the question does not count the unsaved step", asked)
     assert_no_mangled_characters(asked)
-    screen.send("s")  # snapshot, then quit
-    status = screen.wait_exit()
-    assert status == 0, screen.explain(f"exit status {status} after quitting with a snapshot")
-    assert run_snapshot(entry.parent, step + 1).is_file(), screen.explain("no final snapshot")
+    screen.send("s")  # stop the session after a final snapshot; the app leaves once it has ended
+    status = screen.wait_exit(timeout=STOP_TIMEOUT)
+    assert status == 0, screen.explain(f"exit status {status} after stopping with a snapshot")
+    final = final_snapshot_event(entry.parent)
+    assert final is not None and final["step"] == step + 1, screen.explain(f"no final snapshot of step {step + 1} in events.jsonl: {final}")
+    assert run_snapshot(entry.parent, step + 1).is_file() and Path(final["path"]) == run_snapshot(entry.parent, step + 1), screen.explain(
+        f"no final snapshot file of step {step + 1}: {final}")
     after = screen.capture(history=True)
-    assert f"final snapshot of step {step + 1} written to {entry.parent}" in after and f"step-{step + 1:08d}.pt" in after, screen.explain(
-        "the final snapshot is not reported after exit", after
-    )
+    assert "vram-bench: the session ended (quit, exit code 0)" in after, screen.explain("the app does not say the session ended", after)
+    assert "detached" not in after, screen.explain("the app says it detached, but the session was stopped", after)
+    assert not session_facts(runtime_dir(env)), "the stopped session left its facts behind"
 
 
 @needs_tmux
@@ -537,7 +700,7 @@ def test_tmux_16_colours_text_stays_visible(tmp_path: Path, tmux_screen) -> None
     assert not extended, screen.explain(f"colours beyond the 16 ANSI ones with TERM=xterm: {extended[:10]}")
     assert_text_visible(escaped)
     assert_no_mangled_characters(screen.capture())
-    quit_without_question(screen)
+    leave_by_stopping(screen, snapshot=False)
 
 
 @needs_tmux
@@ -556,12 +719,8 @@ def test_tmux_no_color_has_no_colour_codes(tmp_path: Path, tmux_screen) -> None:
     assert not colours, screen.explain(f"colour codes with NO_COLOR=1: {colours[:12]}")
     assert_no_mangled_characters(screen.capture())
 
-    screen.send("q")  # steps were trained and none saved: it asks
-    screen.wait_for(lambda s: "since the last snapshot" in s or "Quit vram-bench?" in s, what="the quit question")
-    screen.send("q")  # quit without a snapshot
-    status = screen.wait_exit()
-    assert status == 0, screen.explain(f"exit status {status} after quitting without a snapshot")
-    assert not list((entry.parent / ".vram-bench").rglob("*.pt")), "quitting without a snapshot wrote one"
+    leave_by_stopping(screen, snapshot=False)  # q, x: the session ends without a snapshot
+    assert not list((entry.parent / ".vram-bench").rglob("*.pt")), "stopping without a snapshot wrote one"
 
 
 # --------------------------------------------------------------------------- ssh
@@ -701,31 +860,93 @@ def test_ssh_session_in_tmux_keyboard_only_pause_snapshot_quit(tmp_path: Path, s
     pause_and_snapshot(screen, entry.parent)
     assert_no_mangled_characters(screen.capture())
     assert_text_visible(screen.capture(escapes=True))
-    quit_without_question(screen)  # ssh's exit status is the remote command's
+    leave_by_stopping(screen, snapshot=False)  # ssh's exit status is the remote command's
     assert sshd.log.read_text(errors="replace").count("Accepted publickey") >= 2, "the session did not go through sshd"
 
 
+def attach_and_stop(tmp_path: Path, tmux_screen: Callable[..., TmuxScreen], project: Path, env: dict[str, str],
+                    shown_step: int, *, over: Sshd | None = None) -> dict:
+    """`vram-bench attach --no-mouse` from a new tmux server (through ssh if `over`): the step count goes on from
+    where it was and the chart draws the history; then q, s stops the session. Its final snapshot event."""
+    screen = tmux_screen(env, term="xterm-256color", project=project)
+    command = attach_command(project, env, screen.pid_file)
+    screen.start(shlex.join(over.ssh_argv(command, tty=True)) if over is not None else shlex.join(["sh", "-c", command]))
+    shown = screen.wait_for(lambda s: running(s) and status_step(s) >= shown_step, timeout=ACTION_TIMEOUT,
+                            what=f"RUNNING at step >= {shown_step} after attach")
+    trained = max(step_events(project), default=shown_step)  # before this client attached
+    shown = screen.wait_for(lambda s: bool(chart_step_ticks(s)) and min(chart_step_ticks(s)) < trained,
+                            what=f"the loss chart's history after attach (its step axis ticks from below step {trained})")
+    assert_no_mangled_characters(shown)
+    leave_by_stopping(screen, snapshot=True)
+    final = final_snapshot_event(project)
+    assert final is not None and Path(final["path"]).is_file() and final["step"] >= shown_step, screen.explain(
+        f"no final snapshot after stopping the attached session: {final}", screen.capture(history=True))
+    return final
+
+
 @needs_tmux
-def test_ssh_dropped_connection_writes_a_final_snapshot(tmp_path: Path, sshd: Sshd, tmux_screen) -> None:
-    """The terminal goes away mid-training: sshd hangs up the session (SIGHUP); a final snapshot, then a clean exit."""
+@pytest.mark.timeout(420)
+def test_ssh_dropped_connection_leaves_the_session_training_then_attach_stop_and_resume(
+        tmp_path: Path, sshd: Sshd, tmux_screen) -> None:
+    """Issue 16 end to end: the SSH link drops mid-training (the tmux server and its ssh client die: sshd hangs
+    up, SIGHUP); the app ends, the session trains on; attach from a new terminal, stop it with a final
+    snapshot; `--resume latest` loads that snapshot."""
     screen, entry = start_over_ssh(tmp_path, sshd, tmux_screen)
+    project, env = entry.parent, screen.env
     shown = screen.wait_for(running, timeout=STARTUP_TIMEOUT, what="RUNNING and a step count in the status bar")
-    pid = int(screen.pid_file.read_text().strip())
+    shown_step = status_step(shown)
+    app_pid = int(screen.pid_file.read_text().strip())
+    facts = wait_session_facts(runtime_dir(env))
+    assert int(facts["pid"]) != app_pid and Path(facts["project"]) == project.resolve(), facts
 
     screen.tmux("kill-server")  # the ssh client dies with its terminal; the connection drops
-    deadline = time.monotonic() + ACTION_TIMEOUT
-    while _pid_alive(pid):
-        if time.monotonic() > deadline:
-            pytest.fail(f"vram-bench (pid {pid}) still runs {ACTION_TIMEOUT:.0f} s after its SSH connection dropped\n"
-                        f"{events_tail(entry.parent)}", pytrace=False)  # fmt: skip
-        time.sleep(0.2)
-    logs = sorted((entry.parent / ".vram-bench" / "runs").glob("*/events.jsonl"))
-    assert len(logs) == 1, f"one session, one run folder: {logs}"
-    events = [json.loads(line) for line in logs[0].read_text().splitlines() if line.strip()]
-    final = [e for e in events if e["event"] == "snapshot" and e.get("reason") == "final"]
-    assert final, f"no final snapshot after the connection dropped (screen before:\n{shown})\n{events_tail(entry.parent)}"
-    assert Path(final[-1]["path"]).is_file() and final[-1]["step"] >= step_of(status_line(shown, "RUNNING") or "")
-    assert events[-1]["event"] == "exit", events_tail(entry.parent)
+    assert wait_gone(app_pid, ACTION_TIMEOUT), (
+        f"the app (pid {app_pid}) still runs {ACTION_TIMEOUT:.0f} s after its SSH connection dropped\n{events_tail(project)}")
+    assert_the_session_trains_on(project, env, facts, shown_step)
+    assert not any(e.get("event") == "exit" for e in run_events(project)), events_tail(project)
+
+    final = attach_and_stop(tmp_path, tmux_screen, project, env, shown_step, over=sshd)
+    assert sshd.log.read_text(errors="replace").count("Accepted publickey") >= 3, "the attach did not go through sshd"
+    assert_resumes_from(project, env, final)
+
+
+@needs_tmux
+@pytest.mark.timeout(240)
+def test_tmux_hangup_to_the_starting_process_group_leaves_the_session_training(tmp_path: Path, tmux_screen) -> None:
+    """A closed terminal without ssh: SIGHUP to the process group that started `vram-bench run`. The app says it
+    detached and how to come back; the session (its own process group) trains on; `vram-bench stop NAME` from
+    another shell writes its final snapshot and ends it."""
+    entry = copy_sample(tmp_path)
+    project, env = entry.parent, private_env(tmp_path)
+    screen = tmux_screen(env, project=project)
+    # The pane's own shell waits out the hangup (`trap : HUP`), so the pane stays open and shows what the app
+    # says on its way out; tmux closes the terminal of a pane whose first process died, and the app's last
+    # words with it. `sh -c` restores the default disposition for the app.
+    screen.start("trap : HUP; " + shlex.join(["sh", "-c", app_command(entry, env, screen.pid_file)]))
+    shown = screen.wait_for(running, timeout=STARTUP_TIMEOUT, what="RUNNING and a step count in the status bar")
+    shown_step = status_step(shown)
+    app_pid = int(screen.pid_file.read_text().strip())
+    facts = wait_session_facts(runtime_dir(env))
+    pgid = os.getpgid(app_pid)
+    assert os.getpgid(int(facts["pid"])) != pgid, "the session runs in the terminal's process group"
+
+    os.killpg(pgid, signal.SIGHUP)
+    assert wait_gone(app_pid, ACTION_TIMEOUT), f"the app (pid {app_pid}) still runs {ACTION_TIMEOUT:.0f} s after SIGHUP"
+    status = screen.wait_exit()
+    assert status == 0, screen.explain(f"exit status {status} after SIGHUP (a hangup detaches)")
+    said = f"vram-bench: detached; session {facts['name']} trains on (pid {facts['pid']})"
+    after = screen.capture(history=True)
+    assert said in after and f"vram-bench attach {facts['name']}" in after and f"vram-bench stop {facts['name']}" in after, (
+        screen.explain("the app did not say it detached and how to come back", after))
+    assert_the_session_trains_on(project, env, facts, shown_step)
+
+    stopped = vram_bench(env, "stop", facts["name"], cwd=tmp_path, timeout=STOP_TIMEOUT)
+    final = final_snapshot_event(project)
+    assert stopped.returncode == 0 and final is not None, (
+        f"vram-bench stop: exit {stopped.returncode}\n{stopped.stderr}\n{events_tail(project)}")
+    assert f"vram-bench: final snapshot: {final['path']}" in stopped.stderr and Path(final["path"]).is_file(), stopped.stderr
+    assert final["step"] > shown_step, final
+    assert not pid_alive(int(facts["pid"])), f"the session (pid {facts['pid']}) still runs after vram-bench stop"
 
 
 # --------------------------------------------------------------------------- a dropped connection while a step is stuck
@@ -759,18 +980,26 @@ def step(state, bench):
     return loss
 '''
 
-# Lowers the app's quit escalation (10 s + 5 s) for the test: imported at interpreter start.
+# Lowers the quit escalation (10 s + 5 s) for the test: imported at interpreter start, in the app and in
+# the session process it starts (which inherits PYTHONPATH). The session process quits through
+# run_headless, which reads headless.QUIT_TIMEOUTS; quit_escalation's copy is the in-process app's.
 LOWER_QUIT_TIMEOUTS = '''\
+import workbench.headless as headless
 import workbench.quit_escalation as quit_escalation
 
-quit_escalation.QUIT_TIMEOUTS = quit_escalation.QuitTimeouts(step=1.0, interrupted=1.0, children=2.0)
+LOWER = quit_escalation.QuitTimeouts(step=1.0, interrupted=1.0, children=2.0)
+quit_escalation.QUIT_TIMEOUTS = LOWER
+headless.QUIT_TIMEOUTS = LOWER
 '''
 
 
 @needs_tmux
-def test_tmux_dropped_connection_with_a_stuck_step_ends_the_app_and_its_children(tmp_path: Path, tmux_screen) -> None:
-    """SIGHUP asks for a final snapshot after the step; a step that never ends must not keep the process
-    (and what it started) alive for the 10 minutes a snapshot may take."""
+@pytest.mark.timeout(240)
+def test_tmux_dropped_connection_with_a_stuck_step_detaches_then_stop_ends_the_session_and_its_children(
+        tmp_path: Path, tmux_screen) -> None:
+    """The app does not own the step: the link drops while a step is stuck and the app leaves at once; the
+    session stays (stuck). `vram-bench stop NAME` then asks for a final snapshot after the step; a step that
+    never ends must not keep the session (and what it started) alive for the 10 minutes a snapshot may take."""
     project = tmp_path / "stuck"
     project.mkdir()
     (project / "train.py").write_text(STUCK_AT_STEP_3, encoding="utf-8")
@@ -788,13 +1017,26 @@ def test_tmux_dropped_connection_with_a_stuck_step_ends_the_app_and_its_children
     time.sleep(0.5)
     app_pid = int(screen.pid_file.read_text().strip())
     child_pid = int((project / "stuck").read_text().strip())
-    assert _pid_alive(app_pid) and _pid_alive(child_pid)
+    facts = wait_session_facts(runtime_dir(env))
+    session_pid = int(facts["pid"])
+    assert pid_alive(app_pid) and pid_alive(child_pid)
+    assert psutil.Process(child_pid).ppid() == session_pid, "the step's subprocess is not the session process's child"
+    inherited = Path(f"/proc/{session_pid}/environ").read_bytes().split(b"\0")
+    assert f"PYTHONPATH={site}:{REPO}".encode() in inherited, "the session process did not inherit the lowered quit timeouts"
 
     dropped = time.monotonic()
-    screen.tmux("kill-server", check=False)  # the SSH link drops: SIGHUP
-    while _pid_alive(app_pid) and time.monotonic() - dropped < 30:
-        time.sleep(0.2)
-    assert not _pid_alive(app_pid), f"the app was still running {time.monotonic() - dropped:.0f} s after SIGHUP\n{events_tail(project)}"
-    assert not _pid_alive(child_pid), "the step's subprocess outlived the app"
+    screen.tmux("kill-server", check=False)  # the SSH link drops: SIGHUP to the app, which detaches
+    assert wait_gone(app_pid, 10.0), f"the app was still running {time.monotonic() - dropped:.0f} s after SIGHUP (a stuck step is not its own)"
+    time.sleep(1.0)
+    assert pid_alive(session_pid) and pid_alive(child_pid), f"the session or its step's subprocess ended with the app\n{events_tail(project)}"
+
+    asked = time.monotonic()
+    stopped = vram_bench(env, "stop", facts["name"], cwd=tmp_path, timeout=STOP_TIMEOUT)
+    took = time.monotonic() - asked
     said = events_tail(project)
+    assert wait_gone(session_pid, 5.0), f"the session still runs {time.monotonic() - asked:.0f} s after vram-bench stop\n{said}"
+    assert took < 20.0, f"vram-bench stop took {took:.0f} s with the quit timeouts lowered to 1 s + 1 s + 2 s"
+    assert wait_gone(child_pid, 5.0), "the step's subprocess outlived the session"
+    assert stopped.returncode == 1 and "ended (stuck, exit code 1)" in stopped.stderr, (
+        f"vram-bench stop: exit {stopped.returncode}\n{stopped.stderr}\n{said}")
     assert '"where": "quit"' in said and "ending 1 child process" in said, said
