@@ -116,8 +116,9 @@ async def test_panes_present_space_toggles_pause_and_q_exits(tmp_path, session_f
         assert app.is_running
         await pilot.press("q")
         await until(pilot, lambda: type(app.screen).__name__ == "ConfirmQuitScreen", what="quit question")
-        await pilot.press("q")
+        await pilot.press("q")  # q twice: detach, the session trains on
         await until(pilot, lambda: not app.is_running, what="app exit", timeout=5)
+    assert session.status().state == "running" and session.ended is None
 
 
 async def test_quit_with_a_snapshot_first(tmp_path, session_factory):
@@ -383,36 +384,26 @@ def test_memory_gauges_snapshot_with_a_fake_gpu(tmp_path, snap_compare):
     assert settled_snapshot(tmp_path, snap_compare, (120, 44))
 
 
-async def test_sigterm_in_the_app_writes_a_final_snapshot_and_exits(tmp_path, session_factory):
+async def test_sigterm_and_sighup_to_the_app_detach_and_training_goes_on(tmp_path, session_factory):
+    """A closed terminal or a dropped SSH link ends the app only: the session is not stopped, nothing is written."""
     import os
     import signal
 
     session = session_factory(write_project(tmp_path / "proj"))
-    app = make_app(session)
-    async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: session.status().step > 3, what="training")
-        os.kill(os.getpid(), signal.SIGTERM)  # the app's handler: snapshot, then exit (no question)
-        await until(pilot, lambda: not app.is_running, what="app exit", timeout=10)
-    session.close()
-    assert session.last_snapshot and session.worker.last_snapshot_step == session.worker.step
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        app = make_app(session)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: session.status().step > 3, what="training")
+            os.kill(os.getpid(), sig)  # the app's handler: detach (no question, no snapshot)
+            await until(pilot, lambda: not app.is_running, what="app exit", timeout=10)
+        before = session.status().step
+        time.sleep(0.3)
+        assert session.status().state == "running" and session.status().step > before, "the session stopped with its app"
+    assert session.last_snapshot is None and session.worker.final_snapshot is None
 
 
-async def test_the_requeue_signal_in_the_app_snapshots_and_exits_with_its_reason(tmp_path, session_factory):
-    import os
-    import signal
-
-    session = session_factory(write_project(tmp_path / "proj"))
-    app = make_app(session)
-    async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: session.status().step > 3, what="training")
-        os.kill(os.getpid(), signal.SIGUSR1)  # a batch scheduler's "time is nearly up"
-        await until(pilot, lambda: not app.is_running, what="app exit", timeout=10)
-    session.close()
-    assert session.worker.final_snapshot is not None and session.worker.final_snapshot.outcome == "written"
-    assert session.worker.exit_reason == "requeue signal" and session.exit_code == 0
-
-
-async def test_the_app_exits_after_the_time_limits_final_snapshot(tmp_path, session_factory):
+async def test_a_session_that_ends_is_said_and_q_then_leaves_at_once(tmp_path, session_factory):
+    """The time limit's final snapshot ends the session (another client's stop would too): the app says so and stays."""
     from dataclasses import replace
 
     from workbench.time_limit import TimeLimit
@@ -422,7 +413,11 @@ async def test_the_app_exits_after_the_time_limits_final_snapshot(tmp_path, sess
     session.worker.time_limit = session.config.time_limit
     app = make_app(session)
     async with app.run_test(size=(100, 30)) as pilot:
-        await until(pilot, lambda: not app.is_running, what="app exit at the time limit", timeout=20)
+        await until(pilot, lambda: session.ended is not None, what="the session's end at the time limit", timeout=20)
+        await until(pilot, lambda: any("Session ended" in str(n.title) for n in app._notifications), what="the notice")
+        assert app.is_running
+        await pilot.press("q")  # nothing left to detach from or stop: no question
+        await until(pilot, lambda: not app.is_running, what="app exit", timeout=5)
     session.close()
     assert session.worker.exit_reason == "time limit" and session.worker.final_snapshot.outcome == "written"
 

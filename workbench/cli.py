@@ -28,10 +28,16 @@ examples:
   vram-bench run train.py --headless --max-steps 100 < /dev/null
   vram-bench run train.py -- --batch-size 8   the script's own arguments go after --: it sees sys.argv == [train.py, --batch-size, 8]
   vram-bench run train.py --resume latest     continue from the newest snapshot of any run (.vram-bench/runs/)
+  vram-bench run train.py --detach            start the session in the background (it outlives the terminal)
+  vram-bench ls                               the sessions running on this machine
+  vram-bench attach [NAME] [--json]           the app again (or JSON lines) on a running session
+  vram-bench stop [NAME]                      final snapshot, then the session ends
+  vram-bench serve [NAME]                     the app in a browser (private socket + ssh -L; --host/--port: TCP + token)
   vram-bench runs [PROJECT]                   list a project's runs: start, steps, versions, last loss, snapshots
   vram-bench load-bench --size 124M           compare memory-efficient ways to load GPT-2-sized weights
 
-In the app: space pause/resume, r reload, e evaluate, c cleanup, s snapshot, p profile, ? help, q quit.
+In the app: space pause/resume, r reload, e evaluate, c cleanup, s snapshot, p profile, ? help,
+d detach (training goes on), q leave (detach, or stop with or without a final snapshot).
 A project defines setup(bench) and step(state, bench); see README.md, "The user contract".
 """
 
@@ -132,7 +138,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         description="A terminal workbench for PyTorch training: load the model once, hot-swap the training code on save.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="vram-bench [options]  |  vram-bench run PATH [options]",
+        usage="vram-bench [options]  |  vram-bench run PATH [options]  |  vram-bench ls | attach | stop | serve [NAME]",
     )
     top.add_argument("--version", action="version", version=f"vram-bench {workbench.__version__}")
     top.add_argument("--sample", choices=sorted(SAMPLES), metavar="NAME", default=DEFAULT_SAMPLE,
@@ -162,6 +168,7 @@ SESSION_COMMANDS = {  # the subcommands that speak to running sessions: module, 
     "ls": ("workbench.sessions_command", "ls_main"),
     "attach": ("workbench.sessions_command", "attach_main"),
     "stop": ("workbench.sessions_command", "stop_main"),
+    "serve": ("workbench.serve", "serve_main"),
 }
 
 
@@ -247,41 +254,36 @@ def _run(args: argparse.Namespace) -> int:
         _report_final_snapshot(session)
         return code
 
-    from rich.console import Console
+    return _start_and_attach(entry, args, tui_settings)
 
-    from workbench.fdcapture import NativeOutputToEvents
-    from workbench.tui.app import make_app
 
-    early = EarlyOutput()
-    # C code and handlers that kept the original streams write to fds 1 and 2: into the log, not over the screen.
-    with NativeOutputToEvents(early.publish, fd=1), NativeOutputToEvents(early.publish, fd=2):
-        project, early, resume = _load_as_a_script(entry, args, early)
-        session = Session(project, replace(config, resume=resume), early_output=early)
-        app = make_app(session, **tui_settings)
-        # If the UI itself fails, Textual prints why after leaving the screen: to the terminal, not the log pipe.
-        app.error_console = Console(file=sys.__stderr__, markup=False, highlight=False)
-        try:
-            app.run(mouse=not args.no_mouse)
-        finally:
-            _close_after_the_app(session)
-    _report_final_snapshot(session)
-    if _report_setup_failure(session, args.debug):
-        return 2
-    return app.return_code or session.exit_code
+def _start_session_process(entry: Path, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Start the project's session process (refused if one runs already); its registry entry."""
+    from workbench.protocol import registry
+    from workbench.session_process import refuse_second_session, start_detached
+
+    root = entry.parent.resolve()
+    refuse_second_session(root, _say)
+    return start_detached(args.argv, registry.choose_name(root), _say)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _start_and_attach(entry: Path, args: argparse.Namespace, tui_settings: dict) -> int:
+    """`run` and the bare `vram-bench`: the session in a process of its own, then the app attached to it."""
+    from workbench.attach_app import attach_app
+
+    started = _start_session_process(entry, args)
+    return attach_app(started, mouse=not args.no_mouse, settings=tui_settings)
 
 
 def _start_detached(entry: Path, args: argparse.Namespace) -> int:
     """`run --detach`: start the session process, say how to reach it, return."""
-    from workbench.protocol import registry
-    from workbench.session_process import refuse_second_session, start_detached
-
-    def say(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    root = entry.parent.resolve()
-    refuse_second_session(root, say)
-    name = registry.choose_name(root)
-    started = start_detached(args.argv, name, say)
+    started = _start_session_process(entry, args)
+    name = started.name
+    say = _say
     pid = started.facts.pid if started.facts else "?"
     say(f"vram-bench: session {name} runs in the background (pid {pid}); attach: vram-bench attach {name}; "
         f"end it: vram-bench stop {name}")
@@ -301,33 +303,6 @@ def _session_process(entry: Path, args: argparse.Namespace, config) -> int:  # t
     if _report_setup_failure(session, args.debug):
         return 2
     return code
-
-
-def _close_after_the_app(session) -> None:  # type: ignore[no-untyped-def]
-    """The app has left the screen: stop the session, but never hang on a stuck step (a dropped SSH link
-    must not leave a process behind for minutes) nor leave its child processes (DataLoader workers)."""
-    from workbench import quit_escalation
-
-    def say(message: str) -> None:
-        try:
-            print(message, file=sys.__stderr__, flush=True)
-        except (OSError, ValueError, AttributeError):
-            pass  # the terminal is gone (a dropped SSH link): events.jsonl has it
-
-    def exit_written(timeout: float) -> None:
-        if session.event_log is not None and session.event_log.is_alive():
-            session.event_log.join(timeout)  # it ends once it has written the `exit` event to events.jsonl
-
-    escalation = quit_escalation.QuitEscalation(session, quit_escalation.QUIT_TIMEOUTS, exit_written, say)
-    escalation.start()
-    escalation.begin()
-    if session.worker.step_started is not None:
-        say("vram-bench: waiting for the running step to finish...")
-    try:
-        session.close()
-    finally:
-        escalation.stop()
-        quit_escalation.end_child_processes(quit_escalation.QUIT_TIMEOUTS.children)
 
 
 def _load_as_a_script(entry: Path, args: argparse.Namespace, early: EarlyOutput | None = None):  # type: ignore[no-untyped-def]

@@ -588,6 +588,19 @@ def parse_command(line: str) -> Command:
                 )
             return RunProfile(steps=steps)
         return RunProfile()
+    if kind is Quit and args:
+        if args != ["snapshot"]:
+            raise CommandError("usage: quit [snapshot]  (snapshot: write a final snapshot first)")
+        return Quit(final_snapshot=True)
     if args:
         raise CommandError(f"{word} takes no arguments")
     return kind()
+
+
+def command_line(command: Command) -> str:
+    """The line `parse_command` reads back as `command`: how a client sends it over a session's socket."""
+    if isinstance(command, RunProfile):
+        return f"profile {command.steps}"
+    if isinstance(command, Quit):
+        return "quit snapshot" if command.final_snapshot else "quit"
+    return command.word

@@ -55,7 +55,7 @@ def run_headless(session: Session, stdout: TextIO, stdin: TextIO | None, timeout
     """Run until the session exits (quit, --max-steps, setup failure); returns the exit code."""
     events = session.bus.subscribe(maxlen=1_000_000)
     exit_written = threading.Event()
-    escalation = QuitEscalation(session, timeouts or QUIT_TIMEOUTS, exit_written.wait)
+    escalation = QuitEscalation(session, timeouts or QUIT_TIMEOUTS, lambda timeout: _all_written(session, exit_written, timeout))
     previous_handlers = _quit_on_signals(session, escalation)
     fd = _fileno(stdin)
     quiet_stdin = _silence_sys_stdin(stdin) if fd is not None else None
@@ -91,6 +91,14 @@ def run_headless(session: Session, stdout: TextIO, stdin: TextIO | None, timeout
                 devnull.close()
             end_child_processes(escalation.timeouts.children)  # DataLoader workers a state still holds, a step's subprocesses
     return session.exit_code
+
+
+def _all_written(session: Session, exit_written: threading.Event, timeout: float) -> None:
+    """Before a forced exit: the `exit` event printed, and in the run's events.jsonl (a session process has one)."""
+    exit_written.wait(timeout)
+    log = session.event_log
+    if log is not None and log.is_alive():
+        log.join(timeout)  # it ends once it has written the `exit` event
 
 
 def _fileno(stdin: TextIO | None) -> int | None:

@@ -33,6 +33,7 @@ from workbench.memory.host import read_host_memory
 from workbench.memory.sampler import HostReader, MemorySample, MemorySampler
 from workbench.memory_guard import MemoryGuard
 from workbench.output import OutputRouter
+from workbench.protocol.status import SessionStatus
 from workbench.project import Project, ignored_hooks, unload_project
 from workbench.runs import RunRecord, leftover_folders, new_run_folder
 from workbench.state_folder import choose_state_folder
@@ -77,27 +78,6 @@ class SessionConfig:
     requeue: bool = False  # after a requeue signal or the time limit's snapshot, requeue the batch job (Slurm)
     requeue_signal: str = "USR1"  # the signal that means "snapshot now, requeue, exit 0"
     on_memory_limit: str = "snapshot"  # memory_guard.py: before a forecast kill, snapshot and pause / pause / warn
-
-
-@dataclass(frozen=True)
-class SessionStatus:
-    """A consistent-enough picture for a status bar, read without locks."""
-
-    project: str
-    device: str
-    state: str
-    pause_reason: str | None
-    step: int
-    steps_per_second: float
-    code_version: int
-    setup_elapsed: float
-    setup_error: str | None
-    profiling: bool
-    last_step_ms: float | None
-    needs_rebuild: tuple[str, ...] = ()  # files whose saved changes are held until a rebuild
-    activity: str | None = None  # a long action between steps (a snapshot being written)
-    unsaved_steps: int = 0
-    memory_warning: str | None = None  # a memory trend toward the ceiling, while it lasts (memory_guard.py)
 
 
 def _join(thread: threading.Thread | None, timeout: float) -> None:
@@ -312,6 +292,19 @@ class Session:
     def last_profile(self):  # type: ignore[no-untyped-def]
         return self.worker.last_profile
 
+    # What the app reads (workbench/protocol/source.py), in process as over a socket.
+    @property
+    def project_root(self) -> Path:
+        return self.project.root
+
+    @property
+    def memory_window(self) -> float:
+        return self.config.memory_window
+
+    @property
+    def ended(self) -> str | None:
+        return "the session ended" if self.worker.state is RunState.STOPPED else None
+
     @property
     def last_snapshot(self) -> str | None:
         return self.worker.last_snapshot_path
@@ -364,6 +357,7 @@ class Session:
             activity=w.activity,
             unsaved_steps=self.unsaved_steps,
             memory_warning=self.memory_guard.warning,
+            last_snapshot=self.last_snapshot,
         )
 
     # Internals ---------------------------------------------------------------------------

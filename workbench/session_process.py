@@ -128,8 +128,8 @@ def serve(session: Session, name: str) -> int:
             "time_limit": _time_limit_fact(session),
         },
     )
+    registry.write_facts(sock.with_suffix(".json"), facts)  # first: once the socket answers, `ls` and `stop` know the pid
     server.start()
-    registry.write_facts(sock.with_suffix(".json"), facts)
     print(f"vram-bench: session {name} (pid {os.getpid()}) serves {sock}; run folder {session.run_dir}", file=sys.stderr, flush=True)
     try:
         return run_headless(session, _Discard(), None)

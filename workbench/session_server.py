@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.events import CommandError, Error, Event, Memory, Step, parse_command
+from workbench.events import CommandError, Error, Memory, Step, parse_command
 from workbench.protocol.wire import (
     ClientHello,
     Peer,
@@ -157,7 +157,7 @@ class SessionServer:
 
             history = build_history(session.telemetry, max_points=hello.max_points, full=hello.history == "full",
                                     memory_seconds=session.config.memory_window)
-            last_step = session.worker.step if history is not None else -1
+            last_step = int(history.get("step", -1))  # live steps up to the replay's last are already in it
         profile = session.last_profile
         line = wire_line(
             "hello",
@@ -174,7 +174,6 @@ class SessionServer:
     def status_fields(self) -> dict[str, Any]:
         fields = dataclasses.asdict(self.session.status())
         fields["clients"] = self.client_count
-        fields["last_snapshot"] = self.session.last_snapshot
         return fields
 
     def versions_line(self) -> str:

@@ -141,9 +141,11 @@ def attach_main(argv: list[str]) -> int:
                         help="--json: replay history in the hello line (default none)")
     parser.add_argument("--no-mouse", action="store_true", help="keyboard only, no mouse capture")
     parser.add_argument("--theme", metavar="NAME", help="the app's theme for this attach")
+    parser.add_argument("--socket", type=Path, metavar="PATH",
+                        help="attach through this socket (one forwarded with ssh -L from another machine)")
     args = parser.parse_args(argv)
     try:
-        entry = pick(args.name)
+        entry = registry.SessionEntry(args.socket.stem, args.socket, None) if args.socket else pick(args.name)
     except UserError as exc:
         say(f"vram-bench: error: {exc}")
         return 2
@@ -151,7 +153,11 @@ def attach_main(argv: list[str]) -> int:
         return attach_json(entry, args.history)
     from workbench.attach_app import attach_app
 
-    return attach_app(entry, theme=args.theme, mouse=not args.no_mouse)
+    try:
+        return attach_app(entry, theme=args.theme, mouse=not args.no_mouse)
+    except UserError as exc:
+        say(f"vram-bench: error: {exc}")
+        return 2
 
 
 def attach_json(entry: registry.SessionEntry, history: str) -> int:

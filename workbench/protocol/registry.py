@@ -1,7 +1,8 @@
 """Where a user's sessions are found: one socket and one facts file per session, in a private folder.
 
 `$XDG_RUNTIME_DIR/vram-bench/` (a per-user tmpfs that the login manager empties at
-logout) when it is set, else `~/.local/state/vram-bench/sessions/`. The folder is
+logout) when it is set, else `~/.local/state/vram-bench/sessions/`, else (a path too long
+for a Unix socket) `/tmp/vram-bench-<uid>/`, checked to be this user's own. The folder is
 0700 and each socket 0600: on this machine, only this user reaches a session.
 
 A session is `NAME.sock` (its socket) beside `NAME.json` (its facts: pid, project,
@@ -16,6 +17,7 @@ import json
 import os
 import socket
 import stat
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from pathlib import Path
 from workbench.errors import UserError
 
 SOCKET_PATH_MAX = 107  # sun_path is 108 bytes on Linux, one of them the terminating NUL
+NAME_ROOM = 48  # room left in a socket's path for "/<name>.sock"
 
 
 def runtime_folder() -> Path:
@@ -33,6 +36,8 @@ def runtime_folder() -> Path:
     else:
         state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
         folder = Path(state) / "vram-bench" / "sessions"
+    if len(os.fsencode(folder)) > SOCKET_PATH_MAX - NAME_ROOM:
+        folder = Path(tempfile.gettempdir()) / f"vram-bench-{os.getuid()}"  # a socket's path must stay short
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         info = folder.stat()

@@ -1,8 +1,10 @@
 """The Textual app: a window onto a running session.
 
-It starts the session when mounted (so `setup()` runs while the screen is
-already up), reads telemetry on widget timers, and turns keys into commands.
-No training logic runs here.
+It reads a `SessionSource` (workbench/protocol/source.py): a session process over its
+socket, or in tests an in-process session. It starts it when mounted (a remote session:
+starts reading; an in-process one: `setup()` runs while the screen is already up), reads
+telemetry on widget timers, and turns keys into commands. No training logic runs here,
+and leaving the app (q, d, a closed terminal) leaves the session training.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from textual.theme import Theme
 
 from workbench.config import DEFAULT_LOG_ENTRIES, UserConfig, save_theme
 from workbench.events import Command, DumpMemorySnapshot, Evaluate, Interrupt, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
-from workbench.session import Session
+from workbench.protocol.source import SessionSource
 from workbench.tui.keys import ACTIONS, PROFILE_STEPS, bindings, check_keymap, key_label, keys_in_effect
 from workbench.tui.screens.breakdown import BreakdownScreen
 from workbench.tui.screens.confirm import ConfirmScreen
@@ -56,7 +58,7 @@ class VramBenchApp(App[None]):
 
     def __init__(
         self,
-        session: Session,
+        session: SessionSource,
         *,
         timestamps: bool = True,
         config: UserConfig | None = None,
@@ -83,6 +85,8 @@ class VramBenchApp(App[None]):
             wanted = DEFAULT_THEME
         self.theme = wanted
         self._remembered_theme = wanted
+        self._stopping = False  # this app asked the session to stop: leave when it has
+        self._end_said = False
         self.keymap, key_problems = check_keymap(config.keys if config else {})
         self.problems += key_problems
 
@@ -92,11 +96,11 @@ class VramBenchApp(App[None]):
             chart_pane = ChartPane(self.session, id="chart-pane")
             chart_pane.border_title = "Loss"
             yield chart_pane
-            gauges = MemoryGauges(self.session.telemetry, window=self.session.config.memory_window, id="memory")
+            gauges = MemoryGauges(self.session.telemetry, window=self.session.memory_window, id="memory")
             gauges.border_title = "Memory"
             yield gauges
         entries = self.config.log_entries if self.config else DEFAULT_LOG_ENTRIES
-        log = ReloadLog(self.session.bus, self.session.project.root, timestamps=self._timestamps, entries=entries, id="log")
+        log = ReloadLog(self.session.bus, self.session.project_root, timestamps=self._timestamps, entries=entries, id="log")
         log.border_title = "Log"
         yield log
         yield HelpPanel(id="help", covers=("#status", "#top", "#log"))  # hidden; over the panes in a layer of its own (app.tcss)
@@ -112,13 +116,18 @@ class VramBenchApp(App[None]):
         self.theme_changed_signal.subscribe(self, self._remember_theme)
         for problem in self.problems:
             self.notify(problem, title="Settings", severity="warning", timeout=20)
-        if self.session.config.time_limit is not None:
-            self.set_interval(0.5, self._exit_at_the_time_limit, name="time-limit")
+        self.set_interval(0.25, self._watch_the_session, name="session-end")
 
-    def _exit_at_the_time_limit(self) -> None:
-        """The training thread wrote its final snapshot before the job's limit and stopped: so does the app."""
-        if self.session.worker.state.value == "stopped":
+    def _watch_the_session(self) -> None:
+        """The session ended: the app leaves if this app stopped it; otherwise it says so and stays until q."""
+        ended = self.session.ended
+        if ended is None or self._end_said:
+            return
+        self._end_said = True
+        if self._stopping:
             self.exit()
+            return
+        self.notify(ended, title="Session ended", severity="error", timeout=3600)
 
     def _remember_theme(self, theme: Theme) -> None:
         """A theme picked in the palette is the one the next session starts with."""
@@ -145,15 +154,13 @@ class VramBenchApp(App[None]):
                 yield command
 
     def _install_signal_handlers(self) -> None:
-        """SIGTERM/SIGHUP (a dropped SSH link): final snapshot, then exit. SIGINT: ask, like ctrl+c."""
+        """SIGTERM/SIGHUP (a closed terminal, a dropped SSH link): detach, the session trains on. SIGINT: ask, like ctrl+c."""
         try:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGHUP):
-                loop.add_signal_handler(sig, self._quit_with_snapshot)
-            requeue = getattr(signal, f"SIG{self.session.config.requeue_signal}")
-            loop.add_signal_handler(requeue, lambda: self._quit_with_snapshot("requeue signal"))
+                loop.add_signal_handler(sig, self.action_detach)
             loop.add_signal_handler(signal.SIGINT, lambda: self.call_later(self.action_quit))
-            self._signals = (signal.SIGTERM, signal.SIGHUP, requeue, signal.SIGINT)
+            self._signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
         except (NotImplementedError, RuntimeError, ValueError):
             self._signals = ()
 
@@ -165,28 +172,35 @@ class VramBenchApp(App[None]):
         for sig in getattr(self, "_signals", ()):
             loop.remove_signal_handler(sig)
 
-    def _quit_with_snapshot(self, reason: str = "quit") -> None:
-        self.session.request_quit(final_snapshot=True, reason=reason)
+    def _stop(self, final_snapshot: bool) -> None:
+        """Stop the session (this app leaves once it has ended, after its final snapshot if asked)."""
+        self._stopping = True
+        self.session.request_quit(final_snapshot=final_snapshot)
+        self.query_one(StatusBar).follow("STOPPING (final snapshot)..." if final_snapshot else "STOPPING...")
+
+    def action_detach(self) -> None:
+        """Leave the app; the session goes on training (come back with vram-bench attach)."""
         self.exit()
 
     async def action_quit(self) -> None:
         if self._help_shown():
             self._help_panel().hide()  # q closes the help, as in the report screens
             return
-        unsaved = self.session.unsaved_steps
-        if unsaved <= 0:
+        if self.session.ended is not None:
             self.exit()
             return
         if isinstance(self.screen, ConfirmQuitScreen):
             return
 
         def chosen(choice: str | None) -> None:
-            if choice == "snapshot":
-                self._quit_with_snapshot()
+            if choice == "detach":
+                self.action_detach()
+            elif choice == "snapshot":
+                self._stop(final_snapshot=True)
             elif choice == "quit":
-                self.exit()
+                self._stop(final_snapshot=False)
 
-        self.push_screen(ConfirmQuitScreen(unsaved), chosen)
+        self.push_screen(ConfirmQuitScreen(self.session.unsaved_steps, getattr(self.session, "name", "")), chosen)
 
     def _send(self, command: Command, pending: str | None = None) -> None:
         """Send a command to the worker and let the status bar follow it closely until it lands."""
@@ -298,7 +312,7 @@ class VramBenchApp(App[None]):
 
 
 def make_app(
-    session: Session,
+    session: SessionSource,
     *,
     timestamps: bool = True,
     config: UserConfig | None = None,

@@ -54,7 +54,8 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("interrupt", "i", "interrupt", "Interrupt step", "interrupt a running step (raises KeyboardInterrupt in it; the model stays)"),
     KeyAction("zoom", "z", "zoom", "Zoom pane", "maximize the focused pane, or restore it (tab / shift+tab move the focus between panes)"),
     KeyAction("help", "question_mark,f1", "help", "Help", "this help: every key, and what each pane shows", footer=True),
-    KeyAction("quit", "q", "quit", "Quit", "quit; with unsaved progress it offers a snapshot first (ctrl+c too)", footer=True),
+    KeyAction("detach", "d", "detach", "Detach", "detach: leave the app, training goes on (vram-bench attach brings it back)"),
+    KeyAction("quit", "q", "quit", "Quit", "leave: detach, or stop the session with or without a final snapshot (ctrl+c too)", footer=True),
 )
 
 ACTION_IDS = frozenset(action.id for action in ACTIONS)

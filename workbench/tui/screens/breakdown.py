@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from workbench.events import BreakdownReady, Event, ShowBreakdown
-from workbench.session import Session
+from workbench.protocol.source import SessionSource as Session
 from workbench.tui.format import bar, human_bytes
 from workbench.tui.screens.report import EngineReportScreen
 

@@ -15,7 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from workbench.events import Command, Error, Event
-from workbench.session import Session
+from workbench.protocol.source import SessionSource as Session
 
 
 class EngineReportScreen(ModalScreen[None]):

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from workbench.session import Session
+from workbench.protocol.source import SessionSource as Session
 from workbench.units import human_bytes
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
-from workbench.session import Session
+from workbench.protocol.source import SessionSource as Session
 from workbench.tui.widgets.loss_chart import LossChart
 from workbench.tui.widgets.setup_panel import SetupPanel
 

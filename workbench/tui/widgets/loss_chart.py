@@ -13,7 +13,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 from textual_plot import HiResMode, PlotWidget
 
-from workbench.telemetry import Series, Telemetry
+from workbench.protocol.mirror import Series, TelemetryMirror as Telemetry  # the engine's Telemetry reads the same
 from workbench.tui.format import short_number
 from workbench.tui.pane_clock import on_beat
 from workbench.tui.roles import roles

@@ -19,9 +19,8 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import Static
 
-from workbench.memory.device import GpuMemory
-from workbench.memory.sampler import MemorySample
-from workbench.telemetry import Telemetry
+from workbench.protocol.payloads import GpuMemory, MemorySample
+from workbench.protocol.mirror import TelemetryMirror as Telemetry  # the engine's Telemetry reads the same
 from workbench.tui.format import bar, human_bytes
 from workbench.tui.pane_clock import on_beat
 from workbench.tui.roles import DEFAULT_ROLES, Roles, roles

@@ -18,6 +18,7 @@ from textual.widgets import RichLog
 from workbench.eventbus import EventBus, Subscription
 from workbench.events import (
     Cleanup,
+    CommandSent,
     Error,
     Evaluation,
     Event,
@@ -42,7 +43,7 @@ from workbench.tui.traceback_view import render_traceback
 
 LOGGED = (
     Reload, Rebuilt, MemorySnapshotTaken, Evaluation, Error, Paused, Resumed, ResumeLoaded, Setup, Snapshot, Cleanup, Profile,
-    Print, Exit, Start, LeaksFound,
+    Print, Exit, Start, LeaksFound, CommandSent,
 )
 DEFAULT_ENTRIES = 1000
 
@@ -233,6 +234,10 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
             line.append(f"cancelled with {event.steps} step(s) to go; no trace written")
         else:
             line.append(f"{event.steps} steps -> {_relative(event.trace or '', root)} (open in ui.perfetto.dev; o shows the table); top ops:")
+    elif isinstance(event, CommandSent):
+        line.append("COMMAND ", style="bold")
+        line.append(f"{event.command}", style="bold")
+        line.append(f" from {event.client}", style="dim")
     elif isinstance(event, Print):
         style = roles.warning if event.stream == "stderr" else ""
         line.append(f"[{event.stream}] ", style="dim")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from workbench.session import Session
+from workbench.protocol.source import SessionSource as Session
 from workbench.tui.roles import roles
 
 

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.timer import Timer
 from textual.widgets import Static
 
-from workbench.session import Session
+from workbench.protocol.source import SessionSource as Session
 from workbench.tui.pane_clock import on_beat
 from workbench.tui.roles import roles
 from workbench.tui.shown_text import ShownText
@@ -82,6 +82,8 @@ class StatusBar(Static):
         if s.activity:
             text.append(f" {s.activity.upper()}...", style=palette.bold("info"))
         text.append(f" | code v{s.code_version}")
+        if s.clients > 1:  # this app is one of them: say when others watch (and may send commands) too
+            text.append(f" | {s.clients} attached", style=palette.bold("info"))
         if s.needs_rebuild:
             text.append(f" | REBUILD NEEDED ({', '.join(s.needs_rebuild)}): {self.app.key_for('rebuild')}", style=palette.bold("error"))
         if s.memory_warning:
