@@ -657,9 +657,9 @@ class VramBenchRunner:
     def run(self, case: Case, root: Path) -> tuple[Live, Outcome]:
         import torch
 
-        from workbench.events import Error, Exit, Pause, Reload, Step
-        from workbench.project import load_project
-        from workbench.session import Session, SessionConfig
+        from workbench.protocol.events import Error, Exit, Pause, Reload, Step
+        from workbench.engine.project import load_project
+        from workbench.engine.session import Session, SessionConfig
 
         project = load_project(root / "train.py")
         self.session = session = Session(project, SessionConfig(device=torch.device("cpu"), memory_event_interval=0))

@@ -48,10 +48,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from workbench.events import Cleanup, Error, Event, Exit, Rebuild, Rebuilt, Reload, RunCleanup, Setup, Step, StepOnce  # noqa: E402
-from workbench.loadbench_worker import read_status, reset_high_water_mark  # noqa: E402  (/proc/self/status, as load-bench reads it)
-from workbench.project import load_project  # noqa: E402
-from workbench.session import Session, SessionConfig  # noqa: E402
+from workbench.protocol.events import Cleanup, Error, Event, Exit, Rebuild, Rebuilt, Reload, RunCleanup, Setup, Step, StepOnce  # noqa: E402
+from workbench.tools.loadbench_worker import read_status, reset_high_water_mark  # noqa: E402  (/proc/self/status, as load-bench reads it)
+from workbench.engine.project import load_project  # noqa: E402
+from workbench.engine.session import Session, SessionConfig  # noqa: E402
 
 MB = 1e6
 

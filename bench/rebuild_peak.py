@@ -178,7 +178,7 @@ class Events:
         self.seen: list[Any] = []
 
     def wait_for(self, predicate: Callable[[Any], bool], what: str, timeout: float = 600.0) -> Any:
-        from workbench.events import Error, Exit
+        from workbench.protocol.events import Error, Exit
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -214,7 +214,7 @@ def child(code: Path) -> dict[str, Any]:
     import torch
 
     import workbench
-    from workbench.events import (
+    from workbench.protocol.events import (
         Error,
         Exit,
         Rebuild,
@@ -224,9 +224,9 @@ def child(code: Path) -> dict[str, Any]:
         Step,
         StepOnce,
     )
-    from workbench.loadbench_worker import read_status, reset_high_water_mark
-    from workbench.project import load_project
-    from workbench.session import Session, SessionConfig
+    from workbench.tools.loadbench_worker import read_status, reset_high_water_mark
+    from workbench.engine.project import load_project
+    from workbench.engine.session import Session, SessionConfig
 
     if not Path(workbench.__file__).resolve().is_relative_to(code.resolve()):
         raise RuntimeError(f"workbench was imported from {workbench.__file__}, not from {code}")

@@ -27,9 +27,9 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from workbench.events import Reload, Step  # noqa: E402
-from workbench.project import load_project  # noqa: E402
-from workbench.session import Session, SessionConfig  # noqa: E402
+from workbench.protocol.events import Reload, Step  # noqa: E402
+from workbench.engine.project import load_project  # noqa: E402
+from workbench.engine.session import Session, SessionConfig  # noqa: E402
 
 MARK = "BENCH_MARK = 0"
 
@@ -83,8 +83,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def restart_cost(entry: Path) -> float:
     """Seconds to import the project and run setup() again: the baseline a hot swap replaces."""
-    from workbench.bench import Bench
-    from workbench.project import unload_project
+    from workbench.engine.bench import Bench
+    from workbench.engine.project import unload_project
 
     started = time.perf_counter()
     project = load_project(entry)

@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workbench.events import Reload  # noqa: E402
-from workbench.project import load_project  # noqa: E402
-from workbench.session import Session, SessionConfig  # noqa: E402
+from workbench.protocol.events import Reload  # noqa: E402
+from workbench.engine.project import load_project  # noqa: E402
+from workbench.engine.session import Session, SessionConfig  # noqa: E402
 
 
 def big_module(functions: int) -> str:

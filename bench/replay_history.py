@@ -31,13 +31,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from workbench.events import Step, event_from_json  # noqa: E402
-from workbench.memory.device import GpuMemory  # noqa: E402
-from workbench.memory.host import HostMemory  # noqa: E402
-from workbench.memory.sampler import MemorySample  # noqa: E402
+from workbench.protocol.events import Step, event_from_json  # noqa: E402
+from workbench.engine.memory.device import GpuMemory  # noqa: E402
+from workbench.engine.memory.host import HostMemory  # noqa: E402
+from workbench.engine.memory.sampler import MemorySample  # noqa: E402
 from workbench.protocol.history import build_history, memory_columns  # noqa: E402
 from workbench.protocol.mirror import TelemetryMirror  # noqa: E402
-from workbench.telemetry import Telemetry  # noqa: E402
+from workbench.engine.telemetry import Telemetry  # noqa: E402
 
 GiB = 1024**3
 

@@ -60,10 +60,10 @@ exec_at = time.time()
 import torch
 from torch.nn import functional as F
 from pathlib import Path
-from workbench.loadbench_worker import GPT2, config, read_status
-from workbench.actions.snapshot import apply_snapshot, load_snapshot, snapshots_in
-from workbench.actions.snapshot_integrity import verify_snapshot
-from workbench.init_skipping import skipping_init
+from workbench.tools.loadbench_worker import GPT2, config, read_status
+from workbench.engine.actions.snapshot import apply_snapshot, load_snapshot, snapshots_in
+from workbench.engine.actions.snapshot_integrity import verify_snapshot
+from workbench.engine.init_skipping import skipping_init
 
 variant, path, size, batch, seq = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 import workbench
@@ -119,7 +119,7 @@ def fast_verify(path):
         bad = [name for name in pool.map(damaged, members) if name]
     if bad:
         raise RuntimeError(f"CRC mismatch: {bad[:3]}")
-    import workbench.actions.snapshot_integrity as integrity
+    import workbench.engine.actions.snapshot_integrity as integrity
     stat = path.stat()
     integrity._verified.add((str(path), stat.st_size, stat.st_mtime_ns))  # load_snapshot's own check: done
 
@@ -227,7 +227,7 @@ PROJECT = """\
 import torch
 from torch.nn import functional as F
 
-from workbench.loadbench_worker import GPT2, config
+from workbench.tools.loadbench_worker import GPT2, config
 
 BATCH, SEQ = {batch}, {seq}
 
@@ -255,8 +255,8 @@ def step(state, bench):
 def make_snapshot(folder: Path, size: str) -> Path:
     import torch
 
-    from workbench.actions.snapshot import write_snapshot
-    from workbench.loadbench_worker import GPT2, config
+    from workbench.engine.actions.snapshot import write_snapshot
+    from workbench.tools.loadbench_worker import GPT2, config
 
     torch.manual_seed(0)
     model = GPT2(config(size))

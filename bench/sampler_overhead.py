@@ -25,9 +25,9 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from workbench.events import Exit, Step  # noqa: E402
-from workbench.project import load_project  # noqa: E402
-from workbench.session import Session, SessionConfig  # noqa: E402
+from workbench.protocol.events import Exit, Step  # noqa: E402
+from workbench.engine.project import load_project  # noqa: E402
+from workbench.engine.session import Session, SessionConfig  # noqa: E402
 
 
 def steps_per_second(entry: Path, steps: int, sample: bool, hz: float) -> float:
@@ -81,9 +81,9 @@ def main() -> None:
             for sample, into in ((False, off), (True, on)) if i % 2 == 0 else ((True, on), (False, off)):
                 into.append(steps_per_second(folder / "train.py", args.steps, sample, args.hz))
     ratio = statistics.median(on) / statistics.median(off)
-    from workbench.memory.cgroup import read_ceiling
-    from workbench.memory.device import TorchNvmlProbe
-    from workbench.memory.sampler import take_sample
+    from workbench.engine.memory.cgroup import read_ceiling
+    from workbench.engine.memory.device import TorchNvmlProbe
+    from workbench.engine.memory.sampler import take_sample
 
     probe = TorchNvmlProbe()
     per_sample = per_call(lambda: take_sample(probe))

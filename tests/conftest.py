@@ -2,7 +2,7 @@
 
 Nothing here mocks the engine. A test writes a small project (a `train.py` with
 `setup`/`step` around a tiny torch model, plus optional modules), loads it with
-`workbench.project.load_project`, runs a real `Session` (training thread,
+`workbench.engine.project.load_project`, runs a real `Session` (training thread,
 watcher, reload thread, memory sampler) and reads the events from `session.bus`.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import torch
 
-from workbench.eventbus import Subscription
-from workbench.events import Command, Event, Exit
-from workbench.project import load_project, unload_project
-from workbench.session import Session, SessionConfig
+from workbench.protocol.eventbus import Subscription
+from workbench.protocol.events import Command, Event, Exit
+from workbench.engine.project import load_project, unload_project
+from workbench.engine.session import Session, SessionConfig
 
 # --------------------------------------------------------------------------- project files
 

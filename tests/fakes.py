@@ -1,6 +1,6 @@
 """The only fakes in the suite: a GPU driver this machine does not have, and a frozen host reading.
 
-`FakeDevice` implements the `DeviceProbe` seam (workbench/memory/device.py), so
+`FakeDevice` implements the `DeviceProbe` seam (workbench/engine/memory/device.py), so
 the real sampler, cleanup and widgets run against it.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from workbench.memory.device import GpuMemory
-from workbench.memory.host import HostMemory
+from workbench.engine.memory.device import GpuMemory
+from workbench.engine.memory.host import HostMemory
 
 GiB = 1024**3
 

@@ -17,9 +17,9 @@ from conftest import TRAIN_PY, make_project
 from session_process_harness import Sessions, sessions_fixture, wait_until
 from workbench.protocol.remote import RemoteSession
 from workbench.protocol import registry
-from workbench.tui.app import make_app
-from workbench.tui.widgets.reload_log import ReloadLog
-from workbench.tui.widgets.status_bar import StatusBar
+from workbench.frontends.tui.app import make_app
+from workbench.frontends.tui.widgets.reload_log import ReloadLog
+from workbench.frontends.tui.widgets.status_bar import StatusBar
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -71,6 +71,11 @@ async def test_attach_late_draws_the_history_and_keys_act_on_the_session(tmp_pat
         other.send_line("resume")  # a command from another client: this app sees it happen
         await until(pilot, lambda: "RUNNING" in status_text(app), what="RUNNING after the other client's resume")
         await until(pilot, lambda: "second terminal" in log_text(app), what="the log naming the other client")
+        for key in ("question_mark", "escape", "z", "z"):  # client-only keys: nothing crosses the socket
+            await pilot.press(key)
+        await pilot.pause(0.5)
+        sent = [m["command"] for m in live.logged() if m.get("event") == "command"]
+        assert sent == ["pause", "step", "resume"], sent
         await pilot.press("d")
         await until(pilot, lambda: not app.is_running, what="detach", timeout=5)
     source.close()

@@ -12,9 +12,9 @@ from rich.console import Console
 from textual.app import App
 from textual.widgets import Static
 
-from workbench.eventbus import EventBus
-from workbench.events import BreakdownReady
-from workbench.memory.breakdown import (
+from workbench.protocol.eventbus import EventBus
+from workbench.protocol.events import BreakdownReady
+from workbench.engine.memory.breakdown import (
     ACTIVATIONS,
     BUFFERS,
     CACHE,
@@ -27,11 +27,11 @@ from workbench.memory.breakdown import (
     session_breakdown,
     session_breakdown_for_gpus,
 )
-from workbench.memory.device import GpuMemory
-from workbench.saved_bytes import SavedBytes
-from workbench.tui.screens.breakdown import BreakdownScreen
+from workbench.engine.memory.device import GpuMemory
+from workbench.engine.saved_bytes import SavedBytes
+from workbench.frontends.tui.screens.breakdown import BreakdownScreen
 from workbench.units import human_bytes
-from workbench.versions import SAVED_MEASURE_STEPS, VersionTable
+from workbench.engine.versions import SAVED_MEASURE_STEPS, VersionTable
 
 
 def tensor_bytes(tensors) -> int:

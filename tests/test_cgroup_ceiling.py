@@ -20,16 +20,16 @@ import pytest
 from conftest import TRAIN_PY, make_project
 
 from tests.fakes import FakeCuda, FakeGpu, FakeNvml, GiB, frozen_host
-from workbench.memory.cgroup import (
+from workbench.engine.memory.cgroup import (
     CgroupReader,
     MemoryCeiling,
     find_memory_cgroup,
     previous_oom_kills_note,
 )
-from workbench.memory.device import TorchNvmlProbe
-from workbench.memory.host import HostMemory, read_host_memory
-from workbench.memory.sampler import MemorySample, take_sample
-from workbench.tui.widgets.memory_gauges import render_memory
+from workbench.engine.memory.device import TorchNvmlProbe
+from workbench.engine.memory.host import HostMemory, read_host_memory
+from workbench.engine.memory.sampler import MemorySample, take_sample
+from workbench.frontends.tui.widgets.memory_gauges import render_memory
 
 V1_UNLIMITED = "9223372036854771712"
 HOST = 24 * GiB

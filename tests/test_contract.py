@@ -20,7 +20,7 @@ import torch
 import workbench
 from conftest import TRAIN_PY, line_of, make_project
 from workbench.errors import ContractError, UserError
-from workbench.project import load_project
+from workbench.engine.project import load_project
 
 # --------------------------------------------------------------------------- projects
 
@@ -147,7 +147,7 @@ def test_folder_without_train_py(tmp_path: Path) -> None:
 
 
 def test_folder_with_train_py_loads_it(tmp_path: Path) -> None:
-    from workbench.project import unload_project
+    from workbench.engine.project import unload_project
 
     root = make_project(tmp_path, {"train.py": TRAIN_PY})
     project = load_project(root)
@@ -385,7 +385,7 @@ def test_cli_device_cuda_without_a_gpu(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("spec", ["tpu", "gpu0", "mps"])
 def test_unknown_device_is_a_user_error(spec: str) -> None:
-    from workbench.session import resolve_device
+    from workbench.engine.session import resolve_device
 
     with pytest.raises(UserError, match=f"--device {spec!r}"):
         resolve_device(spec)

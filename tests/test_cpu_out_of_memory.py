@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import make_project
-from workbench.memory.out_of_memory import is_out_of_memory
+from workbench.engine.memory.out_of_memory import is_out_of_memory
 
 LEAKY_UNDER_A_LIMIT = """\
 import resource

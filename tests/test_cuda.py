@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.actions.cleanup import run_cleanup
-from workbench.memory.device import TorchNvmlProbe
+from workbench.engine.actions.cleanup import run_cleanup
+from workbench.engine.memory.device import TorchNvmlProbe
 
 pytestmark = [
     pytest.mark.cuda,
@@ -42,7 +42,7 @@ def test_cleanup_returns_cached_blocks_to_the_driver():
 def test_memory_snapshot_writes_a_protocol_4_pickle_with_a_summary(tmp_path):
     import pickle
 
-    from workbench.actions.memory_snapshot import dump_snapshot, start_recording
+    from workbench.engine.actions.memory_snapshot import dump_snapshot, start_recording
 
     start_recording(max_entries=10_000)
     try:
@@ -59,7 +59,7 @@ def test_memory_snapshot_writes_a_protocol_4_pickle_with_a_summary(tmp_path):
 
 
 def test_breakdown_activations_come_from_the_step_peak_on_cuda():
-    from workbench.memory.breakdown import session_breakdown_for_gpus
+    from workbench.engine.memory.breakdown import session_breakdown_for_gpus
 
     model = torch.nn.Linear(1024, 1024).cuda()
     opt = torch.optim.AdamW(model.parameters())
@@ -75,8 +75,8 @@ def test_breakdown_activations_come_from_the_step_peak_on_cuda():
 
 
 def test_resume_on_cuda_skips_init_copies_once_and_keeps_ties_and_the_optimizer(tmp_path):
-    from workbench.actions.snapshot import apply_snapshot, load_snapshot, write_snapshot
-    from workbench.init_skipping import skipping_init
+    from workbench.engine.actions.snapshot import apply_snapshot, load_snapshot, write_snapshot
+    from workbench.engine.init_skipping import skipping_init
 
     def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         model = torch.nn.Sequential(torch.nn.Embedding(100, 64), torch.nn.Linear(64, 100, bias=False)).cuda()

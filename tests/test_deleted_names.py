@@ -9,7 +9,7 @@ from __future__ import annotations
 import types
 
 from conftest import Live, is_event, line_of, save
-from workbench.events import Rollback
+from workbench.protocol.events import Rollback
 
 TRAIN_PY = """\
 import time

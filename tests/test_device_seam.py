@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fakes import GiB, FakeCuda, FakeGpu, FakeNvml
-from workbench.memory.device import TorchNvmlProbe
+from workbench.engine.memory.device import TorchNvmlProbe
 
 STATS = {
     "allocated_bytes.all.current": 3 * GiB,

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import is_event
-from workbench.dispatch import HANDLERS, UnknownCommand, dispatch, handles
-from workbench.events import (
+from workbench.engine.dispatch import HANDLERS, UnknownCommand, dispatch, handles
+from workbench.protocol.events import (
     Command,
     Evaluate,
     FindLeaks,
@@ -20,8 +20,8 @@ from workbench.events import (
     ShowBreakdown,
     TakeSnapshot,
 )
-from workbench.memory_guard import MemoryLimitNear
-from workbench.worker import ApplyChanges  # registers every handler
+from workbench.engine.memory_guard import MemoryLimitNear
+from workbench.engine.worker import ApplyChanges  # registers every handler
 
 # Session.send handles these itself, on the caller's thread: they never reach the training thread's queue.
 ROUTED_BY_SESSION = {ReloadNow, Interrupt}

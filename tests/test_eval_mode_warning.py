@@ -15,9 +15,9 @@ import torch
 from rich.text import Text
 
 from tests.conftest import is_event, save
-from workbench.eval_mode import EvalModeWatch, trained_modules
-from workbench.events import Error, Evaluate
-from workbench.tui.widgets.reload_log import render_entry
+from workbench.engine.eval_mode import EvalModeWatch, trained_modules
+from workbench.protocol.events import Error, Evaluate
+from workbench.frontends.tui.widgets.reload_log import render_entry
 
 FORGETFUL = """\
 import time

@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from workbench import events as ev
-from workbench.events import Event, event_from_dict, event_from_json, event_types
+from workbench.protocol import events as ev
+from workbench.protocol.events import Event, event_from_dict, event_from_json, event_types
 
 T = 1_700_000_000.25  # a fixed event time, so equality covers `time` too
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tests.conftest import is_event
-from workbench.events import RunCleanup
-from workbench.memory.gc_freeze import collect_all, freeze_survivors, is_frozen, release, thawed
-from workbench.memory.leaks import find_leaks
+from workbench.protocol.events import RunCleanup
+from workbench.engine.memory.gc_freeze import collect_all, freeze_survivors, is_frozen, release, thawed
+from workbench.engine.memory.leaks import find_leaks
 
 
 class Node:

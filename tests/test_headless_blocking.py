@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from conftest import TRAIN_PY, make_project
-from workbench.stdin_lines import Line, read_lines
+from workbench.protocol.lines import Line, read_lines
 
 STARTUP_TIMEOUT = 60.0  # torch import + setup on a slow, busy machine
 
@@ -31,7 +31,7 @@ STARTUP_TIMEOUT = 60.0  # torch import + setup on a slow, busy machine
 DRIVER = """\
 import sys
 
-import workbench.headless as headless
+import workbench.frontends.headless as headless
 
 headless.QUIT_TIMEOUTS = headless.QuitTimeouts(step=1.0, interrupted=1.0, children=2.0)
 

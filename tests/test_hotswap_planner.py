@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from conftest import line_of
-from workbench.hotswap.deleted_names import RemoveDeleted
-from workbench.hotswap.patches import ReplaceCode, RunInNamespace, SetAttribute, apply_all, undo_all
-from workbench.hotswap.planner import ChangeSet, ReloadError, plan_reload
-from workbench.session import REQUIRED_FUNCTIONS
+from workbench.engine.hotswap.deleted_names import RemoveDeleted
+from workbench.engine.hotswap.patches import ReplaceCode, RunInNamespace, SetAttribute, apply_all, undo_all
+from workbench.engine.hotswap.planner import ChangeSet, ReloadError, plan_reload
+from workbench.engine.session import REQUIRED_FUNCTIONS
 
 _counter = itertools.count()
 

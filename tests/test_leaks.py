@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from workbench.memory.leaks import MODEL, OPTIMIZER, STATE, UNOWNED, LeakReport, Suspect, TensorGroup, find_leaks
+from workbench.engine.memory.leaks import MODEL, OPTIMIZER, STATE, UNOWNED, LeakReport, Suspect, TensorGroup, find_leaks
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -290,7 +290,7 @@ def test_odd_tensors_do_not_break_the_census(make_module) -> None:
 
 
 def test_tensors_held_by_a_data_iterator_or_closure_in_the_state_belong_to_the_state():
-    from workbench.memory.leaks import find_leaks
+    from workbench.engine.memory.leaks import find_leaks
 
     data = torch.arange(300_000)
 

@@ -47,6 +47,6 @@ def test_a_killed_writers_temp_file_is_removed_at_the_next_start_and_others_are_
 def test_snapshot_temp_files_carry_their_writers_pid() -> None:
     import os
 
-    from workbench.actions.leftovers import temp_prefix
+    from workbench.engine.actions.leftovers import temp_prefix
 
     assert temp_prefix() == f".tmp-{os.getpid()}-"

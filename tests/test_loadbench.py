@@ -19,8 +19,8 @@ import psutil
 import pytest
 import torch
 
-from workbench import loadbench
-from workbench.loadbench import CONFIGS, HIDDEN_CONFIGS, METHODS, checkpoint_paths, format_table, main, reusable_checkpoint
+from workbench.tools import loadbench
+from workbench.tools.loadbench import CONFIGS, HIDDEN_CONFIGS, METHODS, checkpoint_paths, format_table, main, reusable_checkpoint
 
 TINY = HIDDEN_CONFIGS["tiny"]
 ALL = [m.key for m in METHODS]
@@ -153,7 +153,7 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path):
 
 
 def test_configs_match_the_torch_model():
-    from workbench.loadbench_worker import GPT2
+    from workbench.tools.loadbench_worker import GPT2
 
     assert CONFIGS["124M"].parameters() == 124_439_808
     for cfg in [*CONFIGS.values(), TINY]:
@@ -182,7 +182,7 @@ def test_on_a_gpu_device_peaks_are_reported(tmp_path):
 
 def test_a_model_that_kept_its_fresh_init_fails_the_check(tiny_run):
     """What makes "ok" mean something: every tensor of the checkpoint differs from a fresh init, biases included."""
-    from workbench.loadbench_worker import GPT2, SEED, check_model
+    from workbench.tools.loadbench_worker import GPT2, SEED, check_model
 
     manifest = json.loads(checkpoint_paths(tiny_run.dir, TINY)[2].read_text())
     torch.manual_seed(SEED + 1)
@@ -192,7 +192,7 @@ def test_a_model_that_kept_its_fresh_init_fails_the_check(tiny_run):
 
 
 def test_repeated_runs_give_median_times_and_highest_peaks():
-    from workbench.loadbench import METHOD_BY_KEY, combine_runs
+    from workbench.tools.loadbench import METHOD_BY_KEY, combine_runs
 
     def run(load_s: float, anon: int) -> dict:
         return {"ok": True, "load_s": load_s, "ready_s": load_s + 1, "peak_anon_bytes": anon, "peak_file_bytes": 0,

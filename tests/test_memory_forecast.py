@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from workbench.memory.forecast import MemoryForecast
+from workbench.engine.memory.forecast import MemoryForecast
 
 MB = 1 << 20
 GB = 1 << 30

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from workbench.events import Error
-from workbench.memory.cgroup import MemoryCeiling
-from workbench.memory.device import GpuMemory
-from workbench.memory.host import HostMemory
-from workbench.memory.sampler import MemorySample
-from workbench.memory_guard import MemoryGuard, MemoryLimitNear
+from workbench.protocol.events import Error
+from workbench.engine.memory.cgroup import MemoryCeiling
+from workbench.engine.memory.device import GpuMemory
+from workbench.engine.memory.host import HostMemory
+from workbench.engine.memory.sampler import MemorySample
+from workbench.engine.memory_guard import MemoryGuard, MemoryLimitNear
 
 MB = 1 << 20
 GB = 1 << 30
@@ -60,8 +60,8 @@ def test_no_limit_means_the_machines_free_memory_is_the_ceiling() -> None:
 def test_the_leak_report_of_a_memory_limit_shows_in_the_log_with_its_largest_suspects(tmp_path) -> None:
     from rich.text import Text
 
-    from workbench.events import LeaksFound
-    from workbench.tui.widgets.reload_log import render_entry
+    from workbench.protocol.events import LeaksFound
+    from workbench.frontends.tui.widgets.reload_log import render_entry
 
     event = LeaksFound(step=40, total_bytes=1400 * MB, unowned_bytes=1300 * MB, seconds=0.2, groups=(),
                        suspects=({"description": "train.KEPT: list of 65 tensors", "bytes": 1300 * MB, "referrers": (), "count": 65},))

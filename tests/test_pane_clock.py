@@ -11,7 +11,7 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from workbench.tui.pane_clock import on_beat
+from workbench.frontends.tui.pane_clock import on_beat
 
 
 class Ticking(Static):

@@ -17,10 +17,10 @@ def imported_by(code: str) -> list[str]:
 
 def test_the_replay_and_the_mirror_import_neither_torch_nor_textual_nor_the_engine():
     modules = imported_by(
-        "import workbench.events, workbench.protocol.history, workbench.protocol.mirror, workbench.protocol.payloads"
+        "import workbench.protocol.events, workbench.protocol.history, workbench.protocol.mirror, workbench.protocol.payloads"
     )
     assert not [m for m in modules if m.split(".")[0] in HEAVY]
-    engine = [m for m in modules if m.startswith("workbench") and m not in ("workbench", "workbench.events")
+    engine = [m for m in modules if m.startswith("workbench") and m not in ("workbench", "workbench.protocol.events")
               and not m.startswith("workbench.protocol")]
     assert not engine, engine
 

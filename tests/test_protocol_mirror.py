@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from workbench.events import Evaluation, Event, Rebuilt, Reload, Step, event_from_json, jsonable
-from workbench.memory.cgroup import MemoryCeiling
-from workbench.memory.device import GpuMemory as EngineGpu
-from workbench.memory.host import HostMemory as EngineHost
-from workbench.memory.sampler import MemorySample as EngineSample
+from workbench.protocol.events import Evaluation, Event, Rebuilt, Reload, Step, event_from_json, jsonable
+from workbench.engine.memory.cgroup import MemoryCeiling
+from workbench.engine.memory.device import GpuMemory as EngineGpu
+from workbench.engine.memory.host import HostMemory as EngineHost
+from workbench.engine.memory.sampler import MemorySample as EngineSample
 from workbench.protocol import payloads
 from workbench.protocol.history import build_history
 from workbench.protocol.mirror import TelemetryMirror
-from workbench.telemetry import Telemetry
+from workbench.engine.telemetry import Telemetry
 
 GiB = 1024**3
 
@@ -42,7 +42,7 @@ def series_of(source: Any, max_points: int | None) -> list[tuple[str, tuple[int,
 
 
 def gauge_view(sample: Any) -> tuple:
-    """What the memory gauges read from a sample (workbench/tui/widgets/memory_gauges.py)."""
+    """What the memory gauges read from a sample (workbench/frontends/tui/widgets/memory_gauges.py)."""
     rates = tuple(sample.allocations_per_step[i] if i < len(sample.allocations_per_step) else None for i in range(len(sample.gpus)))
     gpus = tuple(tuple(getattr(g, name) for name in (*payloads.GPU_FIELDS, "fragmentation")) for g in sample.gpus)
     return (sample.time, tuple(getattr(sample.host, name) for name in payloads.HOST_FIELDS), gpus, sample.gpu_note, rates)
@@ -65,7 +65,7 @@ def engine_sample(when: float, i: int, *, gpus: int = 1, cgroup: bool = True) ->
 
 
 class Run:
-    """Writes the engine's Telemetry as workbench/worker.py does, and keeps the events it would publish."""
+    """Writes the engine's Telemetry as workbench/engine/worker.py does, and keeps the events it would publish."""
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
@@ -224,7 +224,7 @@ def test_events_after_the_replay_keep_both_the_same():
 
 
 def test_the_gauges_draw_the_same_from_the_mirror():
-    from workbench.tui.widgets.memory_gauges import render_memory
+    from workbench.frontends.tui.widgets.memory_gauges import render_memory
 
     run = filled_run()
     run.memory(engine_sample(time.time(), 200, gpus=2))

@@ -7,7 +7,7 @@ from textual.binding import Binding
 from textual.widgets import Input, Static
 from textual.widgets._footer import FooterKey
 
-from workbench.tui.widgets.quiet_footer import QuietFooter
+from workbench.frontends.tui.widgets.quiet_footer import QuietFooter
 
 
 class Pane(Static, can_focus=True):

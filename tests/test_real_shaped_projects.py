@@ -33,9 +33,9 @@ import pytest
 import torch
 
 from conftest import Live, is_event, open_session, save
-from workbench.events import Event, Rebuild, Rollback, StepOnce
-from workbench.project import load_project
-from workbench.session import Session, SessionConfig
+from workbench.protocol.events import Event, Rebuild, Rollback, StepOnce
+from workbench.engine.project import load_project
+from workbench.engine.session import Session, SessionConfig
 
 PROJECTS = Path(__file__).resolve().parent / "real_projects"
 STARTUP_TIMEOUT = 60.0  # a subprocess importing torch on a busy 2-core machine
@@ -314,7 +314,7 @@ def test_two_file_model_through_a_forward_edit_a_config_rebuild_and_rollbacks(tm
 
 async def test_two_file_model_in_the_app_logs_a_reload_and_a_rebuild(tmp_path, one_torch_thread) -> None:
     from tests.test_tui import log_text, until
-    from workbench.tui.app import make_app
+    from workbench.frontends.tui.app import make_app
 
     root = copy_project("two_file_model", tmp_path)
     config = SessionConfig(device=torch.device("cpu"), exit_at_max_steps=False)

@@ -11,7 +11,7 @@ import weakref
 import torch
 
 from tests.conftest import is_event, save
-from workbench.events import Pause, Rebuild, Resume, Rollback
+from workbench.protocol.events import Pause, Rebuild, Resume, Rollback
 
 MODEL_PY = """\
 import torch

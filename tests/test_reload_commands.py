@@ -6,8 +6,8 @@ from pathlib import Path
 
 import workbench
 from tests.conftest import is_event, save
-from workbench.events import RunStatements
-from workbench.project import is_project_file
+from workbench.protocol.events import RunStatements
+from workbench.engine.project import is_project_file
 
 TRAIN_PY = """\
 import time

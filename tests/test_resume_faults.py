@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tests.conftest import is_event, save
-from workbench.actions.snapshot import find_snapshot, load_snapshot, snapshots_in
-from workbench.events import Interrupt, Resume, TakeSnapshot
+from workbench.engine.actions.snapshot import find_snapshot, load_snapshot, snapshots_in
+from workbench.protocol.events import Interrupt, Resume, TakeSnapshot
 
 TRAIN_PY = """\
 import time
@@ -126,7 +126,7 @@ CRASH_CHILD = textwrap.dedent(
     import json, os, random, signal, sys, time
     from pathlib import Path
     import torch
-    from workbench.actions.snapshot import find_snapshot, load_snapshot, write_snapshot
+    from workbench.engine.actions.snapshot import find_snapshot, load_snapshot, write_snapshot
     from workbench.errors import UserError
 
     run_dir = Path(sys.argv[1])
@@ -149,7 +149,7 @@ CRASH_CHILD = textwrap.dedent(
             results.append(["ok", int(payload["step"])])
         except UserError as exc:
             results.append(["none" if "no snapshot" in str(exc) else "damaged", str(exc)])
-    from workbench.actions.leftovers import remove_leftovers
+    from workbench.engine.actions.leftovers import remove_leftovers
     temps = lambda: len(list((run_dir / "snapshots").glob(".tmp-*")))
     before = temps()
     removed = remove_leftovers([run_dir / "snapshots"])  # what the next session start does

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import is_event, make_project, open_session
-from workbench.actions.snapshot import apply_snapshot, load_snapshot, write_snapshot
-from workbench.init_skipping import skipping_init
+from workbench.engine.actions.snapshot import apply_snapshot, load_snapshot, write_snapshot
+from workbench.engine.init_skipping import skipping_init
 
 MODEL = """\
 import torch
@@ -72,7 +72,7 @@ def trained_snapshot(tmp_path: Path, source: str, steps: int = 5) -> tuple[Path,
     root = make_project(tmp_path, {"train.py": source}, folder="first")
     with open_session(root / "train.py", max_steps=steps, exit_at_max_steps=False) as live:
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
-        from workbench.events import TakeSnapshot
+        from workbench.protocol.events import TakeSnapshot
 
         live.send(TakeSnapshot())
         snap = live.wait_for(is_event("snapshot"), timeout=20)
@@ -95,7 +95,7 @@ def test_resume_runs_no_initialization_and_maps_the_weights_without_a_copy(tmp_p
         opt = live.session.worker.user_state["opt"]
         assert all(p in opt.state for p in model.parameters()), "the optimizer points at the live parameters"
         live.session.worker.max_steps = 2
-        from workbench.events import Resume
+        from workbench.protocol.events import Resume
 
         live.send(Resume())
         live.events.steps(1)
@@ -167,7 +167,7 @@ def test_another_optimizer_class_is_refused_before_anything_is_loaded(tmp_path) 
     fresh = torch.nn.Linear(4, 2)
     before = fresh.weight.detach().clone()
     adam = torch.optim.AdamW(fresh.parameters())
-    from workbench.actions.snapshot import ResumeMismatch
+    from workbench.engine.actions.snapshot import ResumeMismatch
 
     with pytest.raises(ResumeMismatch) as refused:
         apply_snapshot({"model": fresh, "opt": adam}, payload, path)

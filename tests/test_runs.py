@@ -14,9 +14,9 @@ from pathlib import Path
 
 from tests.conftest import is_event, make_project, open_session
 from tests.test_resume_faults import TRAIN_PY, take_snapshot
-from workbench.actions.snapshot import find_snapshot, load_snapshot, write_snapshot
-from workbench.events import Resume, TakeSnapshot
-from workbench.runs import latest_snapshot, list_runs, read_record
+from workbench.engine.actions.snapshot import find_snapshot, load_snapshot, write_snapshot
+from workbench.protocol.events import Resume, TakeSnapshot
+from workbench.engine.runs import latest_snapshot, list_runs, read_record
 
 
 def digest(path: Path) -> str:

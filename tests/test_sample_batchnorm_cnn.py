@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.conftest import Live, is_event
 from tests.tour import TourEdit, tour_edits
-from workbench.events import Evaluate, Reload, Step
+from workbench.protocol.events import Evaluate, Reload, Step
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "sample_projects" / "batchnorm_cnn"

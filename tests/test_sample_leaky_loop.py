@@ -24,7 +24,7 @@ import torch
 
 from tests.conftest import Live, is_event, open_session
 from tests.tour import TourEdit, tour_edits
-from workbench.events import FindLeaks, LeaksFound, RunCleanup
+from workbench.protocol.events import FindLeaks, LeaksFound, RunCleanup
 from tests import conftest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import Live, is_event, open_session
 from tests.tour import TourEdit, tour_edits
-from workbench.events import BreakdownReady, Event, Rebuild, ShowBreakdown, Step
+from workbench.protocol.events import BreakdownReady, Event, Rebuild, ShowBreakdown, Step
 from workbench.units import human_bytes
 from tests import conftest
 

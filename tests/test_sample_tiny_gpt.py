@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tests.tour import tour_edits
-from workbench.events import Reload, Step
-from workbench.project import load_project
-from workbench.session import Session, SessionConfig
+from workbench.protocol.events import Reload, Step
+from workbench.engine.project import load_project
+from workbench.engine.session import Session, SessionConfig
 from tests import conftest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

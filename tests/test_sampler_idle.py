@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from tests.fakes import FakeDevice, frozen_host
-from workbench.memory.sampler import MemorySampler
+from workbench.engine.memory.sampler import MemorySampler
 
 
 def count_samples(idle: bool, seconds: float = 0.6) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import samples
+from workbench.cli import samples
 
 REPO_SAMPLE = Path(__file__).resolve().parent.parent / "sample_projects" / "tiny_gpt"
 

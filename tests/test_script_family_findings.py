@@ -30,7 +30,7 @@ def _said(*events: Any) -> str:
 
 
 def _step(live: Any) -> dict[str, float]:
-    from workbench.events import StepOnce
+    from workbench.protocol.events import StepOnce
 
     live.send(StepOnce())
     return dict(live.wait_for(is_event("step")).scalars)
@@ -176,7 +176,7 @@ def step(state, bench):
 
 
 def test_a_rebuild_with_the_model_only_in_a_module_global_carries_the_step_made_optimizer(start_session) -> None:
-    from workbench.events import Rebuild
+    from workbench.protocol.events import Rebuild
 
     live = start_session({"train.py": GLOBALS_ONLY_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -253,7 +253,7 @@ def test_an_edit_to_what_step_makes_on_first_use_is_named(start_session) -> None
 def test_controls_with_the_objects_in_the_state_each_edit_is_named(start_session) -> None:
     """What the cases above compare with: the engine names these edits when the state holds the object, so each
     case above is about where the object is kept (or what made it), not about the edit."""
-    from workbench.events import Rebuild
+    from workbench.protocol.events import Rebuild
 
     in_state = GLOBAL_OPT_PY.replace('return {"model": model}', 'return {"model": model, "optimizer": optimizer}')
     _, reload, scalars = _saved(start_session, in_state, in_state.replace("weight_decay = 0.1", "weight_decay = 0.2"))
@@ -275,7 +275,7 @@ def test_controls_with_the_objects_in_the_state_each_edit_is_named(start_session
 # --------------------------------------------------------------------------- 7. a rollback after a rebuild
 
 def test_a_rollback_names_the_optimizer_a_rebuild_built_from_the_rolled_back_constant(start_session) -> None:
-    from workbench.events import Rebuild, Rollback
+    from workbench.protocol.events import Rebuild, Rollback
 
     source = GLOBAL_OPT_PY.replace('return {"model": model}', 'return {"model": model, "optimizer": optimizer}')
     live, reload, _ = _saved(start_session, source, source.replace("weight_decay = 0.1", "weight_decay = 0.2"))
@@ -293,7 +293,7 @@ def test_a_rollback_names_the_optimizer_a_rebuild_built_from_the_rolled_back_con
 # --------------------------------------------------------------------------- found after the fixes above
 
 def test_a_rollback_names_the_model_a_rebuild_built_from_the_rolled_back_constant(start_session) -> None:
-    from workbench.events import Rebuild, Rollback
+    from workbench.protocol.events import Rebuild, Rollback
 
     live, reload, _ = _saved(start_session, LAYERS_PY, LAYERS_PY.replace("n_layer = 2", "n_layer = 3"))
     assert "n_layer" in _said(reload), reload  # the save is named (case 1, fixed)
@@ -308,7 +308,7 @@ def test_a_rollback_names_the_model_a_rebuild_built_from_the_rolled_back_constan
 
 
 def test_a_second_rebuild_names_an_optimizer_still_holding_a_discarded_models_parameters(start_session) -> None:
-    from workbench.events import Rebuild
+    from workbench.protocol.events import Rebuild
 
     source = GLOBALS_ONLY_PY.replace("return {}", 'return {"model": model}')
     live = start_session({"train.py": source}, start_paused=True)

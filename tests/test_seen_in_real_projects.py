@@ -50,7 +50,7 @@ def test_closure_edit_after_a_line_shift_reaches_the_live_closure(start_session)
     reload = live.wait_for(is_event("reload", file="train.py"))
     assert reload.ok and "make_scale" in reload.changed, reload
     assert any("1 live closure" in note for note in reload.notes), reload.notes
-    live.send(__import__("workbench.events", fromlist=["StepOnce"]).StepOnce())
+    live.send(__import__("workbench.protocol.events", fromlist=["StepOnce"]).StepOnce())
     step = live.wait_for(is_event("step"))
     assert step.scalars["closure"] == 3.0
 
@@ -71,7 +71,7 @@ CAPTURE_PY = CLOSURE_PY.replace("    def f(x):\n        return x * 2.0", "    k 
 
 
 def test_a_closure_keeps_what_it_captured_from_a_changed_factory_and_the_reload_says_so(start_session) -> None:
-    from workbench.events import StepOnce
+    from workbench.protocol.events import StepOnce
 
     live = start_session({"train.py": CAPTURE_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -84,7 +84,7 @@ def test_a_closure_keeps_what_it_captured_from_a_changed_factory_and_the_reload_
 
 
 def test_rollback_after_a_rebuild_names_what_the_live_state_keeps(start_session) -> None:
-    from workbench.events import Rebuild, Rollback, StepOnce
+    from workbench.protocol.events import Rebuild, Rollback, StepOnce
 
     source = CAPTURE_PY.replace('"model": torch.nn.Linear(1, 1)', '"model": Net()').replace(
         "def setup(bench):", "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
@@ -149,7 +149,7 @@ def step(state, bench):
 
 
 def test_rebuilds_leave_one_model_alive_when_setup_keeps_it_in_a_module_global(start_session) -> None:
-    from workbench.events import Rebuild, RunCleanup
+    from workbench.protocol.events import Rebuild, RunCleanup
 
     live = start_session({"train.py": GLOBAL_MODEL_PY})
     live.wait_running(2)
@@ -198,7 +198,7 @@ def step(state, bench):
 
 
 def test_run_statements_runs_an_edited_parser_again_with_what_depends_on_it(start_session) -> None:
-    from workbench.events import RunStatements, StepOnce
+    from workbench.protocol.events import RunStatements, StepOnce
 
     live = start_session({"train.py": ARGPARSE_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -215,7 +215,7 @@ def test_run_statements_runs_an_edited_parser_again_with_what_depends_on_it(star
 
 
 def test_statements_in_a_change_held_for_rebuild_run_after_the_rebuild(start_session) -> None:
-    from workbench.events import Rebuild, RunStatements, StepOnce
+    from workbench.protocol.events import Rebuild, RunStatements, StepOnce
 
     live = start_session({"train.py": ARGPARSE_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -316,7 +316,7 @@ def test_a_relative_resume_path_means_where_the_user_typed_it(tmp_path) -> None:
     import torch
 
     from conftest import TRAIN_PY, make_project
-    from workbench.actions.snapshot import write_snapshot
+    from workbench.engine.actions.snapshot import write_snapshot
 
     root = make_project(tmp_path, {"train.py": TRAIN_PY})
     torch.manual_seed(0)
@@ -372,7 +372,7 @@ def step(state, bench):
 
 
 def test_a_changed_dataclass_whose_instance_the_model_holds_is_held_for_rebuild(start_session) -> None:
-    from workbench.events import Rebuild, StepOnce
+    from workbench.protocol.events import Rebuild, StepOnce
 
     live = start_session({"train.py": CONFIG_TRAIN_PY, "model.py": CONFIG_MODEL_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -401,7 +401,7 @@ def step(state, bench):
 
 
 def test_a_held_setup_edit_saved_back_is_dropped_and_a_rebuild_runs_the_code_on_disk(start_session) -> None:
-    from workbench.events import Rebuild, StepOnce
+    from workbench.protocol.events import Rebuild, StepOnce
 
     live = start_session({"train.py": HELD_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -439,7 +439,7 @@ def step(state, bench):
 
 
 def test_a_trainers_own_evaluate_with_another_signature_is_ignored_and_said_once(start_session) -> None:
-    from workbench.events import Evaluate
+    from workbench.protocol.events import Evaluate
 
     live = start_session({"train.py": OWN_EVALUATE_PY}, eval_every=1)
     live.wait_running(3)
@@ -459,11 +459,11 @@ async def test_the_apps_log_shows_a_successful_resume_and_what_the_project_print
 
     from conftest import TRAIN_PY, make_project
     from tests.test_tui import log_text, until
-    from workbench.actions.snapshot import write_snapshot
-    from workbench.early_output import EarlyOutput
-    from workbench.project import load_project
-    from workbench.session import Session, SessionConfig
-    from workbench.tui.app import make_app
+    from workbench.engine.actions.snapshot import write_snapshot
+    from workbench.engine.early_output import EarlyOutput
+    from workbench.engine.project import load_project
+    from workbench.engine.session import Session, SessionConfig
+    from workbench.frontends.tui.app import make_app
 
     root = make_project(tmp_path, {"train.py": "print('banner from import')\n" + TRAIN_PY})
     model = torch.nn.Linear(4, 1)
@@ -489,7 +489,7 @@ async def test_the_apps_log_shows_a_successful_resume_and_what_the_project_print
 def test_profile_steps_are_capped_and_profile_0_cancels(start_session) -> None:
     import pytest
 
-    from workbench.events import MAX_PROFILE_STEPS, CommandError, RunProfile, parse_command
+    from workbench.protocol.events import MAX_PROFILE_STEPS, CommandError, RunProfile, parse_command
 
     with pytest.raises(CommandError, match=f"1 to {MAX_PROFILE_STEPS} steps"):
         parse_command("profile 999999999")
@@ -545,7 +545,7 @@ def test_a_vram_bench_file_in_the_project_is_one_error_line_and_exit_2(tmp_path)
 
 
 def test_an_unwritable_project_keeps_its_artifacts_in_the_users_state_folder(tmp_path, monkeypatch) -> None:
-    from workbench import state_folder
+    from workbench.engine import state_folder
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     project = tmp_path / "shared_checkout"
@@ -665,7 +665,7 @@ def step(state, bench):
 
 
 def test_a_rebuild_carries_optimizers_step_makes_and_they_train_the_new_model(start_session) -> None:
-    from workbench.events import Rebuild, StepOnce
+    from workbench.protocol.events import Rebuild, StepOnce
 
     live = start_session({"train.py": LAZY_OPTIMIZERS_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -702,7 +702,7 @@ def torch_equal(a, b) -> bool:
 def test_a_snapshot_keeps_optimizers_step_makes_and_resume_loads_them_when_they_appear(start_session) -> None:
     import torch
 
-    from workbench.events import StepOnce, TakeSnapshot
+    from workbench.protocol.events import StepOnce, TakeSnapshot
 
     live = start_session({"train.py": LAZY_OPTIMIZERS_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -749,7 +749,7 @@ def step(state, bench):
 
 
 def test_statements_that_use_a_changed_constant_are_offered_to_x_and_x_resumes_training(start_session) -> None:
-    from workbench.events import RunStatements
+    from workbench.protocol.events import RunStatements
 
     live = start_session({"train.py": POLY_PY})
     live.wait_running(1)
@@ -797,7 +797,7 @@ def step(state, bench):
 def test_an_edited_default_is_bound_again_by_the_override_below_it(tmp_path) -> None:
     from conftest import make_project, open_session
 
-    from workbench.events import StepOnce
+    from workbench.protocol.events import StepOnce
 
     root = make_project(tmp_path, {"train.py": OVERRIDE_PY})
     with open_session(root / "train.py", start_paused=True, argv=["--batch-size", "4"]) as live:
@@ -819,7 +819,7 @@ def test_an_edited_default_above_a_configurator_exec_says_the_override_may_win(t
     the test can find without changing the working directory, as the CLI does)."""
     from conftest import make_project, open_session
 
-    from workbench.events import RunStatements, StepOnce
+    from workbench.protocol.events import RunStatements, StepOnce
 
     train = OVERRIDE_PY.replace(
         "if args.batch_size is not None:\n    batch_size = args.batch_size\n", "exec(open(__file__[:-8] + 'configurator.py').read())\n"
@@ -863,7 +863,7 @@ def step(state, bench):
 
 
 def test_a_rebuild_carries_a_model_only_a_module_global_holds_and_a_failed_one_puts_it_back(start_session) -> None:
-    from workbench.events import Rebuild, StepOnce
+    from workbench.protocol.events import Rebuild, StepOnce
 
     live = start_session({"train.py": GLOBAL_ONLY_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -935,7 +935,7 @@ def test_a_constant_setup_built_the_state_from_is_named_with_how(start_session) 
 def test_an_edited_override_that_calls_nothing_runs_again(tmp_path) -> None:
     from conftest import make_project, open_session
 
-    from workbench.events import StepOnce
+    from workbench.protocol.events import StepOnce
 
     root = make_project(tmp_path, {"train.py": OVERRIDE_PY})
     with open_session(root / "train.py", start_paused=True, argv=["--batch-size", "4"]) as live:

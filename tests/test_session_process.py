@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -154,7 +157,7 @@ def test_a_peer_with_another_uid_is_refused_and_logged(tmp_path: Path, start_ses
 
     from workbench.protocol.client import SessionClient, SessionGone
     from workbench.protocol.wire import ClientHello, Peer
-    from workbench.session_server import SessionServer
+    from workbench.engine.session_server import SessionServer
 
     live = start_session()
     live.wait_running()
@@ -226,3 +229,55 @@ def test_stop_writes_a_snapshot_that_resume_latest_loads(tmp_path: Path, session
     loaded = [e for e in events if e["event"] == "resume"]
     assert loaded and loaded[0]["path"] == snapshot["path"]
     assert [e["step"] for e in events if e["event"] == "step"][0] == last_step + 1
+
+
+FAST_STEPS = TRAIN_PY.replace("    time.sleep(0.005)\n", "")
+
+
+def test_a_stalled_client_never_slows_training_and_is_told_what_it_missed(tmp_path: Path, start_session) -> None:
+    """A client that stops reading: its socket buffer fills, then its own queue drops its oldest events, and training
+    goes on at its pace; when it reads again, a `dropped` line says how many it missed."""
+    import tempfile
+
+    from workbench.engine.session_server import SessionServer
+    from workbench.protocol.client import SessionClient
+    from workbench.protocol.wire import ClientHello
+
+    live = start_session({"train.py": FAST_STEPS})
+    live.wait_running()
+    folder = Path(tempfile.mkdtemp(prefix="vb", dir="/tmp"))
+    server = SessionServer(live.session, folder / "s.sock", facts={"name": "s"}, client_queue=100)
+    server.start()
+    try:
+        stalled = SessionClient(folder / "s.sock", ClientHello(client="stalled", history="none"))
+        stalled._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        rates = []
+        for _ in range(3):  # training's pace while the client does not read at all
+            before, started = live.session.status().step, time.monotonic()
+            time.sleep(2.0)
+            rates.append((live.session.status().step - before) / (time.monotonic() - started))
+        assert min(rates) > 0.5 * max(rates), f"training slowed while a client stalled: {rates} steps/s"
+        dropped = wait_message(stalled, lambda m: m.get("wire") == "dropped", timeout=20, what="a dropped line")
+        assert dropped["count"] > 0
+        wait_message(stalled, lambda m: m.get("event") == "step", what="steps again after the drop")
+        stalled.close()
+    finally:
+        server.close()
+
+
+def test_two_projects_of_one_name_get_two_sessions_and_a_bare_command_picks_this_folders(tmp_path: Path, sessions: Sessions) -> None:
+    first = make_project(tmp_path / "a", {"train.py": TRAIN_PY})
+    second = make_project(tmp_path / "b", {"train.py": TRAIN_PY})
+    one = sessions.start(first / "train.py")
+    two = sessions.start(second / "train.py")
+    assert (one.name, two.name) == ("proj", "proj-2")
+    elsewhere = cli(["attach", "--json"], sessions.env, input="", timeout=30, cwd=tmp_path)
+    assert elsewhere.returncode == 2 and "2 sessions are running; name one" in elsewhere.stderr
+    here = subprocess.Popen([sys.executable, "-m", "workbench", "attach", "--json"], env=sessions.env, cwd=second,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        hello = json.loads(here.stdout.readline())
+        assert hello["session"]["name"] == "proj-2" and hello["session"]["pid"] == two.pid
+    finally:
+        here.kill()
+        here.wait()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import TRAIN_PY, Live, is_event, line_of, save, save_atomic
-from workbench.events import Pause, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
+from workbench.protocol.events import Pause, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
 
 RETURN_LINE = '    return {"loss": loss, "scale": SCALE}\n'
 assert RETURN_LINE in TRAIN_PY
@@ -150,7 +150,7 @@ def test_step_error_pauses_and_a_saved_fix_resumes(start_session) -> None:
     assert error.message == "step() raised RuntimeError: boom at 3"
     assert "RuntimeError: boom at 3" in error.traceback
     assert f'train.py", line {error.line}, in step' in error.traceback
-    assert "workbench/worker.py" not in error.traceback  # the user's frames only
+    assert "workbench/engine/worker.py" not in error.traceback  # the user's frames only
     paused = live.wait_for(is_event("paused"))
     assert (paused.reason, paused.step) == ("error", 3)
     assert [e.step for e in live.events.of("step")] == [1, 2, 3]
@@ -667,7 +667,7 @@ def step(state, bench):
 
 
 def test_cleanup_hands_freed_c_heap_back_to_the_system(start_session) -> None:
-    from workbench.actions.cleanup import trim_c_heap
+    from workbench.engine.actions.cleanup import trim_c_heap
 
     if not trim_c_heap():
         pytest.skip("the C library has no malloc_trim (not glibc)")

@@ -109,7 +109,7 @@ def test_a_snapshot_with_flipped_bits_is_refused_naming_it_and_offering_the_prev
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
         previous = Path(take_snapshot(live).path)
         live.session.worker.max_steps = 6
-        from workbench.events import Resume
+        from workbench.protocol.events import Resume
 
         live.send(Resume())
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
@@ -132,7 +132,7 @@ def test_a_full_disk_is_said_in_words_before_anything_is_written(start_session, 
     live.wait_running(2)
     folder = live.session.run_dir / "snapshots"
     with mounted("-t", "tmpfs", "-o", "size=1m", "tmpfs", at=folder):
-        from workbench.events import TakeSnapshot
+        from workbench.protocol.events import TakeSnapshot
 
         live.send(TakeSnapshot())
         failed = live.wait_for(is_event("error", where="snapshot"), timeout=20)
@@ -145,7 +145,7 @@ def test_a_full_disk_is_said_in_words_before_anything_is_written(start_session, 
 def test_a_disk_that_fills_during_the_write_is_said_in_words_and_leaves_no_temp_file(tmp_path) -> None:
     import torch
 
-    from workbench.actions.snapshot import write_snapshot
+    from workbench.engine.actions.snapshot import write_snapshot
     from workbench.errors import UserError
 
     run = tmp_path / "run"

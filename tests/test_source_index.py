@@ -9,8 +9,8 @@ import traceback
 
 import pytest
 
-from workbench.hotswap.planner import ReloadError, plan_reload
-from workbench.hotswap.source_index import SourceIndex, diff_source
+from workbench.engine.hotswap.planner import ReloadError, plan_reload
+from workbench.engine.hotswap.source_index import SourceIndex, diff_source
 
 SOURCE = textwrap.dedent(
     '''

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import is_event, make_project
-from workbench.events import Pause
+from workbench.protocol.events import Pause
 
 TRAIN_PY = """\
 import os
@@ -40,8 +40,8 @@ DRIVER = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     import torch
-    from workbench.project import load_project
-    from workbench.session import Session, SessionConfig
+    from workbench.engine.project import load_project
+    from workbench.engine.session import Session, SessionConfig
 
     project = load_project(Path(sys.argv[1]))
     config = SessionConfig(device=torch.device("cpu"), watch=False, capture_output=False, sample_memory=False,

@@ -25,9 +25,9 @@ from tensorboardX.proto.event_pb2 import Event as EventProto  # noqa: E402
 from tensorboardX.proto.event_pb2 import SessionLog  # noqa: E402
 
 from workbench.errors import UserError  # noqa: E402
-from workbench.eventbus import EventBus  # noqa: E402
-from workbench.events import Error, Evaluation, Exit, Rebuilt, Reload, ResumeLoaded, Step  # noqa: E402
-from workbench.tensorboard_log import TensorBoardLog, require_tensorboardx  # noqa: E402
+from workbench.protocol.eventbus import EventBus  # noqa: E402
+from workbench.protocol.events import Error, Evaluation, Exit, Rebuilt, Reload, ResumeLoaded, Step  # noqa: E402
+from workbench.engine.tensorboard_log import TensorBoardLog, require_tensorboardx  # noqa: E402
 
 # --------------------------------------------------------------------------- a tiny event reader
 
@@ -351,7 +351,7 @@ def test_a_session_with_tensorboard_writes_its_steps_and_versions_and_a_resume_c
 ) -> None:
     from tests.conftest import is_event, make_project, open_session, save
     from tests.test_resume_faults import TRAIN_PY
-    from workbench.events import Resume, TakeSnapshot
+    from workbench.protocol.events import Resume, TakeSnapshot
 
     root = make_project(tmp_path, {"train.py": TRAIN_PY})
     with open_session(root / "train.py", tensorboard=True, max_steps=4, exit_at_max_steps=False) as first:

@@ -984,8 +984,8 @@ def step(state, bench):
 # the session process it starts (which inherits PYTHONPATH). The session process quits through
 # run_headless, which reads headless.QUIT_TIMEOUTS; quit_escalation's copy is the in-process app's.
 LOWER_QUIT_TIMEOUTS = '''\
-import workbench.headless as headless
-import workbench.quit_escalation as quit_escalation
+import workbench.frontends.headless as headless
+import workbench.engine.quit_escalation as quit_escalation
 
 LOWER = quit_escalation.QuitTimeouts(step=1.0, interrupted=1.0, children=2.0)
 quit_escalation.QUIT_TIMEOUTS = LOWER

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from workbench.cli import nice_increment
-from workbench.thread_priority import lower_current_thread
+from workbench.engine.thread_priority import lower_current_thread
 
 def current_thread_nice() -> int | None:
     if not sys.platform.startswith("linux"):

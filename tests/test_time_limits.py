@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import make_project
 from tests.test_resume_faults import TRAIN_PY
-from workbench.actions.requeue import requeue_job
-from workbench.time_limit import TimeLimit, parse_duration, slurm_time_limit
+from workbench.engine.actions.requeue import requeue_job
+from workbench.engine.time_limit import TimeLimit, parse_duration, slurm_time_limit
 
 
 def headless(entry: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

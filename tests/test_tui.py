@@ -14,15 +14,15 @@ from rich.console import Console
 from textual.errors import NoWidget
 
 from tests.fakes import FakeDevice, frozen_host
-from workbench.project import load_project
-from workbench.session import Session, SessionConfig
-from workbench.tui.app import make_app
-from workbench.tui.keys import ACTIONS
-from workbench.tui.widgets.loss_chart import LossChart
-from workbench.tui.widgets.memory_gauges import MemoryGauges
-from workbench.tui.widgets.reload_log import ReloadLog
-from workbench.tui.widgets.setup_panel import SetupPanel
-from workbench.tui.widgets.status_bar import StatusBar
+from workbench.engine.project import load_project
+from workbench.engine.session import Session, SessionConfig
+from workbench.frontends.tui.app import make_app
+from workbench.frontends.tui.keys import ACTIONS
+from workbench.frontends.tui.widgets.loss_chart import LossChart
+from workbench.frontends.tui.widgets.memory_gauges import MemoryGauges
+from workbench.frontends.tui.widgets.reload_log import ReloadLog
+from workbench.frontends.tui.widgets.setup_panel import SetupPanel
+from workbench.frontends.tui.widgets.status_bar import StatusBar
 
 TRAIN = textwrap.dedent(
     """
@@ -406,7 +406,7 @@ async def test_a_session_that_ends_is_said_and_q_then_leaves_at_once(tmp_path, s
     """The time limit's final snapshot ends the session (another client's stop would too): the app says so and stays."""
     from dataclasses import replace
 
-    from workbench.time_limit import TimeLimit
+    from workbench.engine.time_limit import TimeLimit
 
     session = session_factory(write_project(tmp_path / "proj"))
     session.config = replace(session.config, time_limit=TimeLimit.after(14, "test limit"))

@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 
 from tests.test_tui import TRAIN, log_text, session_factory, until, write_project  # noqa: F401 - fixture
-from workbench.tui.app import make_app
+from workbench.frontends.tui.app import make_app
 
 LEAKY = TRAIN.replace("TAG = 1.0\n", "TAG = 1.0\nLOSSES = []\n").replace(
     '    return {"loss"', '    LOSSES.append(loss)  # the bug: every loss kept with its graph\n    return {"loss"'

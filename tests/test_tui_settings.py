@@ -14,13 +14,13 @@ from textual.widgets import OptionList
 from tests.test_tui import TRAIN, log_text, session_factory, until, write_project  # noqa: F401 (fixture)
 from workbench.cli import main
 from workbench.config import DEFAULT_LOG_ENTRIES, load_config, save_theme
-from workbench.tui.app import make_app
-from workbench.tui.keys import ACTIONS, check_keymap, key_label
-from workbench.tui.theme_files import ANSI_THEME, DEFAULT_THEME, load_catalog, load_theme_file, terminal_default_theme
-from workbench.tui.traceback_view import render_traceback
-from workbench.tui.widgets.loss_chart import LossChart
-from workbench.tui.widgets.reload_log import ReloadLog
-from workbench.tui.widgets.status_bar import StatusBar
+from workbench.frontends.tui.app import make_app
+from workbench.frontends.tui.keys import ACTIONS, check_keymap, key_label
+from workbench.frontends.tui.theme_files import ANSI_THEME, DEFAULT_THEME, load_catalog, load_theme_file, terminal_default_theme
+from workbench.frontends.tui.traceback_view import render_traceback
+from workbench.frontends.tui.widgets.loss_chart import LossChart
+from workbench.frontends.tui.widgets.reload_log import ReloadLog
+from workbench.frontends.tui.widgets.status_bar import StatusBar
 
 BUNDLED = ("vram-dark", "vram-light", "vram-high-contrast", "vram-ansi")
 

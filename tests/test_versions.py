@@ -9,8 +9,8 @@ import torch
 
 from tests.conftest import is_event, save
 from tests.test_tui import log_text, session_factory, until, write_project  # noqa: F401 - fixture
-from workbench.tui.app import make_app
-from workbench.versions import describe_delta
+from workbench.frontends.tui.app import make_app
+from workbench.engine.versions import describe_delta
 
 TRAIN_PY = """\
 import time
@@ -108,7 +108,7 @@ def test_measuring_saved_bytes_never_keeps_a_dropped_graph_alive():
     import gc
     import weakref
 
-    from workbench.saved_bytes import SavedBytes
+    from workbench.engine.saved_bytes import SavedBytes
 
     x = torch.randn(64, 64, requires_grad=True)
     with SavedBytes({}) as measured:

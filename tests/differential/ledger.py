@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from workbench.events import Event, Rebuilt, Reload
+from workbench.protocol.events import Event, Rebuilt, Reload
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from workbench.events import Error, Event, Rebuild, Rebuilt, ReloadNow, Rollback, RunStatements, Step, StepOnce
-from workbench.project import load_project, unload_project
-from workbench.session import Session, SessionConfig
+from workbench.protocol.events import Error, Event, Rebuild, Rebuilt, ReloadNow, Rollback, RunStatements, Step, StepOnce
+from workbench.engine.project import load_project, unload_project
+from workbench.engine.session import Session, SessionConfig
 
 TIMEOUT = 20.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections import Counter
 
-from workbench.events import Event
+from workbench.protocol.events import Event
 
 from differential.generator import Save, Sequence
 from differential.runner import SILENT, Result

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.events import Error, Event, Rebuilt, Reload
+from workbench.protocol.events import Error, Event, Rebuilt, Reload
 
 from differential.generator import Action, RebuildNow, RollbackNow, Save, Sequence
 from differential.judge import Verdict, judge, unchanged

@@ -1,6 +1,6 @@
 """The replay a client gets when it attaches: what the session's telemetry holds, in columns.
 
-`build_history(telemetry, memory_seconds=...)` reads a `workbench.telemetry.Telemetry`
+`build_history(telemetry, memory_seconds=...)` reads a `workbench.engine.telemetry.Telemetry`
 through its reading API only (duck-typed: this module never imports the engine),
 and returns a JSON-able dict; `TelemetryMirror.load_history` (mirror.py) reads it.
 Columns, not one object per point: a series is two lists, a memory field one list,
@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.events import jsonable
+from workbench.protocol.events import jsonable
 from workbench.protocol.payloads import GPU_FIELDS, HOST_FIELDS
 
 HISTORY_FORMAT = 1

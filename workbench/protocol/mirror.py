@@ -6,7 +6,7 @@ a history replay and then by events.
     for event in stream: mirror.apply(event)  # Step, Evaluation, Reload, Rebuilt, ResumeLoaded, Memory
     mirror.load_versions(message["rows"])     # the periodic {"wire": "versions", "rows": [...]}
 
-It folds events the way the worker writes `Telemetry` (workbench/worker.py): a step
+It folds events the way the worker writes `Telemetry` (workbench/engine/worker.py): a step
 appends "loss" and its scalars to the series and counts toward steps/s; an
 evaluation appends its scalars only; a reload that moved the code version, a
 rollback and a rebuild start a version at the last step seen. The versions table
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.events import Evaluation, Event, Memory, Rebuilt, Reload, ResumeLoaded, Step, float_from_json
+from workbench.protocol.events import Evaluation, Event, Memory, Rebuilt, Reload, ResumeLoaded, Step, float_from_json
 from workbench.protocol.history import HISTORY_FORMAT
 from workbench.protocol.payloads import GPU_FIELDS, HOST_FIELDS, GpuMemory, HostMemory, MemorySample, sample_from_event
 
-SERIES_POINTS = 20_000  # as workbench/telemetry.py keeps
+SERIES_POINTS = 20_000  # as workbench/engine/telemetry.py keeps
 STEP_TIMES = 512
 
 
@@ -83,7 +83,7 @@ class VersionRows:
 
 
 class TelemetryMirror:
-    """Reads like `workbench.telemetry.Telemetry`: series, latest, version_starts, memory,
+    """Reads like `workbench.engine.telemetry.Telemetry`: series, latest, version_starts, memory,
     memory_history, step_peaks, steps_per_second, last_step_ms, updates, versions."""
 
     def __init__(self, points: int = SERIES_POINTS, memory_history: int = 3000, *, clock: Callable[[], float] = time.time) -> None:

@@ -1,8 +1,8 @@
 """Memory figures as a front end receives them: plain frozen records, no torch, no psutil.
 
 They carry the attributes the memory gauges read from the engine's records
-(`workbench.memory.sampler.MemorySample`, `workbench.memory.device.GpuMemory`,
-`workbench.memory.host.HostMemory`), which import torch or psutil. The field
+(`workbench.engine.memory.sampler.MemorySample`, `workbench.engine.memory.device.GpuMemory`,
+`workbench.engine.memory.host.HostMemory`), which import torch or psutil. The field
 names of `GpuMemory` are the engine's, and a test keeps them so; `HostMemory`
 holds as plain fields what the engine's computes from its cgroup reading
 (`limit`, `limit_source`, `cgroup_usage`).
@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.events import Memory
+from workbench.protocol.events import Memory
 
 
 @dataclass(frozen=True)

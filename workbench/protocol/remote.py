@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.eventbus import EventBus, Subscription
-from workbench.events import Command, Error, Event, Exit, Profile, command_line, event_from_dict
+from workbench.protocol.eventbus import EventBus, Subscription
+from workbench.protocol.events import Command, Error, Event, Exit, Profile, command_line, event_from_dict
 from workbench.protocol import registry
 from workbench.protocol.client import SessionClient, SessionGone
 from workbench.protocol.mirror import TelemetryMirror
@@ -123,7 +123,7 @@ class RemoteSession:
 
     def request_quit(self, final_snapshot: bool = False, reason: str = "quit") -> None:
         """Stop the session (the app's `stop` choice): its final snapshot first, if asked."""
-        from workbench.events import Quit
+        from workbench.protocol.events import Quit
 
         self.send(Quit(final_snapshot=final_snapshot, reason=reason))
 

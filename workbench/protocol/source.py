@@ -1,7 +1,7 @@
 """What a front end reads of a session: the one seam between the app and the engine.
 
 Two things satisfy it: `workbench.protocol.remote.RemoteSession` (a session process over its
-socket: what `vram-bench run` and `attach` open) and the in-process `workbench.session.Session`
+socket: what `vram-bench run` and `attach` open) and the in-process `workbench.engine.session.Session`
 (tests drive the app with one, as they drive the engine). The app uses nothing else.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from workbench.eventbus import EventBus
-from workbench.events import Command, Profile
+from workbench.protocol.eventbus import EventBus
+from workbench.protocol.events import Command, Profile
 from workbench.protocol.status import SessionStatus
 
 

@@ -1,7 +1,7 @@
 """The socket protocol's framing: JSON lines, a versioned hello each way, and who the peer is.
 
 Server to client: one JSON object per line. Events are exactly the headless schema
-(`{"event": ...}`, workbench/events.py); the transport's own messages carry `"wire"`
+(`{"event": ...}`, workbench/protocol/events.py); the transport's own messages carry `"wire"`
 instead: `hello` (the session's facts, its status and a replay of its history),
 `status` (the status bar's facts, sent when they change), `versions` (the versions
 table), `history` (a replay asked for later) and `dropped` (events this client was

@@ -1,0 +1,163 @@
+"""The session as a process of its own, that outlives the terminal which started it.
+
+`vram-bench run` (and `vram-bench` with no arguments) starts it detached: its own session
+and process group (`setsid`), stdin from /dev/null, stdout and stderr into its log file
+beside its socket, no controlling terminal, so a closed terminal or a dropped SSH link
+(SIGHUP to the terminal's process group) never reaches it. It runs the project like
+`--headless` does (SIGTERM: final snapshot, clean exit), writes `events.jsonl` in its run
+folder whether or not anyone is attached, and serves its Unix socket
+(workbench/engine/session_server.py) until it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from workbench.errors import UserError
+from workbench.protocol import registry
+
+if TYPE_CHECKING:
+    from workbench.engine.session import Session
+
+START_TIMEOUT = 600.0  # importing a project may load a model at import time: minutes, not hours
+SESSION_NAME_OPTION = "--session-name"
+
+
+def session_of(project_root: Path, say: Callable[[str], None]) -> registry.SessionEntry | None:
+    """The live session of this project folder, if one runs (dead ones met on the way are cleaned up, and said)."""
+    for entry in registry.entries():
+        if registry.stale(entry):
+            registry.remove(entry)
+            say(f"vram-bench: session {entry.name} had died (its pid is gone); its socket was removed")
+            continue
+        if entry.facts is not None and Path(entry.facts.project) == project_root:
+            return entry
+    return None
+
+
+def refuse_second_session(project_root: Path, say: Callable[[str], None]) -> None:
+    """Two sessions of one project would train two copies of the model: the second `run` says so."""
+    entry = session_of(project_root, say)
+    if entry is not None and entry.facts is not None:
+        raise UserError(
+            f"a session of {project_root} is already running: {entry.name} (pid {entry.facts.pid}).",
+            hint=f"Attach to it with: vram-bench attach {entry.name}   (or end it: vram-bench stop {entry.name})",
+        )
+
+
+def session_argv(argv: list[str], name: str) -> list[str]:
+    """The session process's own command line: the user's, with the session's name before any `--`."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return [*argv[:cut], SESSION_NAME_OPTION, name, *argv[cut:]]
+    return [*argv, SESSION_NAME_OPTION, name]
+
+
+def start_detached(argv: list[str], name: str, say: Callable[[str], None], timeout: float = START_TIMEOUT) -> registry.SessionEntry:
+    """Start the session process and wait until its socket answers (or it fails to start: its error, exit 2)."""
+    folder = registry.runtime_folder()
+    sock = registry.socket_path(name, folder)
+    log = sock.with_suffix(".log")
+    with open(log, "ab", buffering=0) as out:
+        os.chmod(log, 0o600)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "workbench", *session_argv(argv, name)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,  # setsid: no controlling terminal, its own process group
+            close_fds=True,
+        )
+    start = log.stat().st_size if log.exists() else 0
+    deadline = time.monotonic() + timeout
+    told = False
+    while time.monotonic() < deadline:
+        code = process.poll()
+        if code is not None:
+            raise _start_failed(log, code)
+        if sock.exists() and registry.answers(sock, 0.5):
+            return registry.SessionEntry(name, sock, registry.read_facts(sock.with_suffix(".json")))
+        if not told and time.monotonic() > deadline - timeout + 3.0:
+            say(f"vram-bench: starting session {name} (importing the project; its output: {log})")
+            told = True
+        time.sleep(0.05)
+    del start
+    raise UserError(f"session {name} did not open its socket within {timeout:.0f} s (pid {process.pid} goes on).",
+                    hint=f"See {log}; end it with: kill {process.pid}")
+
+
+def _start_failed(log: Path, code: int) -> UserError:
+    """The session process ended before serving: its last words (the CLI's one-line error) are the error."""
+    try:
+        lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    errors = [line for line in lines if line.startswith("vram-bench: error: ")]
+    if errors:
+        error = UserError(errors[-1].removeprefix("vram-bench: error: "))
+    else:
+        error = UserError(f"the session process ended at start (exit code {code}): {lines[-1] if lines else 'no output'}",
+                          hint=f"Its output: {log}")
+    error.exit_code = 2 if code == 2 else 1  # type: ignore[attr-defined]
+    return error
+
+
+def serve(session: Session, name: str) -> int:
+    """In the session process: serve the socket while the session runs as headless does; the exit code."""
+    from workbench import __version__
+    from workbench.frontends.headless import run_headless
+    from workbench.engine.session_server import SessionServer
+
+    folder = registry.runtime_folder()
+    sock = registry.socket_path(name, folder)
+    facts = registry.SessionFacts(
+        name=name,
+        pid=os.getpid(),
+        project=str(session.project.root),
+        entry=str(session.project.entry),
+        device=str(session.config.device),
+        started=time.time(),
+        log=str(sock.with_suffix(".log")),
+    )
+    server = SessionServer(
+        session,
+        sock,
+        facts={
+            **facts.__dict__,
+            "version": __version__,
+            "run_dir": str(session.run_dir),
+            "memory_window": session.config.memory_window,
+            "requeue_signal": session.config.requeue_signal,
+            "time_limit": _time_limit_fact(session),
+        },
+    )
+    registry.write_facts(sock.with_suffix(".json"), facts)  # first: once the socket answers, `ls` and `stop` know the pid
+    server.start()
+    print(f"vram-bench: session {name} (pid {os.getpid()}) serves {sock}; run folder {session.run_dir}", file=sys.stderr, flush=True)
+    try:
+        return run_headless(session, _Discard(), None)
+    finally:
+        server.close()
+        registry.remove(registry.SessionEntry(name, sock, facts))
+
+
+def _time_limit_fact(session: Session) -> dict[str, object] | None:
+    limit = session.config.time_limit
+    if limit is None:
+        return None
+    return {"source": limit.source, "ends_at": time.time() + (limit.deadline - time.monotonic())}
+
+
+class _Discard:
+    """The session process's event printer writes nowhere: events.jsonl and the socket carry them."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass

@@ -1,0 +1,113 @@
+"""`rebuild`: apply held changes, run setup() again, carry tensors and optimizer state over, free the old state."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from workbench.engine.actions.cleanup import trim_c_heap
+from workbench.engine.dispatch import handles
+from workbench.protocol.events import Error, Rebuild, Rebuilt
+from workbench.engine.hotswap.compiled import reset_compiled_code
+from workbench.engine.hotswap.planner import ChangeSet
+from workbench.engine.init_skipping import skipping_init
+from workbench.engine.memory.gc_freeze import collect_all
+from workbench.engine.rebuild import (
+    carry_optimizers_setup_did_not_make,
+    carry_over,
+    restore_globals,
+)
+from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
+
+if TYPE_CHECKING:
+    from workbench.engine.worker import TrainingWorker
+
+
+@handles(Rebuild, needs_state=True, missing="nothing to rebuild", hint="fix it and save to run it again")
+def rebuild(worker: TrainingWorker, command: Rebuild) -> None:
+    """`activity` says so while it runs: setup() may take minutes, and a quit waits for it (headless's
+    escalation never cuts it short) rather than lose the trained state it is carrying over."""
+    worker.activity = "rebuilding: setup() runs again"
+    try:
+        _rebuild_now(worker)
+    finally:
+        worker.activity = None
+
+
+def _rebuild_now(worker: TrainingWorker) -> None:
+    started = time.monotonic()
+    held, worker._held = list(worker._held.values()), {}
+    committed: list[ChangeSet] = []
+    changed: list[str] = []
+    namespaces = worker._namespaces()
+    # The globals as they were: setup() re-binds `global model`; the old ones are carried from, or put back.
+    before = [(name, dict(namespace)) for name, namespace in namespaces]
+    try:
+        for changeset in held:
+            worker.reloader.commit(changeset)
+            committed.append(changeset)
+            changed.extend(changeset.changed)
+        # Initialization of what will be carried is wasted (and, on a GPU, a second model's worth of work):
+        # recorded, not run, and run afterwards for what was not carried.
+        with skipping_init() as init_log:
+            new_state = _call_setup(worker)
+        reset_compiled_code()
+        report = carry_over(worker.user_state, new_state, before, namespaces)
+        init_log.replay(report.carried)
+        optimizer_notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
+    except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
+        new_state = None
+        for _ in committed:
+            worker.reloader.undo_last_commit()
+        restore_globals(namespaces, before)  # what a half-run setup() bound to module globals
+        for changeset in held:
+            worker.reloader.forget_prepared(changeset.path)
+        worker._held = {c.path: c for c in held}
+        file, line = worker._where(exc)
+        message = f"rebuild failed: {type(exc).__name__}: {exc}; the old state and code keep running"
+        worker.bus.publish(Error(where="rebuild", message=message, file=file, line=line, traceback=worker._format(exc)))
+        traceback.clear_frames(exc.__traceback__)
+        collect_all()  # the half-built new state (a rebuild that ran out of memory, say)
+        worker.probe.empty_cache()
+        worker.bus.publish(Rebuilt(ok=False, error=message, code_version=worker.reloader.version))
+        return
+    worker.user_state = new_state
+    worker._state_built_at = worker.reloader.version
+    worker._state_bytes_estimate = None  # the new state's size, when next asked
+    worker.eval_watch.refresh(new_state)
+    del new_state
+    for changeset in committed:
+        if changeset.statements:  # what x runs, as after a save applied at once
+            worker._statements[changeset.path] = changeset.statements
+    collect_all()  # the old state, frozen since setup: thawed, collected, and the new state frozen
+    trim_c_heap()  # the old state's small CPU tensors came from the C heap: give its pages back (RSS falls)
+    worker.probe.empty_cache()
+    version = worker.reloader.version
+    worker.telemetry.record_version(worker.step, version, ("rebuild", *changed))
+    if not changed:  # same code, new state: still its own row in the versions table
+        worker.telemetry.versions.start(version, ("rebuild",), worker.step, fresh_state=True)
+    worker.bus.publish(
+        Rebuilt(
+            ok=True,
+            seconds=time.monotonic() - started,
+            code_version=version,
+            changed=tuple(changed),
+            tensors_carried=report.tensors,
+            tensors_shared=report.shared,
+            optimizer_states_carried=report.optimizer_states,
+            new=tuple(report.new),
+            mismatched=tuple(report.mismatched),
+            dropped=tuple(report.dropped),
+            notes=tuple(optimizer_notes),
+        )
+    )
+    if worker.state is RunState.PAUSED and worker.pause_reason in AUTO_RESUME_REASONS:
+        worker._resume("rebuild")
+
+
+def _call_setup(worker: TrainingWorker) -> Any:
+    setup = worker.project.function("setup")
+    if setup is None:
+        raise NameError("setup(bench) is not defined in the project file")
+    return setup(worker.bench)

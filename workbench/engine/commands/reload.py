@@ -1,0 +1,246 @@
+"""Commands that change which code is live: a saved file's prepared change, a rollback, held statements.
+
+Each ends, when code changed, in `TrainingWorker._after_code_change`: the loop decides whether a
+failed setup() runs again or a pause for an error ends.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+import types
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import DataLoader
+
+from workbench.engine.dispatch import handles
+from workbench.protocol.events import Command, Error, Reload, Rollback, RunStatements
+from workbench.engine.hotswap.compiled import reset_compiled_code
+from workbench.engine.hotswap.construction import built_from_note
+from workbench.engine.hotswap.loader_workers import worker_notes
+from workbench.engine.hotswap.patches import apply_all
+from workbench.engine.hotswap.planner import ChangeSet, ReloadError
+from workbench.engine.hotswap.reloader import AppliedVersion
+from workbench.engine.hotswap.service import SourceUnchanged
+from workbench.engine.state_walk import find_instances
+
+if TYPE_CHECKING:
+    from workbench.engine.worker import TrainingWorker
+
+
+@dataclass(frozen=True)
+class ApplyChanges(Command):
+    """Internal: a prepared reload (or word that a file holds the live code), handled at the next step boundary."""
+
+    changeset: ChangeSet | SourceUnchanged
+
+
+@handles(ApplyChanges)
+def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
+    changeset = command.changeset
+    if isinstance(changeset, SourceUnchanged):
+        _source_unchanged(worker, changeset)
+        return
+    relative = worker.project.relative(changeset.path)
+    try:
+        worker.reloader.refresh(changeset)  # decide on what would really be applied now
+    except ReloadError as exc:
+        worker.bus.publish(Reload(ok=False, file=relative, error=exc.message, line=exc.line, code_version=worker.reloader.version))
+        return
+    reasons = _reasons_with_live_instances(
+        worker, changeset.needs_rebuild, changeset.rebuild_if_live.items(), "live instances built by the old code"
+    )
+    if reasons and worker.user_state is not None:
+        # Applying would leave live objects built by old code running new code: hold it back.
+        worker._held[changeset.path] = changeset
+        worker.reloader.forget_prepared(changeset.path)
+        worker.bus.publish(
+            Reload(
+                ok=True,
+                file=relative,
+                ms=(time.monotonic() - changeset.detected_at) * 1000,
+                code_version=worker.reloader.version,
+                held=tuple(changeset.changed),
+                needs_rebuild=tuple(reasons),
+                notes=(
+                    (
+                        "held back: press R (command `rebuild`) to run setup() again with the new code, carrying "
+                        "weights and optimizer state over, or keep going on the old code"
+                    ),
+                    *changeset.notes,
+                ),
+            )
+        )
+        return
+    worker._held.pop(changeset.path, None)
+    try:
+        version = worker.reloader.commit(changeset, roots=[("state", worker.user_state)])
+    except ReloadError as exc:
+        worker.bus.publish(Reload(ok=False, file=relative, error=exc.message, line=exc.line, code_version=worker.reloader.version))
+        return
+    except Exception as exc:  # noqa: BLE001 - a patch that fails is undone; training goes on
+        worker.bus.publish(
+            Reload(
+                ok=False,
+                file=relative,
+                error=f"applying the change failed ({type(exc).__name__}: {exc}); nothing was changed",
+                code_version=worker.reloader.version,
+            )
+        )
+        return
+    notes = list(changeset.notes)
+    if changeset.statements:
+        worker._statements[changeset.path] = changeset.statements
+    else:
+        worker._statements.pop(changeset.path, None)
+    if changeset.changed:
+        worker.telemetry.record_version(worker.step, version, tuple(changeset.changed))
+        if reset_compiled_code():
+            notes.append("torch.compile caches were reset: compiled code recompiles on its next call")
+        if changeset.module is not None:
+            notes.extend(worker_notes(_loader_roots(worker), changeset.changed, changeset.module))
+        notes.extend(_reasons_with_live_instances(worker, (), changeset.note_if_live.items(), "live instances"))
+        notes.extend(changeset.built_from_notes())
+    worker.bus.publish(
+        Reload(
+            ok=True,
+            file=relative,
+            changed=tuple(changeset.changed),
+            ms=(time.monotonic() - changeset.detected_at) * 1000,
+            code_version=version,
+            notes=tuple(notes),
+        )
+    )
+    if changeset.changed:
+        worker._after_code_change()
+
+
+def _source_unchanged(worker: TrainingWorker, unchanged: SourceUnchanged) -> None:
+    """The file is back to the live code: a change held for rebuild is dropped, and the user told."""
+    relative = worker.project.relative(unchanged.path)
+    ms = (time.monotonic() - unchanged.detected_at) * 1000
+    if worker._held.pop(unchanged.path, None) is not None:
+        note = "the file is back to the live code: the change held for a rebuild is dropped (nothing is held)"
+        worker.bus.publish(Reload(ok=True, file=relative, ms=ms, code_version=worker.reloader.version, notes=(note,)))
+    elif not unchanged.manual:
+        worker.bus.publish(Reload(ok=True, file=relative, ms=ms, code_version=worker.reloader.version, notes=("no code changes",)))
+
+
+@handles(RunStatements)
+def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
+    """Run the changed module statements that a reload did not re-run, because the user asked."""
+    if not worker._statements:
+        if any(c.statements for c in worker._held.values()):
+            worker._command_error(
+                "the edited module statements are part of a change held for a rebuild: press R (command `rebuild`) "
+                "to apply it, then x runs them"
+            )
+        else:
+            worker._command_error("no held-back module statements to run")
+        return
+    ran = False
+    for path, statements in list(worker._statements.items()):
+        try:
+            with worker.project.as_script():
+                apply_all([patch for _, patch in statements])
+        except Exception as exc:  # noqa: BLE001 - undone by apply_all; the old values stay
+            file, line = worker._where(exc)
+            worker.bus.publish(
+                Error(where="reload", message=f"running the statements failed: {type(exc).__name__}: {exc}; "
+                      "nothing was changed", file=file, line=line, traceback=worker._format(exc))
+            )
+            traceback.clear_frames(exc.__traceback__)
+            continue
+        del worker._statements[path]
+        worker.bus.publish(
+            Reload(
+                ok=True,
+                file=worker.project.relative(path),
+                changed=tuple(name for _, patch in statements for name in patch.binds),
+                code_version=worker.reloader.version,
+                notes=tuple(f"ran {label}" for label, _ in statements),
+            )
+        )
+        ran = True
+    if ran:
+        worker._after_code_change()  # like a saved fix: a pause for an error ends, a failed setup() runs again
+
+
+@handles(Rollback)
+def rollback(worker: TrainingWorker, command: Rollback) -> None:
+    try:
+        undone, version = worker.reloader.rollback(roots=[("state", worker.user_state)])
+    except ReloadError as exc:
+        worker._command_error(exc.message)
+        return
+    worker._held.pop(undone.path, None)
+    worker.telemetry.record_version(worker.step, version, (f"rollback of v{undone.version}",))
+    reset_compiled_code()
+    notes = [
+        (
+            f"rolled back version {undone.version}: the code before it runs again; "
+            "the file on disk still has the newer code (save it again to re-apply)"
+        ),
+        *undone.notes,
+    ]
+    module = worker.project.modules().get(undone.path)
+    if module is not None:
+        notes.extend(worker_notes(_loader_roots(worker), undone.changed, module, "this rollback"))
+    if undone.version <= worker._state_built_at:  # setup() ran since this version: it built with its values
+        notes.extend(built_from_note(name, chains, rolled_back=True) for name, chains in undone.built_from)
+    built_by_newer = _rolled_back_rebuild_reasons(worker, undone)
+    if built_by_newer:
+        notes.append(
+            "the live state was built by the rolled-back code, so it keeps its shape until R (command `rebuild`) "
+            f"runs setup() again with the code before it: {'; '.join(built_by_newer)}"
+        )
+    worker.bus.publish(
+        Reload(
+            ok=True,
+            file=worker.project.relative(undone.path),
+            changed=undone.changed,
+            code_version=version,
+            needs_rebuild=tuple(built_by_newer),
+            notes=tuple(notes),
+        )
+    )
+    worker._after_code_change()
+
+
+def _rolled_back_rebuild_reasons(worker: TrainingWorker, undone: AppliedVersion) -> list[str]:
+    """What of the undone version shaped the live state: its setup() or constructors, applied by a rebuild."""
+    if worker.user_state is None:
+        return []
+    return _reasons_with_live_instances(
+        worker, undone.needs_rebuild, undone.rebuild_if_live, "live instances built by the rolled-back code"
+    )
+
+
+def _reasons_with_live_instances(
+    worker: TrainingWorker, always: Iterable[str], if_live: Iterable[tuple[type, str]], instances_are: str
+) -> list[str]:
+    """The reasons to rebuild: `always`, and each class's reason where the state holds instances of it."""
+    reasons = list(always)
+    namespaces = worker._namespaces()
+    for cls, why in if_live:
+        if any(reason.startswith(why) for reason in reasons):
+            continue  # the class and the one a reload made again in its place: said once
+        instances = find_instances(worker.user_state, cls, namespaces=namespaces) if worker.user_state is not None else []
+        if instances:
+            shown = ", ".join(instances[:5]) + (f" and {len(instances) - 5} more" if len(instances) > 5 else "")
+            reasons.append(f"{why}; {instances_are}: {shown}")
+    return reasons
+
+
+def _loader_roots(worker: TrainingWorker) -> list[tuple[str, Any]]:
+    """Where DataLoaders live: the state, and module globals of script-style trainers (`train_loader = ...`)."""
+    roots: list[tuple[str, Any]] = [("state", worker.user_state)]
+    for module_name, namespace in worker._namespaces():
+        roots.extend(
+            (f"{module_name}.{name}", value)
+            for name, value in list(namespace.items())
+            if isinstance(value, (DataLoader, types.GeneratorType))
+        )
+    return roots

@@ -1,0 +1,43 @@
+"""Pause, resume, a single step, quit: the loop's own state, changed between steps."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from workbench.engine.dispatch import handles
+from workbench.protocol.events import Pause, Quit, Resume, StepOnce
+from workbench.engine.run_state import RunState
+
+if TYPE_CHECKING:
+    from workbench.engine.worker import TrainingWorker
+
+
+@handles(Quit)
+def quit_(worker: TrainingWorker, command: Quit) -> None:
+    if command.final_snapshot and worker.user_state is not None:
+        worker._final_snapshot()
+    worker._quit = True
+    if command.reason != "quit":
+        worker._end_for(command.reason)
+
+
+@handles(Pause)
+def pause(worker: TrainingWorker, command: Pause) -> None:
+    if worker.state is RunState.RUNNING:
+        worker._pause("user")
+
+
+@handles(Resume)
+def resume(worker: TrainingWorker, command: Resume) -> None:
+    if worker.state is RunState.SETUP_FAILED:
+        worker._command_error("setup() failed, so there is nothing to resume: fix it and save to run setup again")
+    elif worker.state is RunState.PAUSED:
+        worker._resume("user")
+
+
+@handles(StepOnce)
+def step_once(worker: TrainingWorker, command: StepOnce) -> None:
+    if worker.state is RunState.PAUSED:
+        worker._step_once = True
+    else:
+        worker._command_error(f"`step` runs a single step while paused; training is {worker.state.value}")

@@ -1,0 +1,32 @@
+"""Append every event to the run folder's `events.jsonl` (the TUI's record of a session)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from workbench.protocol.eventbus import EventBus
+from workbench.protocol.events import Exit
+
+
+class EventLogWriter(threading.Thread):
+    def __init__(self, bus: EventBus, path: Path) -> None:
+        super().__init__(name="vram-bench-event-log", daemon=True)
+        self._events = bus.subscribe(maxlen=1_000_000)
+        self._path = path
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        with self._path.open("a", encoding="utf-8") as out:
+            while True:
+                batch = self._events.wait(timeout=0.5)
+                for event in batch:
+                    out.write(event.to_json() + "\n")
+                out.flush()
+                if any(isinstance(e, Exit) for e in batch) or (self._stop_event.is_set() and not batch):
+                    break
+        self._events.close()
+
+    def stop(self) -> None:
+        self._stop_event.set()

@@ -1,0 +1,309 @@
+"""Code versions: what source is live for each file, and the history to roll back through.
+
+`prepare` runs on the reload thread; `commit` and `rollback` run on the
+training thread. The small bookkeeping they share is guarded by a lock.
+
+Each applied version keeps its patches, and a patch remembers what it
+replaced, so a rollback restores exactly the objects it changed. The history is
+bounded (`max_history`): older versions are forgotten, and with them the old
+code objects they hold.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.engine.hotswap.deleted_names import RemoveDeleted
+from workbench.engine.hotswap.live_objects import UpdateLiveCopies
+from workbench.engine.hotswap.patches import Patch, apply_all, undo_all
+from workbench.engine.hotswap.planner import ChangeSet, ReloadError, plan_reload
+from workbench.engine.hotswap.source_index import SourceIndex
+from workbench.engine.project import IMPORTED_SOURCES, Project, read_source
+
+DEFAULT_MAX_HISTORY = 50
+
+
+@dataclass(frozen=True)
+class AppliedVersion:
+    version: int
+    path: Path
+    changed: tuple[str, ...]
+    previous_source: str
+    source: str
+    applied_at: float
+    patches: tuple[Patch, ...] = field(repr=False, default=())
+    # What made this version need a rebuild, if anything: rolling it back after a rebuild leaves
+    # live objects built by its code (the worker names them in the rollback's event).
+    needs_rebuild: tuple[str, ...] = ()
+    rebuild_if_live: tuple[tuple[type, str], ...] = field(repr=False, default=())
+    # Re-bound constants setup() read when it built the state: a state built since keeps this version's values.
+    built_from: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    notes: list[str] = field(repr=False, default_factory=list)  # what the last undo could not give back
+
+
+class Reloader:
+    """Turns saved files into change sets and applies them, keeping a bounded history of versions."""
+
+    def __init__(self, project: Project, required: dict[str, tuple[str, ...]], max_history: int = DEFAULT_MAX_HISTORY) -> None:
+        self.project = project
+        self.required = required
+        self.version = 0
+        self._applied: dict[Path, str] = {}
+        self._prepared: dict[Path, str] = {}
+        self._history: deque[AppliedVersion] = deque(maxlen=max(max_history, 1))
+        self._indexes: dict[Path, dict[str, SourceIndex]] = {}  # statement positions of applied/prepared sources
+        self._lock = threading.Lock()
+
+    def track_loaded_modules(self) -> None:
+        """Remember the source of every project module imported so far (the diff base)."""
+        for path in self.project.modules():
+            with self._lock:
+                if path in self._applied:
+                    continue
+            source = IMPORTED_SOURCES.get(path)  # what was imported, even if saved over since
+            if source is None:
+                try:
+                    source = read_source(path)
+                except (OSError, UnicodeDecodeError, SyntaxError):
+                    continue
+            with self._lock:
+                self._applied.setdefault(path, source)
+
+    def warm_up(self) -> None:
+        """Index every tracked file now (off the training thread), so the first save parses only its edit."""
+        for path in self.tracked_files():
+            source = self.applied_source(path)
+            if source is not None:
+                try:
+                    self._index(path, source)
+                except SyntaxError:
+                    pass
+
+    def _index(self, path: Path, source: str) -> SourceIndex:
+        with self._lock:
+            cached = self._indexes.get(path, {}).get(source)
+        if cached is not None:
+            return cached
+        index = SourceIndex.parse(source, str(path))
+        self._remember_index(path, index)
+        return index
+
+    def _remember_index(self, path: Path, index: SourceIndex) -> None:
+        with self._lock:
+            keep = {self._applied.get(path), self._prepared.get(path), index.source}
+            self._indexes[path] = {src: i for src, i in self._indexes.get(path, {}).items() if src in keep}
+            self._indexes[path][index.source] = index
+
+    @property
+    def history(self) -> list[AppliedVersion]:
+        with self._lock:
+            return list(self._history)
+
+    def tracked_files(self) -> list[Path]:
+        self.track_loaded_modules()
+        with self._lock:
+            return sorted(self._applied)
+
+    def applied_source(self, path: Path) -> str | None:
+        with self._lock:
+            return self._applied.get(path)
+
+    def prepare(self, path: Path, detected_at: float | None = None) -> ChangeSet | None:
+        """Plan the patches for a saved file; None when its code did not change."""
+        self.track_loaded_modules()
+        path = path.resolve()
+        module = self.project.modules().get(path)
+        with self._lock:
+            base = self._prepared.get(path, self._applied.get(path))
+        if module is None or base is None:
+            if not path.exists():
+                return None
+            return ChangeSet(
+                path=path,
+                module=None,
+                base_source="",
+                new_source="",
+                notes=[f"{self.project.relative(path)} is not imported by the session: nothing to patch"],
+                detected_at=detected_at or time.monotonic(),
+            )
+        try:
+            source = read_source(path)
+        except FileNotFoundError:
+            missing = ReloadError(f"{path.name} was deleted; the old code keeps running. Restore the file to go on.")
+            missing.source = ""  # editors that save by rename delete the file for a moment
+            raise missing from None
+        except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+            raise ReloadError(f"cannot read {path.name}: {exc}") from None
+        if source == base:
+            return None
+        try:
+            changeset = plan_reload(
+                module,
+                path,
+                self._index(path, base),
+                source,
+                required=self._required_for(path),
+                other_namespaces=self._others(path),
+            )
+        except ReloadError as exc:
+            exc.source = source
+            raise
+        finally:
+            # Planning runs the file's imports: a module it imported for the first time is tracked
+            # now, before the user can edit it, so its first edit has a base to diff against.
+            self.track_loaded_modules()
+        changeset.detected_at = detected_at or time.monotonic()
+        with self._lock:
+            self._prepared[path] = source
+        if changeset.index is not None:
+            self._remember_index(path, changeset.index)
+        return changeset
+
+    def commit(self, changeset: ChangeSet, roots: list[Any] | None = None) -> int:
+        """Apply on the training thread; all or nothing. Returns the code version now live.
+
+        `roots` (the session state) is where closures and generators holding old code are looked for.
+        """
+        path = changeset.path
+        if changeset.module is None:
+            return self.version
+        self.refresh(changeset)
+        walkers = [p for p in changeset.patches if isinstance(p, (UpdateLiveCopies, RemoveDeleted))]
+        for patch in walkers:
+            patch.roots = [*(roots or []), *((f"module {m.__name__}", m.__dict__) for m in self.project.modules().values())]
+        try:
+            apply_all(changeset.patches)
+        except BaseException:
+            self.forget_prepared(path)
+            raise
+        for patch in walkers:
+            changeset.notes.extend(patch.notes)
+            patch.roots = []  # do not keep the state alive from the history
+            if isinstance(patch, RemoveDeleted):  # what it removed is decided now, against the live objects
+                changeset.changed.extend(f"{name} (removed)" for name in patch.removed)
+        with self._lock:
+            previous = self._applied.get(path, "")
+            self._applied[path] = changeset.new_source
+            self._prepared[path] = changeset.new_source
+            if changeset.changed or changeset.patches:
+                if changeset.changed:
+                    self.version += 1
+                self._history.append(
+                    AppliedVersion(
+                        self.version,
+                        path,
+                        tuple(changeset.changed),
+                        previous,
+                        changeset.new_source,
+                        time.time(),
+                        tuple(changeset.patches),
+                        tuple(changeset.needs_rebuild),
+                        _classes_old_and_new(changeset),
+                        tuple((name, tuple(chains)) for name, chains in changeset.built_from.items()),
+                    )
+                )
+            return self.version
+
+    def refresh(self, changeset: ChangeSet) -> None:
+        """Plan again from what is live if the file's live code changed since this was planned
+        (a change held back or failed, a rollback): decide and apply on the fresh plan."""
+        if changeset.module is None:
+            return
+        path = changeset.path
+        with self._lock:
+            applied = self._applied.get(path)
+        if applied is None or applied == changeset.base_source:
+            return
+        fresh = plan_reload(
+            changeset.module,
+            path,
+            self._index(path, applied),
+            changeset.new_source,
+            required=self._required_for(path),
+            other_namespaces=self._others(path),
+        )
+        changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
+        changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
+        changeset.note_if_live, changeset.built_from = fresh.note_if_live, fresh.built_from
+        changeset.statements, changeset.base_source, changeset.index = fresh.statements, applied, fresh.index
+
+    def rollback(self, roots: list[Any] | None = None) -> tuple[AppliedVersion, int]:
+        """Undo the last applied version (training thread). Versions only count up: the result is a new one.
+
+        `roots` (the session state): live closures made from the undone code since it was applied
+        (a rebuild's setup() made them) get the code before it too; the version's `notes` say what could not.
+        """
+        folded_notes: list[str] = []
+        with self._lock:
+            while self._history and not self._history[-1].changed:
+                # Line-number-only updates are folded into the rollback of what came before them.
+                folded = self._history.pop()
+                self._undo_patches(folded, roots)
+                folded_notes.extend(folded.notes)
+                self._applied[folded.path] = self._prepared[folded.path] = folded.previous_source
+            if not self._history:
+                raise ReloadError("nothing to roll back: no applied reload is left in the history")
+        last = self._undo_last(roots)
+        last.notes[:0] = folded_notes
+        with self._lock:
+            self.version += 1
+            return last, self.version
+
+    def undo_last_commit(self) -> None:
+        """Take back a commit that never ran a step (a rebuild whose setup() failed)."""
+        last = self._undo_last()
+        if last.changed:
+            with self._lock:
+                self.version = last.version - 1
+
+    def _undo_last(self, roots: list[Any] | None = None) -> AppliedVersion:
+        with self._lock:
+            last = self._history.pop()
+        self._undo_patches(last, roots)
+        with self._lock:
+            self._applied[last.path] = last.previous_source
+            self._prepared[last.path] = last.previous_source
+        return last
+
+    def _undo_patches(self, version: AppliedVersion, roots: list[Any] | None) -> None:
+        walkers = [p for p in version.patches if isinstance(p, (UpdateLiveCopies, RemoveDeleted))]
+        if roots is not None:
+            for patch in walkers:
+                patch.roots = [*roots, *((f"module {m.__name__}", m.__dict__) for m in self.project.modules().values())]
+        try:
+            undo_all(list(version.patches))
+        finally:
+            for patch in walkers:
+                version.notes.extend(patch.notes)
+                patch.roots = []
+
+    def _others(self, path: Path) -> list[dict]:
+        """The namespaces of the project's other modules (where `from x import y` copies live)."""
+        return [module.__dict__ for other, module in self.project.modules().items() if other != path]
+
+    def _required_for(self, path: Path) -> dict[str, tuple[str, ...]] | None:
+        return self.required if path == self.project.entry else None
+
+    def forget_prepared(self, path: Path) -> None:
+        """A planned change was dropped: the next save diffs against what is live again."""
+        with self._lock:
+            if path in self._applied:
+                self._prepared[path] = self._applied[path]
+
+
+def _classes_old_and_new(changeset: ChangeSet) -> tuple[tuple[type, str], ...]:
+    """Each class whose live instances would need a rebuild, and the class now bound to its name where a
+    reload made it again (a changed dataclass): a rebuild builds instances of the new one."""
+    found: list[tuple[type, str]] = []
+    namespace = changeset.module.__dict__ if changeset.module is not None else {}
+    for cls, why in changeset.rebuild_if_live.items():
+        found.append((cls, why))
+        now = namespace.get(cls.__name__)
+        if isinstance(now, type) and now is not cls:
+            found.append((now, why))
+    return tuple(found)

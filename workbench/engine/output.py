@@ -1,0 +1,123 @@
+"""Route what the user's code prints into `print` events.
+
+Prints from the training thread must never reach the terminal raw: in the TUI
+they would tear the screen, in headless mode they would corrupt the JSON-lines
+protocol. Threads registered here have their stdout/stderr turned into events;
+every other thread writes through to the stream that was there before.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from workbench.protocol.events import Print
+
+
+class _RoutedStream:
+    """A stand-in for sys.stdout/sys.stderr that splits writes by thread."""
+
+    def __init__(self, router: OutputRouter, stream_name: str, passthrough: TextIO) -> None:
+        self._router = router
+        self._stream_name = stream_name
+        self._passthrough = passthrough
+        self._partial: dict[int, str] = {}
+
+    def write(self, text: str) -> int:
+        ident = threading.get_ident()
+        if ident not in self._router._threads:
+            return self._passthrough.write(text)
+        buffered = self._partial.pop(ident, "") + text
+        *lines, rest = buffered.split("\n")
+        for line in lines:
+            self._router._emit(self._stream_name, line)
+        if rest:
+            self._partial[ident] = rest
+        return len(text)
+
+    def flush(self) -> None:
+        rest = self._partial.pop(threading.get_ident(), "")
+        if rest:
+            self._router._emit(self._stream_name, rest)
+        try:
+            self._passthrough.flush()
+        except (ValueError, OSError):
+            pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._passthrough, name)
+
+
+class OutputRouter:
+    """Installs routed streams; `capture_thread` marks a thread whose output becomes events."""
+
+    def __init__(self, publish: Callable[[Print], None], *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+        self._publish = publish
+        self._threads: set[int] = set()
+        self._stdout_passthrough = stdout
+        self._stderr_passthrough = stderr
+        self._installed: tuple[_RoutedStream, _RoutedStream] | None = None
+        self._previous: tuple[TextIO, TextIO] | None = None
+
+    def _emit(self, stream: str, text: str) -> None:
+        self._publish(Print(stream=stream, text=text))
+
+    def install(self) -> None:
+        """Wrap whatever sys.stdout/sys.stderr are now (call after a UI swaps them)."""
+        if self._installed is not None:
+            return
+        _INSTALLED.add(self)
+        self._previous = (sys.stdout, sys.stderr)
+        out = _RoutedStream(self, "stdout", self._stdout_passthrough or sys.stdout)
+        err = _RoutedStream(self, "stderr", self._stderr_passthrough or sys.stderr)
+        self._installed = (out, err)
+        sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
+
+    def uninstall(self) -> None:
+        """Put the previous streams back, unless someone else has replaced ours since."""
+        if self._installed is None or self._previous is None:
+            return
+        _INSTALLED.discard(self)
+        out, err = self._installed
+        for routed in (out, err):
+            for ident in list(routed._partial):
+                self._emit(routed._stream_name, routed._partial.pop(ident))
+        if sys.stdout is out:
+            sys.stdout = self._previous[0]
+        if sys.stderr is err:
+            sys.stderr = self._previous[1]
+        self._installed = None
+
+    def after_fork_in_child(self) -> None:
+        """In a process the user's code forked (DataLoader workers): nobody reads this process's events, and
+        a lock another thread held at the fork stays held here. Print straight to fds 1 and 2 instead, on
+        new stream objects: in the app those descriptors feed the log, headless fd 1 goes to stderr."""
+        self._threads.clear()
+        self._installed = None
+        _INSTALLED.discard(self)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False, buffering=1)  # noqa: SIM115
+
+    def capture_thread(self, ident: int | None = None) -> None:
+        self._threads.add(threading.get_ident() if ident is None else ident)
+
+    def release_thread(self, ident: int | None = None) -> None:
+        self._threads.discard(threading.get_ident() if ident is None else ident)
+
+
+_INSTALLED: weakref.WeakSet[OutputRouter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for router in list(_INSTALLED):
+        router.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

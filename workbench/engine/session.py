@@ -1,0 +1,378 @@
+"""A training session: the facade front ends use.
+
+It wires the training thread, the file watcher, the reload thread and the
+memory sampler together; front ends read `status()` and `telemetry`, subscribe
+to `bus`, and `send` commands. It never imports a UI.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from workbench import __version__
+from workbench.engine.bench import Bench
+from workbench.engine.early_output import EarlyOutput
+from workbench.protocol.eventbus import EventBus
+from workbench.engine.eventlog import EventLogWriter
+from workbench.protocol.events import Command, Error, Interrupt, Pause, Quit, ReloadNow, Start
+from workbench.engine.actions.leftovers import remove_leftovers
+from workbench.engine.actions.snapshot import DEFAULT_KEEP
+from workbench.engine.hotswap.reloader import DEFAULT_MAX_HISTORY, Reloader
+from workbench.engine.hotswap.service import ReloadService
+from workbench.engine.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
+from workbench.engine.memory.device import DeviceProbe, TorchNvmlProbe
+from workbench.engine.memory.cgroup import previous_oom_kills_note
+from workbench.engine.memory.host import read_host_memory
+from workbench.engine.memory.sampler import HostReader, MemorySample, MemorySampler
+from workbench.engine.memory_guard import MemoryGuard
+from workbench.engine.output import OutputRouter
+from workbench.protocol.status import SessionStatus
+from workbench.engine.project import Project, ignored_hooks, unload_project
+from workbench.engine.runs import RunRecord, leftover_folders, new_run_folder
+from workbench.engine.state_folder import choose_state_folder
+from workbench.engine.telemetry import Telemetry
+from workbench.engine.time_limit import TimeLimit
+from workbench.units import human_bytes
+from workbench.engine.watchdog import StepWatchdog
+from workbench.engine.worker import ApplyChanges, RunState, TrainingWorker
+
+REQUIRED_FUNCTIONS = {"setup": ("bench",), "step": ("state", "bench")}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    device: torch.device
+    max_steps: int | None = None
+    exit_at_max_steps: bool = True
+    exit_on_setup_failure: bool = False
+    start_paused: bool = False
+    watch: bool = True
+    capture_output: bool = True
+    write_event_log: bool = False
+    eval_every: int | None = None
+    resume: Path | None = None  # a snapshot to load after setup() (`--resume`)
+    resume_partial: bool = False
+    snapshot_keep: int = DEFAULT_KEEP
+    slow_step_factor: float = 10.0  # warn when a step runs this many times its median...
+    slow_step_seconds: float = 5.0  # ...and at least this long
+    record_memory: bool = False  # CUDA allocation history for memory snapshots (python stacks)
+    max_history: int = DEFAULT_MAX_HISTORY  # code versions kept for rollback (each holds its old code)
+    sample_memory: bool = True
+    memory_interval: float = 0.1  # 10 Hz
+    memory_idle_interval: float | None = 0.5  # 2 Hz while paused (None: always memory_interval)
+    memory_window: float = 300.0  # seconds of memory history the gauges draw
+    memory_event_interval: float = 2.0
+    debounce_ms: int = DEBOUNCE_MS
+    step_ms: int = STEP_MS
+    freeze_gc: bool = True  # gc.freeze() after setup: full collections skip the long-lived objects
+    training_nice: int = 0  # lower the training thread's CPU priority by this much (thread_priority.py)
+    tensorboard: bool = False  # TensorBoard event files in the run folder (tensorboard_log.py; optional extra)
+    time_limit: TimeLimit | None = None  # the job's wall-clock limit: final snapshot and exit before it (time_limit.py)
+    requeue: bool = False  # after a requeue signal or the time limit's snapshot, requeue the batch job (Slurm)
+    requeue_signal: str = "USR1"  # the signal that means "snapshot now, requeue, exit 0"
+    on_memory_limit: str = "snapshot"  # memory_guard.py: before a forecast kill, snapshot and pause / pause / warn
+
+
+def _join(thread: threading.Thread | None, timeout: float) -> None:
+    if thread is not None and thread.ident is not None:
+        thread.join(timeout)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """`auto` picks CUDA when torch can use it; an explicit `cuda` without a GPU is the user's to fix."""
+    from workbench.errors import UserError
+
+    spec = spec.strip().lower()
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise UserError(f"--device {spec!r} is not a device; use auto, cpu, cuda or cuda:N.") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda was asked for, but torch.cuda.is_available() is False on this machine.", hint="Use --device cpu (or auto).")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
+    elif device.type != "cpu":
+        raise UserError(f"--device {spec!r} is not supported; use auto, cpu, cuda or cuda:N.")
+    return device
+
+
+class Session:
+    def __init__(
+        self,
+        project: Project,
+        config: SessionConfig,
+        *,
+        probe: DeviceProbe | None = None,
+        stdout_passthrough: TextIO | None = None,
+        host_reader: HostReader = read_host_memory,
+        early_output: EarlyOutput | None = None,
+    ) -> None:
+        self.project = project
+        self._early_output = early_output  # what the project printed while it was imported
+        self.config = config
+        self.bus = EventBus()
+        self.telemetry = Telemetry(memory_history=int(config.memory_window / max(config.memory_interval, 0.01)) + 1)
+        self.probe: DeviceProbe = probe or TorchNvmlProbe()
+        # The project's state folder (a UserError before anything starts), and this session's own run folder in it.
+        self.state_dir, self._run_dir_note = choose_state_folder(project.root)
+        if config.tensorboard:
+            from workbench.engine.tensorboard_log import require_tensorboardx
+
+            require_tensorboardx()  # a missing extra is one line, before a run folder is made for nothing
+        self.run_dir = new_run_folder(self.state_dir)
+        self.run_record = RunRecord(self.run_dir)
+        self.bench = Bench(config.device, self.run_dir)
+        self.reloader = Reloader(project, REQUIRED_FUNCTIONS, config.max_history)
+        self.router = (
+            OutputRouter(self.bus.publish, stdout=stdout_passthrough) if config.capture_output else None
+        )
+        self.worker = TrainingWorker(
+            project,
+            self.bench,
+            self.reloader,
+            self.bus,
+            self.telemetry,
+            self.probe,
+            self.router,
+            max_steps=config.max_steps,
+            exit_at_max_steps=config.exit_at_max_steps,
+            exit_on_setup_failure=config.exit_on_setup_failure,
+            start_paused=config.start_paused,
+            eval_every=config.eval_every,
+            record_memory=config.record_memory,
+            resume=config.resume,
+            resume_partial=config.resume_partial,
+            snapshot_keep=config.snapshot_keep,
+            run_record=self.run_record,
+            time_limit=config.time_limit,
+            requeue=config.requeue,
+            on_memory_limit=config.on_memory_limit,
+            freeze_gc=config.freeze_gc,
+            nice=config.training_nice,
+        )
+        self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
+        self.watcher = (
+            SourceWatcher(
+                project.root,
+                self.reload_service.files_changed,
+                self._watch_failed,
+                debounce_ms=config.debounce_ms,
+                step_ms=config.step_ms,
+            )
+            if config.watch
+            else None
+        )
+        self.memory_guard = MemoryGuard(
+            self.bus.publish, self.worker.commands.put, self.worker.seconds_to_act, config.on_memory_limit,
+            step_count=lambda: self.worker.step,
+        )
+        self.sampler = MemorySampler(
+            self.probe,
+            self._store_memory,
+            self.bus.publish,
+            interval=config.memory_interval,
+            event_interval=config.memory_event_interval,
+            read_host=host_reader,
+            step_count=lambda: self.worker.step,
+            idle=lambda: self.worker.state is RunState.PAUSED,
+            idle_interval=config.memory_idle_interval,
+        )
+        self.watchdog = StepWatchdog(
+            self.worker, self.bus.publish, factor=config.slow_step_factor, minimum=config.slow_step_seconds
+        )
+        self.event_log = EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log else None
+        self.tensorboard = self._tensorboard_log() if config.tensorboard else None
+        self._started = False
+        self._final_snapshot = False
+        self._stopped = threading.Event()
+
+    # Lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every thread; `setup` runs on the training thread, so this returns at once."""
+        if self._started:
+            return
+        self._started = True
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.reloader.track_loaded_modules()
+        if self.router is not None:
+            self.router.install()
+        self.bus.publish(
+            Start(
+                project=self.project.name,
+                device=str(self.config.device),
+                version=__version__,
+                torch=torch.__version__,
+                pid=os.getpid(),
+            )
+        )
+        if self._early_output is not None:
+            self._early_output.connect(self.bus.publish)
+        for note in ignored_hooks(self.project.module.__dict__):
+            self.bus.publish(Error(where="contract", message=note))
+        if self._run_dir_note:
+            self.bus.publish(Error(where="run folder", message=self._run_dir_note))
+        if (oom_note := previous_oom_kills_note()) is not None:
+            self.bus.publish(Error(where="memory limit", message=oom_note))
+        self.run_record.start(str(self.project.entry), self.config.resume)
+        for leftover in remove_leftovers(leftover_folders(self.state_dir)):
+            self.bus.publish(
+                Error(
+                    where="run folder",
+                    message=f"removed {leftover.path} ({human_bytes(leftover.bytes)}): a temp file its writer (pid "
+                    f"{leftover.writer_pid}, no longer running) left when it was killed mid-write",
+                )
+            )
+        if self.event_log is not None:
+            self.event_log.start()
+        if self.tensorboard is not None:
+            self.tensorboard.start()
+        if self.config.sample_memory:
+            self.sampler.start()
+        self.reload_service.start()
+        if self.watcher is not None:
+            self.watcher.start()
+        self.worker.start()
+        self.watchdog.start()
+
+    def wait_until_watching(self, timeout: float = 10.0) -> bool:
+        """True once file saves are being watched (tests and benchmarks wait for this)."""
+        return self.watcher is None or self.watcher.ready.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the training thread to end; True if it has."""
+        self.worker.join(timeout)
+        return not self.worker.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the training thread to finish its step and stop, then stop the helpers."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self._started:
+            # A start that failed part way (an unusable run folder) left some threads unstarted: join only started ones.
+            self.worker.commands.put(Quit())
+            _join(self.worker, timeout)
+            if self.watcher is not None:
+                self.watcher.stop()
+            self.reload_service.stop()
+            self.sampler.stop()
+            self.watchdog.stop()
+            for thread in (self.watcher, self.reload_service, self.sampler):
+                _join(thread, 2.0)
+            if self.event_log is not None:
+                self.event_log.stop()
+                _join(self.event_log, 2.0)
+            if self.tensorboard is not None:
+                self.tensorboard.stop()
+        if self.router is not None:
+            self.router.uninstall()
+
+    def request_quit(self, final_snapshot: bool = False, reason: str = "quit") -> None:
+        """Ask the training thread to stop after its step (writing a final snapshot first if asked)."""
+        self._final_snapshot = self._final_snapshot or final_snapshot
+        self.worker.commands.put(Quit(final_snapshot=final_snapshot, reason=reason))
+
+    def close(self) -> None:
+        """Stop and forget the project's modules (several sessions may share one process)."""
+        # A final snapshot of a large model can take a while: give it time before giving up.
+        self.stop(timeout=600.0 if self._final_snapshot else 10.0)
+        unload_project(self.project)
+
+    @property
+    def last_profile(self):  # type: ignore[no-untyped-def]
+        return self.worker.last_profile
+
+    # What the app reads (workbench/protocol/source.py), in process as over a socket.
+    @property
+    def project_root(self) -> Path:
+        return self.project.root
+
+    @property
+    def memory_window(self) -> float:
+        return self.config.memory_window
+
+    @property
+    def ended(self) -> str | None:
+        return "the session ended" if self.worker.state is RunState.STOPPED else None
+
+    @property
+    def last_snapshot(self) -> str | None:
+        return self.worker.last_snapshot_path
+
+    @property
+    def unsaved_steps(self) -> int:
+        """Steps trained since the last snapshot (or since start): what quitting now would lose."""
+        w = self.worker
+        if w.user_state is None:
+            return 0
+        return w.step - (w.last_snapshot_step or 0)
+
+    @property
+    def exit_code(self) -> int:
+        return self.worker.exit_code
+
+    # Front-end API -----------------------------------------------------------------------
+    def send(self, command: Command) -> None:
+        """Non-blocking; applied by the training thread between steps (reloads by the reload thread)."""
+        if isinstance(command, ReloadNow):
+            self.reload_service.rescan()
+        elif isinstance(command, Interrupt):
+            if not self.worker.interrupt():
+                self.bus.publish(Error(where="command", message="no step is running: nothing to interrupt"))
+        else:
+            self.worker.commands.put(command)
+            started = self.worker.step_started
+            running = time.monotonic() - started if started is not None else 0.0
+            if isinstance(command, Pause) and running >= 1.0 and self.worker.state is RunState.RUNNING:
+                # Applied at the step boundary: said at once, so a long step does not look like an ignored key.
+                self.bus.publish(Error(where="pausing", message=f"pausing after the current step (running for {running:.0f} s; "
+                                       "i interrupts it)"))
+
+    def status(self) -> SessionStatus:
+        w = self.worker
+        elapsed = w.setup_seconds if w.setup_seconds is not None else time.monotonic() - w.setup_started
+        return SessionStatus(
+            project=self.project.name,
+            device=str(self.config.device),
+            state=w.state.value,
+            pause_reason=w.pause_reason,
+            step=w.step,
+            steps_per_second=self.telemetry.steps_per_second() if w.state is RunState.RUNNING else 0.0,
+            code_version=self.reloader.version,
+            setup_elapsed=elapsed,
+            setup_error=w.setup_error,
+            profiling=w.profiling,
+            last_step_ms=self.telemetry.last_step_ms,
+            needs_rebuild=tuple(self.project.relative(p) for p in list(w.held_paths())),
+            activity=w.activity,
+            unsaved_steps=self.unsaved_steps,
+            memory_warning=self.memory_guard.warning,
+            last_snapshot=self.last_snapshot,
+        )
+
+    # Internals ---------------------------------------------------------------------------
+    def _store_memory(self, sample: MemorySample) -> None:
+        """On the sampler's thread: the gauges' history, and the forecast of a memory limit."""
+        self.telemetry.store_memory(sample)
+        self.memory_guard.observe(sample)
+
+    def _tensorboard_log(self):  # type: ignore[no-untyped-def]
+        from workbench.engine.tensorboard_log import TensorBoardLog
+
+        return TensorBoardLog(self.bus, self.run_dir, resumed_from=self.config.resume)
+
+    def _submit_changes(self, prepared) -> None:  # type: ignore[no-untyped-def]
+        self.worker.commands.put(ApplyChanges(prepared))
+
+    def _watch_failed(self, message: str) -> None:
+        self.bus.publish(Error(where="watcher", message=message))

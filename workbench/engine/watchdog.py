@@ -1,0 +1,55 @@
+"""Warn when a step runs far longer than usual: a hung data loader, a deadlock, an endless loop.
+
+It only reads two values the training thread writes (when the running step began,
+and recent step times), and says once per step what the user can do: interrupt.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+from workbench.protocol.events import Error, Event
+from workbench.engine.suspension import SuspendedTime
+from workbench.engine.worker import TrainingWorker
+
+
+class StepWatchdog(threading.Thread):
+    def __init__(
+        self, worker: TrainingWorker, publish: Callable[[Event], None], *, factor: float, minimum: float, every: float = 0.5
+    ) -> None:
+        super().__init__(name="vram-bench-watchdog", daemon=True)
+        self._worker = worker
+        self._publish = publish
+        self._factor = factor
+        self._minimum = minimum
+        self._every = every
+        self._stop_event = threading.Event()
+        self._warned_for: float | None = None
+
+    def run(self) -> None:
+        suspended = SuspendedTime()
+        while not self._stop_event.wait(self._every):
+            suspended.tick(self._every)
+            started = self._worker.step_started
+            history = list(self._worker.step_ms_history)
+            if started is None or started == self._warned_for or len(history) < 3:
+                continue
+            # Time the whole process was stopped (SIGSTOP, a suspended job) is no step's doing.
+            running = time.monotonic() - started - suspended.since(started)
+            median = statistics.median(history) / 1000
+            if running >= max(self._minimum, self._factor * median):
+                self._warned_for = started
+                self._publish(
+                    Error(
+                        where="slow step",  # a warning: training is not paused
+                        message=f"step {self._worker.step + 1} has run for {running:.0f} s, {running / max(median, 1e-6):.0f}x "
+                        f"its median ({median:.2f} s): if it is stuck, press i (command `interrupt`) to stop it; "
+                        "the model stays",
+                    )
+                )
+
+    def stop(self) -> None:
+        self._stop_event.set()

@@ -1,0 +1,679 @@
+"""The training thread: owns the user's state and runs `step` back to back.
+
+Everything that touches the live model happens here, between two steps: code
+reloads, cleanup, snapshots, profiling. Commands arrive through a queue and each
+runs through `workbench.engine.dispatch.dispatch` (its handler lives in `workbench/engine/commands/`);
+events leave through the bus. Nothing here ever waits for a front end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import workbench
+from workbench.engine.actions.final_snapshot import FinalSnapshot
+from workbench.engine.actions.memory_snapshot import dump_snapshot, start_recording
+from workbench.engine.actions.pending_optimizers import PendingOptimizers
+from workbench.engine.actions.profile import ProfileRun
+from workbench.engine.actions.requeue import requeue_job
+from workbench.engine.actions.snapshot import (
+    DEFAULT_KEEP,
+    apply_snapshot,
+    load_snapshot,
+    write_snapshot,
+)
+from workbench.engine.actions.snapshot_integrity import payload_bytes
+from workbench.engine.bench import Bench, to_scalar
+from workbench.engine.commands import ApplyChanges  # registers the handlers
+from workbench.engine.dispatch import dispatch
+from workbench.errors import UserError
+from workbench.engine.eval_mode import EvalModeWatch
+from workbench.protocol.eventbus import EventBus
+from workbench.protocol.events import (
+    Command,
+    Error,
+    Evaluation,
+    Exit,
+    MemorySnapshotTaken,
+    Paused,
+    Profile,
+    Resumed,
+    ResumeLoaded,
+    Setup,
+    Step,
+)
+from workbench.engine.hotswap.patches import RunInNamespace
+from workbench.engine.hotswap.planner import ChangeSet
+from workbench.engine.hotswap.reloader import Reloader
+from workbench.engine.init_skipping import InitLog, skipping_init
+from workbench.engine.memory.device import DeviceProbe
+from workbench.engine.memory.gc_freeze import Frozen, collect_all, freeze_survivors
+from workbench.engine.memory.gc_freeze import release as release_frozen
+from workbench.engine.memory.out_of_memory import is_out_of_memory
+from workbench.engine.nonfinite import describe_non_finite
+from workbench.engine.output import OutputRouter
+from workbench.engine.project import Project, deepest_frame_in
+from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
+from workbench.engine.runs import RunRecord
+from workbench.engine.saved_bytes import SavedBytes
+from workbench.engine.state_walk import find_with_globals
+from workbench.engine.telemetry import Telemetry
+from workbench.engine.thread_priority import lower_current_thread
+from workbench.engine.time_limit import ASSUMED_WRITE_SECONDS_PER_BYTE, TimeLimit
+
+__all__ = ["AUTO_RESUME_REASONS", "ApplyChanges", "RunState", "TrainingWorker", "split_step_output"]
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
+
+
+class StepOutputError(TypeError):
+    """`step` returned something that is not a loss."""
+
+
+def split_step_output(out: Any) -> tuple[float, dict[str, float]]:
+    """A float / one-element tensor, or a dict of scalars with "loss" → (loss, other scalars)."""
+    if isinstance(out, dict):
+        if "loss" not in out:
+            raise StepOutputError(f"step() returned a dict without a 'loss' key (keys: {', '.join(map(str, out)) or 'none'})")
+        scalars = {str(k): _scalar(v, str(k)) for k, v in out.items()}
+        return scalars.pop("loss"), scalars
+    if out is None:
+        raise StepOutputError("step() returned None; return the loss (a float or a 0-d tensor) or a dict with 'loss'")
+    return _scalar(out, "loss"), {}
+
+
+def _scalar(value: Any, name: str) -> float:
+    try:
+        return to_scalar(value, name)
+    except TypeError as exc:
+        raise StepOutputError(f"step() returned {exc}") from None
+
+
+class TrainingWorker(threading.Thread):
+    def __init__(
+        self,
+        project: Project,
+        bench: Bench,
+        reloader: Reloader,
+        bus: EventBus,
+        telemetry: Telemetry,
+        probe: DeviceProbe,
+        router: OutputRouter | None,
+        *,
+        max_steps: int | None,
+        exit_at_max_steps: bool,
+        exit_on_setup_failure: bool,
+        start_paused: bool,
+        eval_every: int | None = None,
+        record_memory: bool = False,
+        resume: Path | None = None,
+        resume_partial: bool = False,
+        snapshot_keep: int = DEFAULT_KEEP,
+        run_record: RunRecord | None = None,
+        time_limit: TimeLimit | None = None,
+        requeue: bool = False,
+        on_memory_limit: str = "snapshot",
+        freeze_gc: bool = True,
+        nice: int = 0,
+    ) -> None:
+        super().__init__(name="vram-bench-training", daemon=True)
+        self.project = project
+        self.bench = bench
+        self.reloader = reloader
+        self.bus = bus
+        self.telemetry = telemetry
+        self.probe = probe
+        self.router = router
+        self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self.max_steps = max_steps
+        self.exit_at_max_steps = exit_at_max_steps
+        self.exit_on_setup_failure = exit_on_setup_failure
+        self.start_paused = start_paused
+        self.eval_every = eval_every
+        self.record_memory = record_memory
+        self.resume_path = resume
+        self.resume_partial = resume_partial
+        self.snapshot_keep = snapshot_keep
+        self.run_record = run_record  # run.json: how far this run got, for `vram-bench runs`
+        self.time_limit = time_limit  # a job's wall-clock limit: the final snapshot is written before it
+        self.requeue = requeue  # requeue the batch job after a requeue signal's or the time limit's snapshot
+        self.on_memory_limit = on_memory_limit  # what the memory guard's "the ceiling is near" does (memory_guard.py)
+        self._snapshot_seconds: float | None = None  # how long the last snapshot took (the time limit plans with it)
+        self._state_bytes_estimate: int | None = None  # until a snapshot is timed, its size says how long one takes
+        self.freeze_gc = freeze_gc  # freeze what setup() left alive: short full collections (memory/gc_freeze.py)
+        self.frozen: Frozen | None = None
+        self.nice_increment = nice
+        self.nice: int | None = None  # the training thread's nice value once lowered
+        self.last_snapshot_step: int | None = None
+        self.last_snapshot_path: str | None = None  # the last snapshot this run wrote (or resumed from)
+        self.last_snapshot_error: str | None = None  # why the last attempt failed, if it did
+        self.final_snapshot: FinalSnapshot | None = None  # what the quit's final snapshot did: said after exit
+        self._first_step = 0  # the step setup() or the resume started from: no snapshot before a step has run
+        self.activity: str | None = None  # a long action running between steps, for the status bar
+        self._interrupt_lock = threading.Lock()
+        self.exit_on_error_pause = False  # headless with stdin closed: nobody could resume
+        self.last_profile: Profile | None = None
+        self.step_started: float | None = None  # monotonic time the running step began (None between steps)
+        self.step_ms_history: deque[float] = deque(maxlen=50)
+        self._recording = False
+        self.eval_watch = EvalModeWatch()  # warns when steps run with the trained model in eval mode
+
+        self.state = RunState.SETUP
+        self.pause_reason: str | None = None
+        self.step = 0
+        self.user_state: Any = None
+        self.setup_started = time.monotonic()
+        self.setup_seconds: float | None = None
+        self.setup_error: str | None = None
+        self.setup_error_location: str | None = None
+        self.setup_traceback: str | None = None
+        self.exit_code = 0
+        self.exit_reason = "quit"
+        self._quit = False
+        self._step_once = False
+        self._profile: ProfileRun | None = None
+        self._module_count = len(sys.modules)
+        device = bench.device
+        self._gpu_index = (device.index or 0) if device.type == "cuda" and probe.available() else None
+        self._held: dict[Path, ChangeSet] = {}
+        # After a resume: optimizer states the snapshot has and setup() made no optimizer for (step() makes them).
+        self._pending_optimizers: PendingOptimizers | None = None
+        self._state_built_at = 0  # the code version live when setup() last built the state (start, or a rebuild)
+        self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
+
+    def held_paths(self) -> list[Path]:
+        """Files with saved changes held back until a rebuild (read from other threads: a copy)."""
+        return list(self._held)
+
+    @property
+    def profiling(self) -> bool:
+        return self._profile is not None
+
+    # Thread body -------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.router is not None:
+            self.router.capture_thread()
+        self.nice = lower_current_thread(self.nice_increment)  # before setup(): the threads it starts inherit it
+        try:
+            self._start_memory_recording()
+            self._run_setup()
+            while not self._quit:
+                idle = self.state is not RunState.RUNNING and not self._step_once
+                self._handle_commands(block=idle)
+                if self._quit:
+                    break
+                try:
+                    if self.state is RunState.RUNNING or (self._step_once and self.state is RunState.PAUSED):
+                        self._step_once = False
+                        self._run_step()
+                        self._check_max_steps()
+                    if self.time_limit is not None and not self._quit:
+                        self._check_time_limit()
+                except KeyboardInterrupt:
+                    # An interrupt that arrived just after its step finished: nothing to stop.
+                    self._command_error("the step had already finished when the interrupt arrived")
+        except BaseException as exc:  # noqa: BLE001 - a bug in the workbench: say so, exit non-zero
+            self.exit_code, self.exit_reason = 1, "internal error"
+            self.bus.publish(
+                Error(where="worker", message=f"vram-bench internal error: {exc!r}", traceback=traceback.format_exc())
+            )
+        finally:
+            if self._profile is not None:
+                self._profile.abort()
+                self._profile = None
+            if self.frozen is not None:
+                release_frozen()
+            self.state = RunState.STOPPED
+            self._update_run_record(ended=time.time(), exit_reason=self.exit_reason)
+            self.bus.publish(Exit(reason=self.exit_reason, step=self.step, code=self.exit_code))
+            if self.router is not None:
+                self.router.release_thread()
+
+    def _handle_commands(self, block: bool) -> None:
+        try:
+            command = self.commands.get(timeout=0.5) if block else self.commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            dispatch(self, command)  # the one place a command runs: see workbench/engine/dispatch.py
+            if self._quit:
+                return
+            try:
+                command = self.commands.get_nowait()
+            except queue.Empty:
+                return
+
+    # Setup -------------------------------------------------------------------------------
+    def _run_setup(self) -> None:
+        self.state = RunState.SETUP
+        self.setup_started = time.monotonic()
+        self.setup_error = self.setup_error_location = None
+        self.bus.publish(Setup(status="running"))
+        setup = self.project.function("setup")
+        try:
+            if setup is None:
+                raise NameError("setup(bench) is not defined in the project file")
+            # Resuming: the snapshot fills the parameters, so their initialization is recorded, not run.
+            with skipping_init(active=self.resume_path is not None) as init_log:
+                self.user_state = setup(self.bench)
+            self._state_built_at = self.reloader.version
+        except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
+            seconds = time.monotonic() - self.setup_started
+            file, line = self._where(exc)
+            self.setup_error = f"setup() raised {type(exc).__name__}: {exc}"
+            self.setup_error_location = f"{file}:{line}" if file else None
+            self.setup_traceback = self._format(exc)
+            self.bus.publish(Setup(status="failed", seconds=seconds))
+            self.bus.publish(
+                Error(where="setup", message=self.setup_error, file=file, line=line, traceback=self.setup_traceback)
+            )
+            traceback.clear_frames(exc.__traceback__)
+            self.state = RunState.SETUP_FAILED
+            if self.exit_on_setup_failure:
+                self.exit_code, self.exit_reason, self._quit = 2, "setup failed", True
+            return
+        self.setup_seconds = time.monotonic() - self.setup_started
+        self._state_bytes_estimate = None
+        self._state_bytes()  # once, here: the memory guard and the time limit plan a snapshot's time with it
+        self.eval_watch.refresh(self.user_state)
+        self.bus.publish(Setup(status="done", seconds=self.setup_seconds))
+        self.reloader.track_loaded_modules()  # modules that setup imported are watched too
+        resumed = True
+        if self.resume_path is not None:
+            path, self.resume_path = self.resume_path, None  # once: a later rebuild starts from the live state
+            resumed = self._resume_from(path, init_log)
+        if self.freeze_gc:
+            self.frozen = freeze_survivors()
+        if not resumed:
+            return
+        if self.start_paused:
+            self._pause("user")
+        else:
+            self.state = RunState.RUNNING
+
+    def _resume_from(self, path: Path, init_log: InitLog) -> bool:
+        """Load a snapshot into what setup() built; on a mismatch load nothing and say what differs.
+
+        `init_log`: the initializations setup() skipped; what the snapshot does not fill is initialized
+        now, and when nothing is loaded, everything is, so training starts from what setup() builds."""
+        started = time.monotonic()
+        try:
+            report = apply_snapshot(
+                self.user_state, load_snapshot(path), path, partial=self.resume_partial, namespaces=self._namespaces(),
+                init_log=init_log,
+            )
+        except Exception as exc:  # noqa: BLE001 - a snapshot that does not fit must not cost the session
+            init_log.replay_all()
+            report = getattr(exc, "report", None)
+            if report is not None:
+                message = f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
+            elif isinstance(exc, UserError):
+                message = str(exc)
+            else:
+                message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); nothing was loaded"
+            message += "; training starts from what setup() built (initialized as usual)"
+            self.bus.publish(
+                ResumeLoaded(
+                    ok=False,
+                    path=str(path),
+                    error=message,
+                    missing=tuple(report.missing) if report else (),
+                    unexpected=tuple(report.unexpected) if report else (),
+                    mismatched=tuple(report.mismatched) if report else (),
+                )
+            )
+            self.bus.publish(Error(where="resume", message=message))
+            if self.exit_on_setup_failure:
+                self.exit_code, self.exit_reason, self._quit = 2, "resume failed", True
+            else:
+                self.state = RunState.RUNNING
+                self._pause("resume failed")
+            return False
+        self.step = self.last_snapshot_step = self._first_step = report.step
+        self.last_snapshot_path = str(path)
+        notes: tuple[str, ...] = ()
+        if report.pending_optimizers:
+            self._pending_optimizers = PendingOptimizers.after_resume(path, report.pending_optimizers, self.step)
+            notes = self._pending_optimizers.notes_at_resume
+        if report.initialized:
+            shown = ", ".join(report.initialized[:6]) + (f" and {len(report.initialized) - 6} more" if len(report.initialized) > 6 else "")
+            notes += (f"not in the snapshot, so initialized as setup() does: {shown}",)
+        self.bus.publish(
+            ResumeLoaded(
+                ok=True,
+                path=str(path),
+                step=report.step,
+                tensors=report.tensors,
+                optimizers=report.optimizers,
+                seconds=time.monotonic() - started,
+                missing=tuple(report.missing),
+                unexpected=tuple(report.unexpected),
+                mismatched=tuple(report.mismatched),
+                notes=notes,
+                initialized=tuple(report.initialized),
+                mapped=report.mapped,
+            )
+        )
+        return True
+
+    def _namespaces(self) -> list[tuple[str, dict[str, Any]]]:
+        """The project's module globals: where script-style trainers keep an optimizer (`global OPT_G`)."""
+        return [(m.__name__, vars(m)) for m in self.project.modules().values()]
+
+    def _load_pending_optimizers(self) -> None:
+        """After a step: load snapshot state into optimizers step() has made since the resume."""
+        assert self._pending_optimizers is not None
+        event = self._pending_optimizers.after_step(self.user_state, self._namespaces(), self.step)
+        if self._pending_optimizers.done:
+            self._pending_optimizers = None
+        if event is not None:
+            self.bus.publish(event)
+
+    # One training step ---------------------------------------------------------------------
+    def _run_step(self) -> None:
+        step_fn = self.project.function("step")
+        self.bench.step = self.step
+        gpu = self._gpu_index
+        if gpu is not None:
+            self.probe.reset_peaks()  # so the peak read after the step is this step's
+        started_in_eval = self.eval_watch.in_eval()
+        started = time.perf_counter()
+        with self._interrupt_lock:
+            self.step_started = time.monotonic()
+        saved_bytes: int | None = None
+        try:
+            try:
+                if step_fn is None:
+                    raise NameError("step(state, bench) is not defined in the project file")
+                if self.telemetry.versions.wants_saved_measurement():
+                    with SavedBytes(self.user_state) as saved:
+                        out = step_fn(self.user_state, self.bench)
+                    self.telemetry.versions.record_saved(saved.bytes)
+                    saved_bytes = saved.bytes
+                else:
+                    out = step_fn(self.user_state, self.bench)
+                loss, scalars = split_step_output(out)
+                scalars.update(self.bench._take_logged())
+            finally:
+                self._step_ends()
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a failing step pauses; the model survives
+            self.bench._take_logged()
+            self._step_failed(exc)
+            return
+        ms = (time.perf_counter() - started) * 1000
+        self.step_ms_history.append(ms)
+        if gpu is not None:
+            peak = self.probe.peak_allocated(gpu)
+            if peak is not None:
+                self.telemetry.step_peaks[gpu] = peak
+        self._track_new_modules()
+        self.step += 1
+        self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
+        self.telemetry.versions.record_step(ms, loss, scalars, self.telemetry.step_peaks.get(gpu) if gpu is not None else None)
+        peak = self.telemetry.step_peaks.get(gpu) if gpu is not None else None
+        self.bus.publish(Step(step=self.step, loss=loss, ms=ms, scalars=scalars, code_version=self.reloader.version,
+                              gpu=gpu if peak is not None else None, peak_allocated=peak, saved_bytes=saved_bytes))
+        if self._pending_optimizers is not None:
+            self._load_pending_optimizers()
+        if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
+            self.bus.publish(warning)
+        if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
+            self._run_evaluate()
+        if self._profile is not None and self._profile.step_done():
+            profile, self._profile = self._profile, None
+
+            def finish() -> Profile:
+                self.last_profile = profile.finish()
+                return self.last_profile
+
+            self._publish_or_report("profile", finish)
+        if not math.isfinite(loss):
+            try:
+                culprits = describe_non_finite(self.user_state)
+            except Exception as exc:  # noqa: BLE001 - the diagnosis must not turn into a second failure
+                culprits = f"could not inspect the parameters ({exc})"
+            self.bus.publish(
+                Error(
+                    where="step",
+                    message=f"loss is {loss} at step {self.step} (the first non-finite step); {culprits}. "
+                    "Training paused: fix the code and save, or resume to continue anyway.",
+                )
+            )
+            self._pause("non-finite loss")
+
+    def _track_new_modules(self) -> None:
+        """A module the step imported lazily is tracked for reloads (an O(1) check per step)."""
+        if len(sys.modules) != self._module_count:
+            self._module_count = len(sys.modules)
+            self.reloader.track_loaded_modules()
+
+    def _step_failed(self, exc: BaseException) -> None:
+        file, line = self._where(exc)
+        message = f"step() raised {type(exc).__name__}: {exc}"
+        if isinstance(exc, StepOutputError):
+            message = str(exc)
+        elif isinstance(exc, KeyboardInterrupt):
+            message = "step() was interrupted" + (f" at {file}:{line}" if file else "") + "; the model and optimizer are intact"
+        elif is_out_of_memory(exc):
+            message = f"out of memory in step(): {exc}. The step's tensors were released and the cache emptied; {self._memory_report()}"
+        self.bus.publish(Error(where="step", message=message, file=file, line=line, traceback=self._format(exc)))
+        traceback.clear_frames(exc.__traceback__)  # the frames pin the step's tensors
+        if is_out_of_memory(exc):
+            if self._recording:
+                self._publish_or_report("memory snapshot", lambda: self._dump_memory("oom"))
+            del exc
+            collect_all()
+            self.probe.empty_cache()
+            self._pause("out of memory")
+            return
+        self._pause("interrupted" if isinstance(exc, KeyboardInterrupt) else "error")
+
+    def _memory_report(self) -> str:
+        from workbench.engine.memory.host import read_host_memory
+        from workbench.units import human_bytes
+
+        parts = [f"process RSS {human_bytes(read_host_memory().rss)}"]
+        for gpu in self.probe.gpus():
+            parts.append(
+                f"cuda:{gpu.index} allocated {human_bytes(gpu.allocated)}, reserved {human_bytes(gpu.reserved)}, "
+                f"device {human_bytes(gpu.device_used)} of {human_bytes(gpu.device_total)}"
+            )
+        return "; ".join(parts) + ". Lower the batch size (or use the memory lab's techniques) and save to resume."
+
+    def interrupt(self) -> bool:
+        """From another thread: raise KeyboardInterrupt in the running step (at its next Python bytecode).
+
+        Under a lock with the step's start and end, so it can only land inside a step; one still
+        pending when the step ends is cancelled there.
+        """
+        with self._interrupt_lock:
+            if self.step_started is None or self.ident is None:
+                return False
+            _set_async_exc(self.ident, KeyboardInterrupt)
+            return True
+
+    def _step_ends(self) -> None:
+        with self._interrupt_lock:
+            self.step_started = None
+            _set_async_exc(threading.get_ident(), None)  # cancel an interrupt that arrived too late
+
+    def _check_max_steps(self) -> None:
+        if self.max_steps is None or self.step < self.max_steps:
+            return
+        if self.exit_at_max_steps:
+            self.exit_reason, self._quit = "max steps", True
+        elif self.state is RunState.RUNNING:
+            self._pause("max steps")
+
+    # Between steps: what the loop and the command handlers (workbench/engine/commands/) share ----
+    def _run_evaluate(self) -> None:
+        """Run the user's evaluate(); its scalars join the chart. A failure is reported, training goes on."""
+        evaluate = self.project.function("evaluate")
+        started = time.perf_counter()
+        try:
+            out = evaluate(self.user_state, self.bench)  # type: ignore[misc]
+            if not isinstance(out, dict):
+                raise StepOutputError(f"evaluate() returned {type(out).__name__}; return a dict of scalars")
+            scalars = {str(k): _scalar(v, str(k)) for k, v in out.items()}
+        except Exception as exc:  # noqa: BLE001
+            file, line = self._where(exc)
+            self.bus.publish(
+                Error(where="evaluate", message=f"evaluate() raised {type(exc).__name__}: {exc}", file=file, line=line,
+                      traceback=self._format(exc))
+            )
+            traceback.clear_frames(exc.__traceback__)
+            return
+        self.telemetry.record_step(self.step, scalars, 0.0, count=False)
+        self.telemetry.versions.record_scalars(scalars)
+        self.bus.publish(Evaluation(step=self.step, scalars=scalars, ms=(time.perf_counter() - started) * 1000))
+
+    def seconds_to_act(self) -> float:
+        """How long acting on a memory limit takes: the running step's end (twice the slowest recent step), a
+        snapshot (the last one's time, or the state's size at a slow disk's speed), and a second to spare."""
+        snapshot = self._snapshot_seconds
+        if snapshot is None:
+            snapshot = (self._state_bytes_estimate or 0) * ASSUMED_WRITE_SECONDS_PER_BYTE
+        return 2 * max(self.step_ms_history, default=0.0) / 1000 + snapshot + 1.0
+
+    def _check_time_limit(self) -> None:
+        """Between steps (and while paused): once the time left is about what a snapshot takes, write the final
+        one and exit, before the scheduler's SIGKILL can cost the run its progress."""
+        assert self.time_limit is not None
+        slowest = max(self.step_ms_history, default=0.0) / 1000
+        if self.user_state is None or not self.time_limit.snapshot_due(self._snapshot_seconds, self._state_bytes(), slowest):
+            return
+        left = max(self.time_limit.remaining(), 0.0)
+        self.bus.publish(Error(where="time limit", message=f"{self.time_limit.source}: {left:.0f} s left, about what the "
+                               "final snapshot needs: writing it and exiting"))
+        self._final_snapshot()
+        self._quit = True
+        self._end_for("time limit")
+
+    def _end_for(self, reason: str) -> None:
+        """The exit's reason (unless the final snapshot failed, which the exit must say), and the requeue."""
+        if self.exit_reason != "final snapshot failed":
+            self.exit_reason = reason
+        if self.requeue:
+            done, sentence = requeue_job()
+            self.bus.publish(Error(where="requeued" if done else "requeue", message=sentence))  # a warning / an error
+
+    def _state_bytes(self) -> int:
+        """The tensors a snapshot writes, estimated once (before any snapshot has been timed)."""
+        if self._state_bytes_estimate is None:
+            modules, optimizers = find_with_globals(self.user_state, self._namespaces())
+            self._state_bytes_estimate = payload_bytes(
+                [m.state_dict() for m in modules.values()] + [o.state_dict() for o in optimizers.values()]
+            )
+        return self._state_bytes_estimate
+
+    def _final_snapshot(self) -> None:
+        """The quit's snapshot, and what it did (`final_snapshot`): failed means the exit status says so too."""
+        if self.step == self._first_step:
+            self.final_snapshot = FinalSnapshot("nothing trained", self.step)
+        elif self.step == self.last_snapshot_step and self.last_snapshot_path is not None:
+            self.final_snapshot = FinalSnapshot("up to date", self.step, path=self.last_snapshot_path)
+        else:
+            good_path, good_step = self.last_snapshot_path, self.last_snapshot_step
+            if self._snapshot("final"):
+                self.final_snapshot = FinalSnapshot("written", self.step, path=self.last_snapshot_path)
+            else:
+                self.final_snapshot = FinalSnapshot(
+                    "failed", self.step, error=self.last_snapshot_error, last_good_path=good_path, last_good_step=good_step
+                )
+                self.exit_code, self.exit_reason = 1, "final snapshot failed"
+        if not self.final_snapshot.ok:
+            self.bus.publish(Error(where="snapshot", message=self.final_snapshot.sentence()))
+
+    def _snapshot(self, reason: str) -> bool:
+        """Write one; True if it was written (a failure is an error event and `last_snapshot_error`)."""
+        self.activity = f"writing snapshot of step {self.step}"  # large states take seconds: the status bar says so
+        try:
+            event = write_snapshot(
+                self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces()
+            )
+        except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
+            self.last_snapshot_error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+            self.bus.publish(Error(where="snapshot", message=f"snapshot of step {self.step} failed: {self.last_snapshot_error}",
+                                   traceback=None if isinstance(exc, UserError) else self._format(exc)))
+            return False
+        finally:
+            self.activity = None
+        self.last_snapshot_step, self.last_snapshot_path, self.last_snapshot_error = self.step, event.path, None
+        self._snapshot_seconds = event.seconds
+        self._update_run_record()
+        self.bus.publish(dataclasses.replace(event, reason=reason))
+        return True
+
+    def _update_run_record(self, **extra: Any) -> None:
+        if self.run_record is not None:
+            loss = self.telemetry.latest("loss")
+            self.run_record.update(step=self.step, code_version=self.reloader.version, last_loss=loss, **extra)
+
+    def _start_memory_recording(self) -> None:
+        if not self.record_memory:
+            return
+        if self._gpu_index is None:
+            self.bus.publish(Error(where="memory snapshot", message="--record-memory needs a CUDA device; not recording"))
+            return
+        try:
+            start_recording()
+            self._recording = True
+        except Exception as exc:  # noqa: BLE001
+            self.bus.publish(Error(where="memory snapshot", message=f"could not record CUDA memory history: {exc}"))
+
+    def _dump_memory(self, reason: str) -> MemorySnapshotTaken:
+        return dump_snapshot(self.bench.run_dir, self._gpu_index is not None, self._recording, reason)
+
+    def _after_code_change(self) -> None:
+        """After a handler changed the live code: a failed setup() runs again, a pause for an error ends."""
+        if self.state is RunState.SETUP_FAILED:
+            self._run_setup()
+        elif self.state is RunState.PAUSED and self.pause_reason in AUTO_RESUME_REASONS:
+            self._resume("reload")
+
+    # Helpers -----------------------------------------------------------------------------
+    def _pause(self, reason: str) -> None:
+        self.state, self.pause_reason = RunState.PAUSED, reason
+        self.bus.publish(Paused(reason=reason, step=self.step))
+        if self.exit_on_error_pause and reason in AUTO_RESUME_REASONS:
+            self.exit_code, self.exit_reason, self._quit = 1, reason, True
+
+    def _resume(self, reason: str) -> None:
+        self.state, self.pause_reason = RunState.RUNNING, None
+        self.bus.publish(Resumed(reason=reason, step=self.step))
+
+    def _command_error(self, message: str) -> None:
+        self.bus.publish(Error(where="command", message=message))
+
+    def _publish_or_report(self, what: str, action: Any) -> None:
+        try:
+            self.bus.publish(action())
+        except Exception as exc:  # noqa: BLE001 - an action failing must not stop training
+            self.bus.publish(Error(where=what, message=f"{what} failed: {type(exc).__name__}: {exc}", traceback=self._format(exc)))
+
+    def _where(self, exc: BaseException) -> tuple[str | None, int | None]:
+        found = deepest_frame_in(exc, self.project.root)
+        if found is None:
+            return None, None
+        return self.project.relative(found[0]), found[1]
+
+    def _format(self, exc: BaseException) -> str:
+        """The traceback without the workbench's own frames: the user's code is what matters."""
+        package = os.path.dirname(workbench.__file__)
+        tb = traceback.TracebackException.from_exception(exc)
+        tb.stack = traceback.StackSummary.from_list([f for f in tb.stack if not f.filename.startswith(package)])
+        return "".join(tb.format())

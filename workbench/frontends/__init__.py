@@ -1,0 +1,1 @@
+"""The front ends: clients of a session (the Textual app, the headless printer, attach, the browser view). They import the protocol, never the engine's objects (the headless printer and the session process host run one in process)."""

@@ -1,0 +1,169 @@
+"""Headless front end: JSON-lines events on stdout, one command per line on stdin.
+
+This is also the scripting and test interface. The real stdout carries only
+events; whatever the user's code prints becomes `print` events, and prints
+from other threads go to stderr.
+
+Stdin is read as bytes from file descriptor 0 (workbench/protocol/lines.py says why);
+`sys.stdin` is /dev/null while the session runs, so nothing reads it through its buffer.
+A quit that the training thread does not honour escalates (`QuitTimeouts`), and no
+path out of here leaves child processes (DataLoader workers) behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import TextIO
+
+
+from workbench.protocol.events import CommandError, Error, Exit, Interrupt, Quit, parse_command
+from workbench.engine.quit_escalation import QuitEscalation, QuitTimeouts, end_child_processes
+from workbench.engine.session import Session
+from workbench.protocol.lines import read_lines
+
+QUIT_TIMEOUTS = QuitTimeouts()  # read when a session starts: a test driver may lower it
+
+
+def _read_commands(session: Session, fd: int, on_quit: Callable[[], None]) -> None:
+    """Stdin reader thread. End of input is not a quit: scripts may close stdin and let it run.
+
+    But with nobody left to send `resume`, a pause for an error would wait forever: from then
+    on such a pause ends the run (exit code 1), unless a saved fix comes first.
+    """
+    for line in read_lines(fd):
+        if line.problem is not None:
+            session.bus.publish(Error(where="command", message=line.problem))
+            continue
+        if not line.text.strip():
+            continue
+        try:
+            command = parse_command(line.text)
+        except CommandError as exc:
+            session.bus.publish(Error(where="command", message=str(exc)))
+            continue
+        session.send(command)
+        if isinstance(command, Quit):
+            on_quit()
+    session.worker.exit_on_error_pause = True
+
+
+def run_headless(session: Session, stdout: TextIO, stdin: TextIO | None, timeouts: QuitTimeouts | None = None) -> int:
+    """Run until the session exits (quit, --max-steps, setup failure); returns the exit code."""
+    events = session.bus.subscribe(maxlen=1_000_000)
+    exit_written = threading.Event()
+    escalation = QuitEscalation(session, timeouts or QUIT_TIMEOUTS, lambda timeout: _all_written(session, exit_written, timeout))
+    previous_handlers = _quit_on_signals(session, escalation)
+    fd = _fileno(stdin)
+    quiet_stdin = _silence_sys_stdin(stdin) if fd is not None else None
+    try:
+        session.start()
+        escalation.start()
+        if fd is not None:
+            threading.Thread(
+                target=_read_commands, args=(session, fd, escalation.begin), name="vram-bench-stdin", daemon=True
+            ).start()
+        while True:
+            done = False
+            for event in events.wait(timeout=0.2):
+                stdout.write(event.to_json() + "\n")
+                done = done or isinstance(event, Exit)
+            stdout.flush()
+            if done:
+                exit_written.set()  # a forced exit waits for this before ending the process
+                break
+    finally:
+        try:
+            session.close()
+            for event in events.drain():
+                if not isinstance(event, Exit):
+                    stdout.write(event.to_json() + "\n")
+            stdout.flush()
+        finally:
+            escalation.stop()
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
+            if quiet_stdin is not None:
+                sys.stdin, devnull = quiet_stdin
+                devnull.close()
+            end_child_processes(escalation.timeouts.children)  # DataLoader workers a state still holds, a step's subprocesses
+    return session.exit_code
+
+
+def _all_written(session: Session, exit_written: threading.Event, timeout: float) -> None:
+    """Before a forced exit: the `exit` event printed, and in the run's events.jsonl (a session process has one)."""
+    exit_written.wait(timeout)
+    log = session.event_log
+    if log is not None and log.is_alive():
+        log.join(timeout)  # it ends once it has written the `exit` event
+
+
+def _fileno(stdin: TextIO | None) -> int | None:
+    if stdin is None:
+        return None
+    try:
+        return stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None  # not backed by a descriptor: no commands, as with no stdin
+
+
+def _silence_sys_stdin(stdin: TextIO | None) -> tuple[TextIO, TextIO] | None:
+    """While commands are read from fd 0, `sys.stdin` is /dev/null: `input()` in a step cannot eat a command,
+    and no thread holds stdin's buffer lock when the user's code forks. Returns what to restore."""
+    if stdin is not sys.stdin:
+        return None
+    devnull = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - closed when the session ends
+    sys.stdin = devnull
+    return stdin, devnull
+
+
+def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, object]:
+    """SIGINT finishes the current step and exits; SIGTERM and SIGHUP (a dropped SSH link) write a final snapshot first;
+    the requeue signal (SIGUSR1) too, then requeues the job if asked and exits 0.
+
+    The quit escalates like the `quit` command's (QuitTimeouts). A second signal interrupts the step
+    at once; a third ends the child processes and exits (code 130). A forked child (a DataLoader
+    worker) inherits these handlers: there they do what the signal did before.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, object] = {}
+    received = {"count": 0}
+    owner = os.getpid()
+
+    def handle(signum: int, frame: object, final_snapshot: bool) -> None:
+        if os.getpid() != owner:
+            _as_before(signum, frame, previous[signum])
+            return
+        received["count"] += 1
+        if received["count"] == 1:
+            session.request_quit(final_snapshot=final_snapshot, reason="requeue signal" if signum == requeue else "quit")
+            escalation.begin()
+            if session.worker.step_started is not None:
+                session.bus.publish(Error(where="command", message="stopping after the current step; signal again to interrupt it"))
+        elif received["count"] == 2:
+            session.send(Interrupt())  # a hung step: raise KeyboardInterrupt in it, then quit as asked
+        else:
+            end_child_processes(1.0)
+            os._exit(130)  # a step stuck in C code: the user insists
+
+    requeue = getattr(signal, f"SIG{session.config.requeue_signal}")  # a batch scheduler's "time is nearly up"
+    handlers = {signal.SIGINT: False, signal.SIGTERM: True, signal.SIGHUP: True, requeue: True}
+    for sig, final_snapshot in handlers.items():
+        previous[sig] = signal.getsignal(sig)
+        signal.signal(sig, lambda signum, frame, snap=final_snapshot: handle(signum, frame, snap))
+    return previous
+
+
+def _as_before(signum: int, frame: object, before: object) -> None:
+    """In a forked child: put the handler vram-bench replaced back, and let it (or the default) act."""
+    if before is None:  # set from C: unknown to Python, so the default
+        before = signal.SIG_DFL
+    signal.signal(signum, before)  # type: ignore[arg-type]
+    if callable(before):
+        before(signum, frame)
+    elif before == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)

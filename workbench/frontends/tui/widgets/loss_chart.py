@@ -1,0 +1,118 @@
+"""The live loss chart, plus a sparkline row for every other scalar series.
+
+Series whose name contains "loss" share the plot (they share a scale); the
+rest (lr, grad norm, accuracy...) get a compact row each. Versions of the code
+are marked on the chart where they started.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+from textual_plot import HiResMode, PlotWidget
+
+from workbench.protocol.mirror import Series, TelemetryMirror as Telemetry  # the engine's Telemetry reads the same
+from workbench.frontends.tui.format import short_number
+from workbench.frontends.tui.pane_clock import on_beat
+from workbench.frontends.tui.roles import roles
+from workbench.frontends.tui.shown_text import ShownText
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+class _Plot(PlotWidget, can_focus=False):
+    """The plot, without pan/zoom keys that would shadow the app's."""
+
+
+def sparkline(values: tuple[float, ...], width: int) -> str:
+    if not values or width <= 0:
+        return ""
+    values = values[-width:]
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    if span <= 0:
+        return _SPARK[3] * len(values)
+    return "".join(_SPARK[min(int((v - lo) / span * (len(_SPARK) - 1)), len(_SPARK) - 1)] for v in values)
+
+
+COMPACT_BELOW_ROWS = 12
+
+
+class LossChart(Vertical):
+    def __init__(self, telemetry: Telemetry, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._telemetry = telemetry
+        self._drawn: tuple[object, ...] | None = None
+        self._rows_shown = ShownText()
+        self._seen: tuple[object, ...] = ()
+        self._rows_height = ""
+
+    def compose(self) -> ComposeResult:
+        yield _Plot(allow_pan_and_zoom=False, id="loss-plot")
+        yield Static(id="series-rows")
+
+    def on_mount(self) -> None:
+        plot = self.query_one(_Plot)
+        plot.set_xlabel("step")
+        self.redraw()
+        # Once a second: drawing the braille plot is the UI's largest cost, and on a machine where torch
+        # already uses every core, each redraw slows training (bench/tui_cost.py measures it).
+        on_beat(self, 1.0, self.redraw)
+
+    def on_resize(self) -> None:
+        """Switch between plot and sparkline rows as soon as the pane's size changes, not at the next tick."""
+        self.redraw()
+
+    def redraw(self) -> None:
+        seen = (self._telemetry.updates, self.size, self.app.theme)
+        if seen == self._seen:
+            return  # paused: nothing new to draw
+        self._seen = seen
+        plot = self.query_one(_Plot)
+        width = max(self.size.width, 20)
+        series = self._telemetry.series(max_points=width)
+        losses = [s for s in series if "loss" in s.name]
+        others = [s for s in series if "loss" not in s.name]
+        # Too short for a plot with axes (80x24): every series becomes a sparkline row instead.
+        compact = 0 < self.size.height < COMPACT_BELOW_ROWS
+        plot.display = not compact
+        self.set_class(compact, "-compact")
+        if compact:
+            self._drawn = None  # the plot missed updates while hidden
+            self._draw_rows([], losses + others, width, roles(self.app).series[0])
+            return
+        signature = (sum(len(s.steps) for s in series), series[0].steps[-1] if series and series[0].steps else 0)
+        palette = roles(self.app)
+        signature = (*signature, self.app.theme)
+        if signature != self._drawn:
+            self._drawn = signature
+            plot.clear()
+            for i, s in enumerate(losses):
+                colour = palette.series[i % len(palette.series)]
+                plot.plot(s.steps, s.values, line_style=colour, hires_mode=HiResMode.BRAILLE, label=s.name)
+            for step, version in self._telemetry.version_starts():
+                plot.add_v_line(step, palette.neutral, f"v{version}")
+            plot.show_legend(is_visible=len(losses) > 1)
+        self._draw_rows(losses, others, width, palette.ok)
+
+    def _draw_rows(self, losses: list[Series], others: list[Series], width: int, spark_style: str) -> None:
+        rows = self.query_one("#series-rows", Static)
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if not losses and not others:
+            text.append("waiting for the first step...", style="dim")
+        for s in losses:
+            text.append(f"{s.name:>12} ", style="bold")
+            text.append(f"{short_number(s.values[-1]):>10}\n")
+        for s in others:
+            text.append(f"{s.name:>12} ", style="bold")
+            text.append(f"{short_number(s.values[-1]):>10} ")
+            text.append(sparkline(s.values, max(width - 26, 8)) + "\n", style=spark_style)
+        text.rstrip()
+        height = "1fr" if self.has_class("-compact") else str(max(len(losses) + len(others), 1))
+        if height != self._rows_height:
+            self._rows_height = height
+            rows.styles.height = height
+            self._rows_shown.forget()
+        self._rows_shown.show(rows, text)

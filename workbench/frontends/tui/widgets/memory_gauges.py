@@ -1,0 +1,227 @@
+"""Memory gauges: host process and system RAM always; per GPU when there is one; history lines.
+
+The RSS bar's 100% is the real ceiling: the memory cgroup's limit where one
+applies ("of cgroup limit 2.00 GiB", with what the cgroup holds), else the
+host's RAM. A GPU's figures say what this process may use where that is less
+than the device (a MIG slice, set_per_process_memory_fraction).
+
+A GPU bar is stacked: other processes and CUDA context (device used minus our
+reserved) | cached but free (reserved minus allocated) | live tensors
+(allocated). Allocator retries and OOMs turn red when they move.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.widgets import Static
+
+from workbench.protocol.payloads import GpuMemory, MemorySample
+from workbench.protocol.mirror import TelemetryMirror as Telemetry  # the engine's Telemetry reads the same
+from workbench.frontends.tui.format import bar, human_bytes
+from workbench.frontends.tui.pane_clock import on_beat
+from workbench.frontends.tui.roles import DEFAULT_ROLES, Roles, roles
+from workbench.frontends.tui.shown_text import ShownText
+from workbench.frontends.tui.widgets.loss_chart import sparkline
+
+BAR_WIDTH = 20
+HIGHLIGHT_SECONDS = 30.0  # how long a moved retry/OOM counter stays red
+NEAR_LIMIT = 0.9  # share of the cgroup limit in use at which the host gauge turns to a warning
+
+
+class MemoryGauges(Static, can_focus=True):
+    """Scrolls with the arrow and page keys when focused (tab), for terminals too short to show it all."""
+
+    ALLOW_MAXIMIZE = True
+    BINDINGS = [
+        Binding("up", "scroll_up", show=False),
+        Binding("down", "scroll_down", show=False),
+        Binding("pageup", "page_up", show=False),
+        Binding("pagedown", "page_down", show=False),
+        Binding("home", "scroll_home", show=False),
+        Binding("end", "scroll_end", show=False),
+    ]
+
+    def __init__(self, telemetry: Telemetry, *, window: float = 300.0, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._telemetry = telemetry
+        self._window = window
+        self._counters: dict[tuple[int, str], tuple[int, float]] = {}  # (gpu, name) -> (value, when it last moved)
+        self._shown = ShownText()
+        self._seen: tuple[object, ...] = ()
+        self._last_sample: MemorySample | None = None
+
+    def _highlighting(self) -> bool:
+        now = time.monotonic()
+        return any(now - moved < HIGHLIGHT_SECONDS for _, moved in self._counters.values())
+
+    def on_mount(self) -> None:
+        self.redraw()
+        on_beat(self, 0.5, self.redraw)
+
+    def redraw(self) -> None:
+        sample = self._telemetry.memory
+        seen = (self.size, self.app.theme, self._highlighting())
+        if sample is self._last_sample and seen == self._seen:
+            return  # no new sample since the last redraw (paused: the sampler slows down)
+        self._last_sample, self._seen = sample, seen
+        if sample is None:
+            self._shown.show(self, Text("sampling memory...", style="dim"))
+            return
+        width = max(self.size.width - 18, 6)
+        history = self._telemetry.memory_history(self._window)
+        self._shown.show(
+            self,
+            render_memory(
+                sample,
+                width,
+                history=history,
+                window=self._window,
+                step_peaks=self._telemetry.step_peaks,
+                moved=self._moved(sample),
+                roles=roles(self.app),
+            )
+        )
+
+    def _moved(self, sample: MemorySample) -> set[tuple[int, str]]:
+        now = time.monotonic()
+        moved = set()
+        for gpu in sample.gpus:
+            for name in ("alloc_retries", "ooms"):
+                value = getattr(gpu, name)
+                if value is None:
+                    continue
+                previous = self._counters.get((gpu.index, name))
+                if previous is None:
+                    self._counters[(gpu.index, name)] = (value, 0.0)
+                elif value != previous[0]:
+                    self._counters[(gpu.index, name)] = (value, now)
+                if now - self._counters[(gpu.index, name)][1] < HIGHLIGHT_SECONDS:
+                    moved.add((gpu.index, name))
+        return moved
+
+
+def render_memory(
+    sample: MemorySample,
+    bar_width: int = BAR_WIDTH,
+    *,
+    history: Sequence[MemorySample] = (),
+    window: float = 300.0,
+    step_peaks: dict[int, int] | None = None,
+    moved: set[tuple[int, str]] | None = None,
+    roles: Roles = DEFAULT_ROLES,
+) -> Text:
+    bar_width = min(max(bar_width, 6), 40)
+    host = sample.host
+    text = Text(overflow="fold")
+    text.append("Host\n", style="bold underline")
+    used = host.system_total - host.system_available
+    limit = host.limit  # the real ceiling: the memory cgroup's limit where one applies, else the host's RAM
+    limited = host.limit_source != "host"
+    charged = host.cgroup_usage if limited and host.cgroup_usage is not None else host.rss
+    near = limited and limit and charged / limit >= NEAR_LIMIT
+    text.append(" RSS ", style="bold")
+    text.append(bar(host.rss / limit if limit else 0, bar_width), style=roles.warning if near else roles.info)
+    text.append(f" {human_bytes(host.rss)}\n")
+    text.append(f"     anon {human_bytes(host.rss_anon)}, file {human_bytes(host.rss_file)}\n", style="dim")
+    if limited:
+        text.append(f"     of cgroup limit {human_bytes(limit)}\n", style=roles.warning if near else "dim")
+        if host.cgroup_usage is not None:
+            text.append(f"     cgroup in use {human_bytes(host.cgroup_usage)}\n", style=roles.warning if near else "dim")
+    text.append(" RAM ", style="bold")
+    text.append(bar(used / host.system_total if host.system_total else 0, bar_width), style=roles.secondary)
+    text.append(f" {human_bytes(used)}\n")
+    text.append(f"     of {human_bytes(host.system_total)} in use\n", style="dim")
+    if host.swap_used:
+        text.append(f"     swap in use {human_bytes(host.swap_used)}\n", style=roles.warning)
+    if len(history) > 1:
+        _history_line(text, "RSS", [s.host.rss for s in history], bar_width, window, roles)
+    text.append("GPU\n", style="bold underline")
+    if not sample.gpus:
+        text.append(f" {sample.gpu_note or 'No GPU visible.'}\n", style="dim")
+    for i, gpu in enumerate(sample.gpus):
+        rate = sample.allocations_per_step[i] if i < len(sample.allocations_per_step) else None
+        _render_gpu(text, gpu, bar_width, (step_peaks or {}).get(gpu.index), rate, moved or set(), roles)
+        gpu_history = [s.gpus[i] for s in history if i < len(s.gpus)]
+        if len(gpu_history) > 1:
+            _history_line(text, "live", [g.allocated or 0 for g in gpu_history], bar_width, window, roles)
+            _history_line(text, "rsvd", [g.reserved or 0 for g in gpu_history], bar_width, window, roles)
+    if sample.gpus and sample.gpu_note:
+        text.append(f" {sample.gpu_note}\n", style="dim")
+    text.rstrip()
+    return text
+
+
+def _history_line(text: Text, label: str, values: list[int], width: int, window: float, roles: Roles) -> None:
+    """A sparkline over the history window, right-aligned: the newest sample is always at the right edge."""
+    line = sparkline(tuple(float(v) for v in _downsample(values, width + 4)), width + 4)
+    text.append(f" {label:<5}", style="bold")
+    text.append(line.rjust(width + 4), style=roles.ok)
+    text.append(f" {_ago(window)}\n", style="dim")
+
+
+def _downsample(values: list[int], points: int) -> list[int]:
+    if len(values) <= points:
+        return values
+    stride = len(values) / points
+    return [max(values[int(i * stride) : int((i + 1) * stride)] or [values[-1]]) for i in range(points)]
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def _render_gpu(
+    text: Text, gpu: GpuMemory, bar_width: int, step_peak: int | None, rate: float | None, moved: set, roles: Roles
+) -> None:
+    text.append(f" cuda:{gpu.index} {gpu.name}\n", style="bold")
+    facts = [
+        f"util {gpu.utilization}%" if gpu.utilization is not None else None,
+        f"{gpu.temperature} C" if gpu.temperature is not None else None,
+        f"{gpu.power_watts:.0f} W" if gpu.power_watts is not None else None,
+    ]
+    if any(facts):
+        text.append("   " + ", ".join(f for f in facts if f) + "\n", style="dim")
+    width = bar_width + 4
+    allocated, reserved = gpu.allocated or 0, gpu.reserved or 0
+    total = gpu.device_total or gpu.limit or reserved or 1
+    other = max((gpu.device_used or reserved) - reserved, 0)
+    cached = max(reserved - allocated, 0)
+    cells = [round(other / total * width), round(cached / total * width), round(allocated / total * width)]
+    text.append("   ")
+    text.append("█" * cells[0], style=roles.neutral)
+    text.append("█" * cells[1], style=roles.warning)
+    text.append("█" * cells[2], style=roles.ok)
+    text.append("░" * max(width - sum(cells), 0))
+    used = gpu.device_used if gpu.device_used is not None else reserved
+    text.append(f"\n   {human_bytes(used)} of {human_bytes(gpu.device_total or gpu.limit)} used\n")
+    if gpu.limit is not None and gpu.limit_source != "device" and gpu.limit != gpu.device_total:
+        text.append(f"   this process may use {human_bytes(gpu.limit)} ({gpu.limit_source})\n", style="dim")
+    text.append("   live   ", style=roles.ok)
+    text.append(f"{human_bytes(allocated)}\n")
+    text.append("   cached ", style=roles.warning)
+    text.append(f"{human_bytes(cached)}\n")
+    text.append("   other  ", style=roles.neutral)
+    text.append(f"{human_bytes(other) if gpu.device_used is not None else 'n/a (no NVML)'}\n")
+    if gpu.process_used is not None:
+        text.append(f"   this process (NVML) {human_bytes(gpu.process_used)}\n", style="dim")
+    peak = f"peak this step {human_bytes(step_peak)}" if step_peak is not None else f"peak live {human_bytes(gpu.peak_allocated)}"
+    text.append(f"   {peak}\n", style="dim")
+    if gpu.fragmentation is not None:
+        style = roles.warning if gpu.fragmentation > 0.2 else "dim"
+        text.append(f"   fragmentation {gpu.fragmentation:.0%} ({human_bytes(gpu.inactive_split)})\n", style=style)
+    counters = []
+    if rate is not None:
+        counters.append((f"allocs/step {rate:.0f}", "dim"))
+    for name, label in (("alloc_retries", "retries"), ("ooms", "OOMs")):
+        value = getattr(gpu, name)
+        if value is not None:
+            counters.append((f"{label} {value}", roles.bold("error") if (gpu.index, name) in moved else "dim"))
+    if counters:
+        text.append("  ")
+        for label, style in counters:
+            text.append(f" {label}", style=style)
+        text.append("\n")

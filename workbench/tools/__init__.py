@@ -1,0 +1,1 @@
+"""Tools that ship with vram-bench but are not the workbench (the weight-loading benchmark)."""
