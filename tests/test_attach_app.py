@@ -107,3 +107,22 @@ async def test_a_killed_session_is_said_within_two_seconds_with_its_snapshot_and
         assert source.ended is not None
         await pilot.press("q")  # nothing to detach from: q leaves at once
         await until(pilot, lambda: not app.is_running, what="exit", timeout=5)
+
+
+async def test_q_then_s_stops_the_session_after_a_final_snapshot_and_the_app_leaves(tmp_path: Path, sessions: Sessions) -> None:
+    root = make_project(tmp_path, {"train.py": TRAIN_PY})
+    live = sessions.start(root / "train.py")
+    source = remote(live)
+    source.connect()
+    app = make_app(source, timestamps=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: source.status().step > 3, what="training")
+        await pilot.press("q")
+        await until(pilot, lambda: type(app.screen).__name__ == "ConfirmQuitScreen", what="the question")
+        await pilot.press("s")
+        await until(pilot, lambda: not app.is_running, what="the app leaving once the session ended", timeout=30)
+    assert source.exit_code == 0 and source.final_snapshot is not None
+    assert Path(source.final_snapshot.path).is_file()
+    wait_until(lambda: not live.alive(), 10, "the session's end")
+    final = [m for m in live.logged() if m.get("event") == "snapshot"][-1]
+    assert final["reason"] == "final" and final["path"] == source.final_snapshot.path

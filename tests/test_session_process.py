@@ -46,12 +46,14 @@ def test_detached_session_outlives_its_starter_and_is_private(tmp_path: Path, se
     assert stat.S_IMODE(live.socket.stat().st_mode) == 0o600
     # It writes events.jsonl with nobody attached, and keeps stepping.
     wait_until(lambda: len(steps_of(live.logged())) >= 5, what="5 steps in events.jsonl")
+    live.connect("watcher")
     listed = cli(["ls"], sessions.env)
     assert listed.returncode == 0
     header, row = listed.stdout.splitlines()[:2]
     assert header.split()[:4] == ["NAME", "PID", "STATE", "STEP"]
     assert row.split()[:3] == [live.name, str(live.pid), "running"]
     assert int(row.split()[3]) >= 5
+    assert row.split()[7] == "1", "CLIENTS counts the attached watcher, not ls itself"
 
 
 def test_attach_json_scripted_commands_and_the_log_names_the_client(tmp_path: Path, sessions: Sessions) -> None:

@@ -291,11 +291,11 @@ class _Client:
                 raise WireError("hello was already said")
             hello = parse_client_hello(data)
             self.label = f"client {self.id} ({hello.client}, pid {self.peer.pid})"
+            self.hello = hello  # counted in the status its own hello carries
             subscription = self.server.session.bus.subscribe(maxlen=self.server.client_queue)  # before the replay: no gap
             line, self._skip_ids, self._skip_steps_to = self.server.hello_for(self, hello)
             self._subscription = subscription
             self._direct.appendleft(line)
-            self.hello = hello
             self._wake.set()
         elif kind == "history":
             if self.hello is None:

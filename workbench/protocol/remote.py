@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.protocol.eventbus import EventBus, Subscription
-from workbench.protocol.events import Command, Error, Event, Exit, Profile, command_line, event_from_dict
+from workbench.protocol.events import Command, Error, Event, Exit, Profile, Snapshot, command_line, event_from_dict
 from workbench.protocol import registry
 from workbench.protocol.client import SessionClient, SessionGone
 from workbench.protocol.mirror import TelemetryMirror
@@ -55,6 +55,7 @@ class RemoteSession:
         self.last_profile: Profile | None = None
         self.ended: str | None = None  # why the session is gone; None while it runs
         self.exit_code: int | None = None
+        self.final_snapshot: Snapshot | None = None  # the one the session wrote on its way out
         self._hello = ClientHello(client=client, history="screen", max_points=max_points)
         self._reconnect_for = reconnect_for
         self._status = SessionStatus.waiting(project=entry.name)
@@ -166,6 +167,8 @@ class RemoteSession:
                     self.telemetry.apply(event)
                     if isinstance(event, Profile) and event.status == "done":
                         self.last_profile = event
+                    if isinstance(event, Snapshot) and event.reason == "final":
+                        self.final_snapshot = event
                     if isinstance(event, Exit):
                         self.exit_code = event.code
                         self.ended = f"the session ended ({event.reason}, exit code {event.code})"
