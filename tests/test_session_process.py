@@ -283,3 +283,57 @@ def test_two_projects_of_one_name_get_two_sessions_and_a_bare_command_picks_this
     finally:
         here.kill()
         here.wait()
+
+
+LOADER_WORKERS = '''\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def batches(loader):
+    while True:
+        yield from loader
+
+
+def setup(bench):
+    data = TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
+    loader = DataLoader(data, batch_size=8, num_workers=2, persistent_workers=True)
+    model = torch.nn.Linear(4, 1)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "data": batches(loader)}
+
+
+def step(state, bench):
+    x, y = next(state["data"])
+    loss = ((state["model"](x) - y) ** 2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return loss
+'''
+
+
+def test_forked_loader_workers_hold_no_socket_so_a_killed_session_is_still_seen(tmp_path: Path, sessions: Sessions) -> None:
+    """DataLoader workers are forked from the session after its socket opened: they must not keep it (or a client's
+    connection) open, or a client would not see the session die and its dead socket would still answer."""
+    root = make_project(tmp_path, {"train.py": LOADER_WORKERS})
+    live = sessions.start(root / "train.py")
+    watcher = live.connect("watcher")
+    wait_message(watcher, lambda m: m.get("event") == "step" and m["step"] >= 3, what="steps from the loader")
+    import psutil
+
+    workers = psutil.Process(live.pid).children()
+    assert len(workers) >= 2, "the loader's workers did not start"
+    closed = threading.Event()
+
+    def read_to_the_end() -> None:
+        for _ in watcher.raw_lines():
+            pass
+        closed.set()
+
+    threading.Thread(target=read_to_the_end, daemon=True).start()
+    os.kill(live.pid, signal.SIGKILL)
+    assert closed.wait(2.0), "the client did not see the session die: a forked worker kept the connection open"
+    wait_until(lambda: not live.alive(), 10, "the session's death")
+    listed = cli(["ls"], sessions.env)
+    assert f"session {live.name} is gone" in listed.stderr, listed.stderr
+

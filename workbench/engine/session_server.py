@@ -44,6 +44,20 @@ STATUS_EVERY = 0.05  # a changed status is sent within this
 VERSIONS_EVERY = 1.0
 
 
+_SERVING: list[SessionServer] = []  # the servers of this process, for the fork hook below
+
+
+def _close_in_forked_child() -> None:
+    """A DataLoader worker forked from the session must not hold the session's sockets: if it did, a client would
+    not see the session die (the connection stays open in the worker), and the dead session's socket would still
+    accept connections. The fds are closed in the child only; nothing else about the server is touched there."""
+    for server in _SERVING:
+        server._drop_fds_in_child()
+
+
+os.register_at_fork(after_in_child=_close_in_forked_child)
+
+
 class SessionServer:
     """Serves one Session on `path` until `close()`."""
 
@@ -82,6 +96,7 @@ class SessionServer:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
         self._listener.listen(16)
+        _SERVING.append(self)
         self._thread.start()
 
     def close(self) -> None:
@@ -89,6 +104,8 @@ class SessionServer:
         if self._closed.is_set():
             return
         self._closed.set()
+        if self in _SERVING:
+            _SERVING.remove(self)
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -104,6 +121,14 @@ class SessionServer:
         except FileNotFoundError:
             pass
         self._recent.close()
+
+    def _drop_fds_in_child(self) -> None:
+        """In a forked child (no threads there): close our copies of the listening and client sockets, nothing more."""
+        for sock in (self._listener, *(c.conn for c in self._clients.values())):
+            try:
+                os.close(sock.detach())
+            except OSError:
+                pass
 
     def clients(self) -> list[_Client]:
         with self._lock:
