@@ -337,3 +337,24 @@ def test_forked_loader_workers_hold_no_socket_so_a_killed_session_is_still_seen(
     listed = cli(["ls"], sessions.env)
     assert f"session {live.name} is gone" in listed.stderr, listed.stderr
 
+
+
+def test_attach_through_a_socket_path_as_ssh_forwards_it(tmp_path: Path, sessions: Sessions) -> None:
+    """`ssh -L local.sock:remote.sock` gives a socket path of another name: `attach --socket PATH` uses it."""
+    root = make_project(tmp_path, {"train.py": TRAIN_PY})
+    live = sessions.start(root / "train.py")
+    alias = sessions.runtime_base / "forwarded.sock"
+    os.symlink(live.socket, alias)  # a path the registry does not know, as a forwarded socket would be
+    attach = subprocess.Popen([sys.executable, "-m", "workbench", "attach", "--json", "--socket", str(alias)],
+                              env=sessions.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        hello = json.loads(attach.stdout.readline())
+        assert hello["session"]["pid"] == live.pid
+        attach.stdin.write("pause\n")
+        attach.stdin.flush()
+        for line in attach.stdout:
+            if json.loads(line).get("event") == "paused":
+                break
+    finally:
+        attach.kill()
+        attach.wait()
