@@ -439,6 +439,30 @@ async def test_an_app_that_ignores_quit_is_killed_at_shutdown(tmp_path: Path) ->
     assert not alive, f"apps left running after serve stopped: {alive}"
 
 
+LAST_WORDS_APP = """\
+import subprocess, sys
+sys.stdout.write("__GANGLION__\\n")
+sys.stdout.flush()
+# stdout ends when this process exits; stderr a moment later, after a last line from a child that holds only stderr
+subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.stderr.write('vram-bench: last words\\\\n')"],
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+"""
+
+
+async def test_what_an_app_says_as_it_exits_reaches_serves_output(tmp_path: Path) -> None:
+    """`vram-bench: detached; session NAME trains on` (or why attach failed) is the app's last stderr line.
+    textual-serve stops reading stderr when stdout ends, which at an app's exit races with its last
+    write; serve reads the rest of the pipe itself. Here stdout ends first, so textual-serve always misses it."""
+    served = start_server(tmp_path, "tcp", "127.0.0.1:0", app_source=LAST_WORDS_APP)
+    cookie = cookie_header(await first_cookie(served))
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session, \
+            session.ws_connect(f"ws://{served.host}/ws", headers=cookie, origin=served.base):
+        await asyncio.sleep(1.0)  # the app has said its last words and exited
+    await asyncio.sleep(0.5)
+    assert served.stop() == 0, "\n".join(served.lines)
+    assert "vram-bench: last words" in served.lines, served.lines[-3:]
+
+
 def test_unix_socket_refuses_an_open_folder_and_replaces_a_dead_socket(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)

@@ -24,7 +24,9 @@ request's (checked) Host rather than from a fixed public URL, so the page works 
 any forwarded port; `handle_websocket` and `_process_messages` wrapped to know each
 browser's websocket and app process, so that Ctrl+C closes them, gives each app 5 s to
 quit and kills what is left (textual-serve leaves them to aiohttp's 60 s shutdown timeout,
-and runs each app through `sh -c`).
+and runs each app through `sh -c`); and, once an app has ended, its stderr read to the end
+(textual-serve stops reading it when stdout ends, and so can drop an app's last line,
+`vram-bench: detached; session NAME trains on` or why `attach` failed).
 """
 
 from __future__ import annotations
@@ -260,7 +262,11 @@ def _server_class() -> type:
             try:
                 return await super().handle_websocket(request)
             finally:  # after textual-serve's AppService.stop(): the app has quit (or was killed)
-                self.sessions.pop(asyncio.current_task(), None)
+                task = asyncio.current_task()
+                session = self.sessions.get(task)
+                if session is not None:
+                    await _relay_stderr_tail(session[1])
+                self.sessions.pop(task, None)
 
         async def _process_messages(self, websocket: Any, app_service: Any) -> None:
             self.sessions[asyncio.current_task()] = (websocket, app_service)
@@ -280,6 +286,28 @@ def _server_class() -> type:
             return response
 
     return GatedServer
+
+
+async def _relay_stderr_tail(service: Any) -> None:
+    """Print what the app wrote to stderr that textual-serve did not read.
+
+    textual-serve 1.1.3 stops reading an app's stderr the moment its stdout ends, which is when
+    the process exits, so the last lines (`vram-bench: detached; session NAME trains on`, or why
+    `attach` could not start: the session has ended) were lost whenever they sat unread in the pipe.
+    """
+    import sys
+
+    process = getattr(service, "_process", None)  # an asyncio Process; its stderr reader is idle by now
+    stderr = getattr(process, "stderr", None)
+    if stderr is None:
+        return
+    try:
+        rest = await asyncio.wait_for(stderr.read(), 1.0)
+    except (asyncio.TimeoutError, OSError, RuntimeError, ValueError):
+        return
+    if rest:
+        sys.stdout.write(rest.decode("utf-8", "replace"))
+        sys.stdout.flush()
 
 
 def _kill_tree(pid: int) -> None:
