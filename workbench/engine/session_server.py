@@ -42,6 +42,9 @@ CLIENT_QUEUE = 20_000  # events a client may fall behind by before the oldest ar
 LOG_REPLAY = 1_000  # log events replayed to a client that attaches late
 STATUS_EVERY = 0.05  # a changed status is sent within this
 COALESCE = 0.01  # events that arrive together are sent together
+# Status fields that move with every step: sent at most this often (a state change goes out at once).
+COUNTERS = frozenset({"step", "steps_per_second", "setup_elapsed", "unsaved_steps", "last_step_ms"})
+COUNTER_EVERY = 0.25
 VERSIONS_EVERY = 1.0
 
 
@@ -336,7 +339,7 @@ class _Client:
     def _write(self) -> None:
         last_status: dict[str, Any] | None = None
         last_status_sent = last_status_check = last_versions = 0.0
-        last_updates = -1
+        last_updates = last_step = -1
         dropped_told = 0
         while True:
             closing = self._closed.is_set()
@@ -357,10 +360,12 @@ class _Client:
                 if now - last_status_check >= STATUS_EVERY or closing:  # at most 20 Hz, however fast the steps
                     last_status_check = now
                     status = self.server.status_fields()
-                    moving = {k: v for k, v in status.items() if k not in ("steps_per_second", "setup_elapsed")}
-                    if moving != last_status or now - last_status_sent >= 1.0:
+                    salient = {k: v for k, v in status.items() if k not in COUNTERS}
+                    counted = status["step"] != last_step
+                    if (salient != last_status or now - last_status_sent >= 1.0
+                            or (counted and now - last_status_sent >= COUNTER_EVERY)):
                         lines.append(wire_line("status", **status))
-                        last_status, last_status_sent = moving, now
+                        last_status, last_status_sent, last_step = salient, now, status["step"]
                     updates = self.server.session.telemetry.updates
                     if updates != last_updates and now - last_versions >= VERSIONS_EVERY:
                         lines.append(self.server.versions_line())
