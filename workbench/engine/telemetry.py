@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from workbench.engine.memory.sampler import MemorySample
 from workbench.engine.versions import VersionTable
+from workbench.protocol.mirror import Series  # noqa: F401 - one series type on both sides of the socket
 
 SERIES_POINTS = 20_000
-
-
-@dataclass(frozen=True)
-class Series:
-    name: str
-    steps: tuple[int, ...]
-    values: tuple[float, ...]
 
 
 class Telemetry:

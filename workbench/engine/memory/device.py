@@ -14,48 +14,11 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
 
-
-@dataclass(frozen=True)
-class GpuMemory:
-    """One GPU as torch's allocator and NVML see it. A field is None when it is not available."""
-
-    index: int
-    name: str
-    uuid: str | None = None
-    # torch's caching allocator (this process)
-    allocated: int | None = None
-    reserved: int | None = None
-    peak_allocated: int | None = None
-    peak_reserved: int | None = None
-    inactive_split: int | None = None  # cached but split: memory empty_cache() cannot return
-    alloc_retries: int | None = None  # cudaMalloc failed, cache flushed, retried: a sign of pressure
-    ooms: int | None = None
-    allocations: int | None = None  # cumulative count of device allocations
-    # NVML (the whole device)
-    device_used: int | None = None
-    device_total: int | None = None
-    # What this process may use: the device's memory, a MIG slice's, or set_per_process_memory_fraction's share
-    limit: int | None = None
-    limit_source: str | None = None  # "device", "MIG slice", "set_per_process_memory_fraction(0.50)"
-    process_used: int | None = None  # this process, from the compute process list
-    utilization: int | None = None  # percent
-    temperature: int | None = None  # Celsius
-    power_watts: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @property
-    def fragmentation(self) -> float | None:
-        """Share of reserved memory that is split and inactive (cannot be returned by empty_cache)."""
-        if self.inactive_split is None or not self.reserved:
-            return None
-        return self.inactive_split / self.reserved
+from workbench.protocol.payloads import GpuMemory  # what the engine measures is what crosses the wire
 
 
 class DeviceProbe(Protocol):
