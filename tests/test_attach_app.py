@@ -126,3 +126,39 @@ async def test_q_then_s_stops_the_session_after_a_final_snapshot_and_the_app_lea
     wait_until(lambda: not live.alive(), 10, "the session's end")
     final = [m for m in live.logged() if m.get("event") == "snapshot"][-1]
     assert final["reason"] == "final" and final["path"] == source.final_snapshot.path
+
+
+def test_a_dropped_link_reconnects_by_itself_while_the_session_lives(tmp_path: Path, start_session) -> None:
+    """The link drops (the session ends this client's connection; an SSH forward that hiccups looks the same):
+    the client says so, connects again, and keeps following the session."""
+    import tempfile
+
+    from workbench.engine.session_server import SessionServer
+
+    live = start_session()
+    live.wait_running()
+    folder = Path(tempfile.mkdtemp(prefix="vb", dir="/tmp"))
+    server = SessionServer(live.session, folder / "s.sock", facts={"name": "s", "pid": os.getpid()})
+    server.start()
+    try:
+        source = RemoteSession(registry.SessionEntry("s", folder / "s.sock", None), reconnect_for=10.0)
+        log = source.bus.subscribe()
+        source.start()
+        wait_until(lambda: source.status().step > 0, 10, "a status frame")
+        for client in server.clients():
+            client.close()  # the link drops
+        said: list[str] = []
+
+        def reconnected() -> bool:
+            said.extend(e.message for e in log.drain() if e.name == "error")
+            return any("restored" in m for m in said)
+
+        wait_until(reconnected, 15, "the reconnection")
+        assert any("dropped" in m for m in said), said
+        assert max(source.telemetry.series()[0].steps) > 0
+        step = source.status().step
+        wait_until(lambda: source.status().step > step + 3, 15, "the status following the session again")
+        assert source.ended is None
+        source.close()
+    finally:
+        server.close()

@@ -195,7 +195,7 @@ class RemoteSession:
                 self._died()
                 return False
             try:
-                client = SessionClient(self.entry.socket, ClientHello(client=self._hello.client, history="none"), timeout=2.0)
+                client = SessionClient(self.entry.socket, self._hello, timeout=2.0)
             except (SessionGone, WireError, OSError):
                 if time.monotonic() > deadline:
                     self.ended = f"lost the link to session {self.name} (pid {pid} still runs): vram-bench attach {self.name}"
@@ -207,9 +207,11 @@ class RemoteSession:
                 time.sleep(0.5)
                 continue
             self._status = SessionStatus.from_wire(client.hello.get("status") or {})
+            if client.hello.get("history") is not None:
+                self.telemetry.load_history(client.hello["history"])  # the chart gets the steps it missed
             self._client = client
-            self.bus.publish(Error(where="session", message="reconnected (steps drawn while the link was down are not on the chart)")
-                             if said else Error(where="session", message="reconnected"))
+            self.bus.publish(Error(where="session", message="the link to the session dropped and was restored; the chart "
+                                   "has the steps trained meanwhile, the log does not"))
             return True
         return False
 
