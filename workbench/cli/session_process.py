@@ -140,7 +140,7 @@ def serve(session: Session, name: str) -> int:
     server.start()
     print(f"vram-bench: session {name} (pid {os.getpid()}) serves {sock}; run folder {session.run_dir}", file=sys.stderr, flush=True)
     try:
-        return run_headless(session, _Discard(), None)
+        return run_headless(session, _Discard(), None, flush=server.flush)
     finally:
         server.close()
         registry.remove(registry.SessionEntry(name, sock, facts))

@@ -106,6 +106,7 @@ def stop_main(argv: list[str]) -> int:
         say(f"vram-bench: error: session {entry.name} has no facts file; cannot tell its pid")
         return 2
     code = 1
+    ended = False
     try:
         client = SessionClient(entry.socket, ClientHello(client="stop", history="none"))
     except (SessionGone, WireError) as exc:
@@ -124,12 +125,37 @@ def stop_main(argv: list[str]) -> int:
             elif kind == "error" and message.get("where") in ("snapshot", "final snapshot"):
                 say(f"vram-bench: error: {message.get('message')}")
             elif kind == "exit":
+                ended = True
                 code = int(message.get("code", 0) or 0)
                 say(f"vram-bench: session {entry.name} ended ({message.get('reason', 'quit')}, exit code {code})")
     deadline = time.monotonic() + 10.0
     while registry.pid_alive(entry.facts.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
+    if not ended:  # the socket closed first (a forced exit): the run's own log has the last word
+        logged = _logged_exit(Path(str(client.hello.get("session", {}).get("run_dir", ""))))
+        if logged is not None:
+            code = int(logged.get("code", 1) or 0)
+            say(f"vram-bench: session {entry.name} ended ({logged.get('reason', 'quit')}, exit code {code})")
+        else:
+            say(f"vram-bench: session {entry.name} closed its socket without an exit event; its log: {entry.log_file}")
     return code
+
+
+def _logged_exit(run_dir: Path) -> dict | None:
+    """The `exit` event in a run folder's events.jsonl, if it got there."""
+    import json
+
+    try:
+        lines = (run_dir / "events.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines[-50:]):
+        if line.startswith('{"event":"exit"'):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
 
 
 # attach ------------------------------------------------------------------------------------

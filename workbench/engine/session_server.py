@@ -126,6 +126,13 @@ class SessionServer:
             pass
         self._recent.close()
 
+    def flush(self, timeout: float) -> None:
+        """Wait (at most `timeout` s) until every client has been sent what was published so far: before a
+        forced exit, so `stop` and the apps see the `exit` event instead of a socket that just closed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(c.pending() for c in self.clients()):
+            time.sleep(0.01)
+
     def _drop_fds_in_child(self) -> None:
         """In a forked child (no threads there): close our copies of the listening and client sockets, nothing more."""
         for sock in (self._listener, *(c.conn for c in self._clients.values())):
@@ -246,6 +253,7 @@ class _Client:
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._flush = False
+        self._sending = False
         self._subscription = None
         self._skip_ids: set[int] = set()
         self._skip_steps_to = -1
@@ -272,6 +280,13 @@ class _Client:
             self.conn.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def pending(self) -> bool:
+        """Something published or queued for this client has not been written to its socket yet."""
+        if self._closed.is_set() and not self._writer.is_alive():
+            return False
+        sub = self._subscription
+        return self._sending or bool(self._direct) or (sub is not None and bool(sub.recent()))
 
     def send_line(self, line: str) -> None:
         self._direct.append(line)
@@ -342,6 +357,7 @@ class _Client:
         last_updates = last_step = -1
         dropped_told = 0
         while True:
+            self._sending = True  # from the drain to the write: `pending()` must not see an empty queue meanwhile
             closing = self._closed.is_set()
             lines: list[str] = []
             while self._direct:
@@ -372,6 +388,7 @@ class _Client:
                         last_updates, last_versions = updates, now
             if lines:
                 self.conn.sendall(("\n".join(lines) + "\n").encode("utf-8"))
+            self._sending = False
             if closing:
                 return
             (sub._wakeup if sub is not None else self._wake).wait(STATUS_EVERY)

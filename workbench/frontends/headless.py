@@ -51,11 +51,26 @@ def _read_commands(session: Session, fd: int, on_quit: Callable[[], None]) -> No
     session.worker.exit_on_error_pause = True
 
 
-def run_headless(session: Session, stdout: TextIO, stdin: TextIO | None, timeouts: QuitTimeouts | None = None) -> int:
-    """Run until the session exits (quit, --max-steps, setup failure); returns the exit code."""
+def run_headless(
+    session: Session,
+    stdout: TextIO,
+    stdin: TextIO | None,
+    timeouts: QuitTimeouts | None = None,
+    *,
+    flush: Callable[[float], object] | None = None,
+) -> int:
+    """Run until the session exits (quit, --max-steps, setup failure); returns the exit code.
+
+    `flush(timeout)`: what else must have sent the `exit` event before a forced exit (a session's socket clients)."""
     events = session.bus.subscribe(maxlen=1_000_000)
     exit_written = threading.Event()
-    escalation = QuitEscalation(session, timeouts or QUIT_TIMEOUTS, lambda timeout: _all_written(session, exit_written, timeout))
+
+    def all_written(timeout: float) -> None:
+        _all_written(session, exit_written, timeout)
+        if flush is not None:
+            flush(timeout)
+
+    escalation = QuitEscalation(session, timeouts or QUIT_TIMEOUTS, all_written)
     previous_handlers = _quit_on_signals(session, escalation)
     fd = _fileno(stdin)
     quiet_stdin = _silence_sys_stdin(stdin) if fd is not None else None
