@@ -1,6 +1,6 @@
 """`vram-bench serve`: textual-serve behind a token, a Host check and an Origin check.
 
-Each test starts the real server (`workbench.frontends.serve.serve`) in a subprocess, serving a tiny
+Each test starts the real server (`workbench.frontends.tui.serve.serve`) in a subprocess, serving a tiny
 Textual app that counts up every 0.2 s, and talks to it over HTTP and websockets with
 aiohttp, or with a headless Chromium driven by Playwright.
 """
@@ -32,7 +32,7 @@ import aiohttp  # a textual-serve dependency
 
 from tests.test_terminal_e2e import Sshd, _free_port, sshd  # noqa: F401  (a throwaway sshd, the fixture)
 from workbench.errors import UserError
-from workbench.frontends.serve import Gate, HostRule, add_serve_arguments, listen_unix, split_host
+from workbench.frontends.tui.serve import Gate, HostRule, add_serve_arguments, listen_unix, split_host
 
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT = 30.0
@@ -62,7 +62,7 @@ SERVER = """\
 import argparse
 import sys
 from pathlib import Path
-from workbench.frontends.serve import add_serve_arguments, run_serve, serve
+from workbench.frontends.tui.serve import add_serve_arguments, run_serve, serve
 
 command, mode, where = sys.argv[1:4]
 out = lambda line: print(line, flush=True)
@@ -565,7 +565,7 @@ def _wait_for(probe, timeout: float, what: str, page) -> int:  # type: ignore[no
 
 
 def test_serve_names_a_running_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from workbench.frontends.serve import live_session_name, serve_main
+    from workbench.frontends.tui.serve import live_session_name, serve_main
 
     sessions = tmp_path / "sessions"
     sessions.mkdir(mode=0o700)

@@ -168,7 +168,7 @@ SESSION_COMMANDS = {  # the subcommands that speak to running sessions: module, 
     "ls": ("workbench.cli.sessions", "ls_main"),
     "attach": ("workbench.cli.sessions", "attach_main"),
     "stop": ("workbench.cli.sessions", "stop_main"),
-    "serve": ("workbench.frontends.serve", "serve_main"),
+    "serve": ("workbench.frontends.tui.serve", "serve_main"),
 }
 
 
@@ -288,9 +288,8 @@ def _start_detached(entry: Path, args: argparse.Namespace) -> int:
     """`run --detach`: start the session process, say how to reach it, return."""
     started = _start_session_process(entry, args)
     name = started.name
-    say = _say
     pid = started.facts.pid if started.facts else "?"
-    say(f"vram-bench: session {name} runs in the background (pid {pid}); attach: vram-bench attach {name}; "
+    _say(f"vram-bench: session {name} runs in the background (pid {pid}); attach: vram-bench attach {name}; "
         f"end it: vram-bench stop {name}")
     return 0
 

@@ -73,7 +73,6 @@ def start_detached(argv: list[str], name: str, say: Callable[[str], None], timeo
             start_new_session=True,  # setsid: no controlling terminal, its own process group
             close_fds=True,
         )
-    start = log.stat().st_size if log.exists() else 0
     deadline = time.monotonic() + timeout
     told = False
     while time.monotonic() < deadline:
@@ -86,7 +85,6 @@ def start_detached(argv: list[str], name: str, say: Callable[[str], None], timeo
             say(f"vram-bench: starting session {name} (importing the project; its output: {log})")
             told = True
         time.sleep(0.05)
-    del start
     raise UserError(f"session {name} did not open its socket within {timeout:.0f} s (pid {process.pid} goes on).",
                     hint=f"See {log}; end it with: kill {process.pid}")
 

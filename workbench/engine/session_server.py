@@ -252,7 +252,6 @@ class _Client:
         self._direct: deque[str] = deque()
         self._wake = threading.Event()
         self._closed = threading.Event()
-        self._flush = False
         self._sending = False
         self._subscription = None
         self._skip_ids: set[int] = set()
@@ -269,7 +268,6 @@ class _Client:
         self._writer.join(timeout)
 
     def close(self, flush: bool = False) -> None:
-        self._flush = flush
         self._closed.set()
         self._wake.set()
         if not flush:

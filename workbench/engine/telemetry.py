@@ -12,7 +12,7 @@ from collections import deque
 
 from workbench.engine.memory.sampler import MemorySample
 from workbench.engine.versions import VersionTable
-from workbench.protocol.mirror import Series  # noqa: F401 - one series type on both sides of the socket
+from workbench.protocol.mirror import Series, steps_per_second  # one series type and one steps/s rule on both sides
 
 SERIES_POINTS = 20_000
 
@@ -89,13 +89,4 @@ class Telemetry:
         return tuple(self._version_starts)
 
     def steps_per_second(self, window: float = 3.0) -> float:
-        times = tuple(self._step_times)
-        if len(times) < 2:
-            return 0.0
-        now = time.monotonic()
-        if now - times[-1] > window:
-            return 0.0  # stopped or paused
-        recent = [t for t in times if now - t <= window]
-        if len(recent) < 2:
-            return 0.0
-        return (len(recent) - 1) / (recent[-1] - recent[0]) if recent[-1] > recent[0] else 0.0
+        return steps_per_second(tuple(self._step_times), time.monotonic(), window)

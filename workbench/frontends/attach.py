@@ -37,17 +37,16 @@ def attach_app(entry: registry.SessionEntry, *, theme: str | None = None, mouse:
         app.run(mouse=mouse)
     finally:
         remote.close()
-    say = _say
     if remote.ended is not None:
-        say(f"vram-bench: {remote.ended}")
+        _say(f"vram-bench: {remote.ended}")
         final = remote.final_snapshot
         snapshot = remote.status().last_snapshot
         if final is not None:
-            say(f"vram-bench: final snapshot of step {final.step} written to {final.path}")
+            _say(f"vram-bench: final snapshot of step {final.step} written to {final.path}")
         elif snapshot and "snapshot" not in remote.ended:
-            say(f"vram-bench: its last snapshot: {snapshot}")
+            _say(f"vram-bench: its last snapshot: {snapshot}")
         return remote.exit_code or 0
-    say(f"vram-bench: detached; session {entry.name} trains on (pid {remote.facts.get('pid', '?')}). "
+    _say(f"vram-bench: detached; session {entry.name} trains on (pid {remote.facts.get('pid', '?')}). "
         f"Back: vram-bench attach {entry.name}   End: vram-bench stop {entry.name}")
     return app.return_code or 0
 

@@ -226,16 +226,18 @@ class TelemetryMirror:
         return tuple(s for s in samples if s.time >= cutoff)
 
     def steps_per_second(self, window: float = 3.0) -> float:
-        times = tuple(self._step_times)
-        if len(times) < 2:
-            return 0.0
-        now = self._clock()
-        if now - times[-1] > window:
-            return 0.0  # stopped or paused
-        recent = [t for t in times if now - t <= window]
-        if len(recent) < 2:
-            return 0.0
-        return (len(recent) - 1) / (recent[-1] - recent[0]) if recent[-1] > recent[0] else 0.0
+        return steps_per_second(tuple(self._step_times), self._clock(), window)
+
+
+def steps_per_second(times: tuple[float, ...], now: float, window: float = 3.0) -> float:
+    """Steps per second over the last `window` s of step end `times` (oldest first); 0 when stopped or paused.
+    The engine's Telemetry and the client's mirror both count this way."""
+    if len(times) < 2 or now - times[-1] > window:
+        return 0.0
+    recent = [t for t in times if now - t <= window]
+    if len(recent) < 2 or recent[-1] <= recent[0]:
+        return 0.0
+    return (len(recent) - 1) / (recent[-1] - recent[0])
 
 
 def samples_from_columns(memory: dict[str, Any]) -> list[MemorySample]:
