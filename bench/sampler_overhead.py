@@ -30,9 +30,9 @@ from workbench.engine.project import load_project  # noqa: E402
 from workbench.engine.session import Session, SessionConfig  # noqa: E402
 
 
-def steps_per_second(entry: Path, steps: int, sample: bool, hz: float) -> float:
+def steps_per_second(entry: Path, steps: int, sample: bool, hz: float, device: str) -> float:
     config = SessionConfig(
-        device=torch.device("cpu"),
+        device=torch.device(device),
         max_steps=steps,
         watch=False,
         sample_memory=sample,
@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--hz", type=float, default=10.0)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: on a GPU the sample reads NVML and the allocator too")
     args = parser.parse_args()
     on: list[float] = []
     off: list[float] = []
@@ -79,7 +80,7 @@ def main() -> None:
         shutil.copytree(REPO / "sample_projects" / "tiny_gpt", folder, ignore=shutil.ignore_patterns(".vram-bench", "__pycache__"))
         for i in range(args.rounds):
             for sample, into in ((False, off), (True, on)) if i % 2 == 0 else ((True, on), (False, off)):
-                into.append(steps_per_second(folder / "train.py", args.steps, sample, args.hz))
+                into.append(steps_per_second(folder / "train.py", args.steps, sample, args.hz, args.device))
     ratio = statistics.median(on) / statistics.median(off)
     from workbench.engine.memory.cgroup import read_ceiling
     from workbench.engine.memory.device import TorchNvmlProbe
@@ -89,7 +90,7 @@ def main() -> None:
     per_sample = per_call(lambda: take_sample(probe))
     per_ceiling = per_call(read_ceiling)  # the memory cgroup's share of a sample (one pread; limits every 5 s)
     ceiling = read_ceiling()
-    print(f"tiny_gpt, {args.rounds} rounds x {args.steps} steps each way, sampler at {args.hz:g} Hz")
+    print(f"tiny_gpt on {args.device}, {args.rounds} rounds x {args.steps} steps each way, sampler at {args.hz:g} Hz")
     print(f"  sampler off: median {statistics.median(off):.2f} steps/s  {[round(x, 2) for x in off]}")
     print(f"  sampler on:  median {statistics.median(on):.2f} steps/s  {[round(x, 2) for x in on]}")
     print(f"  on / off: {ratio:.1%}  (target >= 99%)")

@@ -91,7 +91,8 @@ class FakeGpu:
     uuid: str
     name: str = "Fake A100"
     total: int = 40 * GiB
-    used: int = 6 * GiB
+    used: int = 6 * GiB  # as nvidia-smi shows it
+    driver_reserved: int = 0  # NVML's v1 reading counts it as used; v2 gives it apart
     utilization: int = 87
     temperature: int = 61
     power_mw: int = 250_000
@@ -102,11 +103,17 @@ class FakeGpu:
 class FakeCuda:
     """torch.cuda for the GPUs that are visible to this process, in torch's order."""
 
-    def __init__(self, gpus: list[FakeGpu], stats: dict[int, dict[str, int]] | None = None, with_uuid: bool = True) -> None:
+    def __init__(
+        self, gpus: list[FakeGpu], stats: dict[int, dict[str, int]] | None = None, with_uuid: bool = True, initialized: bool = True
+    ) -> None:
         self.visible = gpus
         self.stats = stats or {}
         self.with_uuid = with_uuid
+        self.initialized = initialized  # torch.cuda.memory_stats is {} until CUDA starts
         self.empty_cache_calls = 0
+
+    def is_initialized(self) -> bool:
+        return self.initialized
 
     def is_available(self) -> bool:
         return bool(self.visible)
@@ -127,7 +134,7 @@ class FakeCuda:
         return Props()
 
     def memory_stats(self, index: int) -> dict[str, int]:
-        return self.stats.get(index, {})
+        return self.stats.get(index, {}) if self.initialized else {}
 
     def empty_cache(self) -> None:
         self.empty_cache_calls += 1
@@ -143,6 +150,7 @@ class FakeNvml:
     """The parts of pynvml that the probe uses; `unsupported` names functions this 'driver' lacks."""
 
     NVML_TEMPERATURE_GPU = 0
+    nvmlMemory_v2 = 0x02000028
 
     def __init__(self, gpus: list[FakeGpu], unsupported: set[str] = frozenset(), init_error: str | None = None) -> None:
         self.all = gpus
@@ -171,12 +179,13 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, handle: FakeGpu) -> bytes:
         return handle.uuid.encode()
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu):
-        self._check("nvmlDeviceGetMemoryInfo", handle)
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None):
+        self._check("nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo", handle)
 
         class Info:
-            used = handle.used
+            used = handle.used if version else handle.used + handle.driver_reserved
             total = handle.total
+            reserved = handle.driver_reserved
 
         return Info()
 

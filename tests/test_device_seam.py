@@ -58,6 +58,31 @@ def test_without_a_uuid_from_torch_cuda_visible_devices_indices_are_followed(mon
     assert gpu.device_used == 1 * GiB
 
 
+def test_device_used_is_what_nvidia_smi_shows_without_the_drivers_reservation():
+    # Seen on an H100 (driver 580): NVML's v1 reading said 5103 MiB used where nvidia-smi said 4623.
+    all_gpus = [FakeGpu(uuid="GPU-aaaa-0000", used=7 * GiB, driver_reserved=480 * 2**20)]
+    gpu = probe_for(all_gpus, FakeNvml(all_gpus)).gpus()[0]
+    assert gpu.device_used == 7 * GiB
+
+
+def test_a_driver_without_the_v2_memory_reading_falls_back_to_v1_and_keeps_reading():
+    all_gpus = [FakeGpu(uuid="GPU-aaaa-0000", used=7 * GiB, driver_reserved=480 * 2**20)]
+    probe = probe_for(all_gpus, FakeNvml(all_gpus, unsupported={"nvmlDeviceGetMemoryInfo_v2"}))
+    assert probe.gpus()[0].device_used == 7 * GiB + 480 * 2**20
+    all_gpus[0].used = 8 * GiB
+    assert probe.gpus()[0].device_used == 8 * GiB + 480 * 2**20
+    assert probe.unavailable_reason() is None  # v1 still gives device memory: nothing to report missing
+
+
+def test_before_cuda_starts_the_allocator_holds_nothing_rather_than_not_available():
+    # Seen on an H100: torch.cuda.memory_stats() is {} until CUDA is initialized, which read as n/a.
+    all_gpus = gpus()
+    probe = TorchNvmlProbe(cuda=FakeCuda(all_gpus[:1], {}, initialized=False), load_nvml=lambda: FakeNvml(all_gpus), pid=4242)
+    gpu = probe.gpus()[0]
+    assert (gpu.allocated, gpu.reserved, gpu.peak_allocated, gpu.ooms) == (0, 0, 0, 0)
+    assert gpu.device_used == 7 * GiB
+
+
 def test_functions_missing_from_an_old_driver_become_not_available_and_are_named_once():
     all_gpus = gpus()
     nvml = FakeNvml(all_gpus, unsupported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"})

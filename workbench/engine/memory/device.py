@@ -60,6 +60,7 @@ class TorchNvmlProbe:
         self._nvml_started = False
         self._handles: dict[int, Any] = {}
         self._missing: set[str] = set()  # NVML readings this driver cannot give
+        self._memory_v1_only = False  # a driver without nvmlDeviceGetMemoryInfo_v2
 
     # DeviceProbe -----------------------------------------------------------------------
     def available(self) -> bool:
@@ -97,6 +98,8 @@ class TorchNvmlProbe:
     # torch.cuda ------------------------------------------------------------------------
     def _gpu(self, index: int) -> GpuMemory:
         stats = _safe(lambda: self._cuda.memory_stats(index), {}) or {}
+        if not stats and not _safe(self._cuda.is_initialized, True):
+            stats = _UNINITIALIZED  # torch gives no stats before CUDA starts; nothing is allocated then
         props = _safe(lambda: self._cuda.get_device_properties(index))
         uuid = _props_uuid(props)
         handle = self._handle_for(index, uuid)
@@ -200,8 +203,21 @@ class TorchNvmlProbe:
         return self._nvml.nvmlDeviceGetHandleByUUID(entry)
 
     def _nvml_memory(self, handle: Any) -> tuple[int | None, int | None]:
+        """Used and total as nvidia-smi shows them.
+
+        NVML's v1 reading counts the driver's own reservation (about 480 MiB on an H100 with driver 580)
+        as used, which nvidia-smi does not; the v2 reading gives it apart. Drivers before 510 have no
+        v2: v1 is the best they give.
+        """
         if handle is None:
             return None, None
+        version = getattr(self._nvml, "nvmlMemory_v2", None)
+        if version is not None and not self._memory_v1_only:
+            try:
+                info = self._nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+                return int(info.used), int(info.total)
+            except Exception:  # noqa: BLE001 - an older driver: v1 from now on
+                self._memory_v1_only = True
         try:
             info = self._nvml.nvmlDeviceGetMemoryInfo(handle)
             return int(info.used), int(info.total)
@@ -237,6 +253,18 @@ def _normal_uuid(text: str) -> str:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+_UNINITIALIZED = {
+    "allocated_bytes.all.current": 0,
+    "reserved_bytes.all.current": 0,
+    "allocated_bytes.all.peak": 0,
+    "reserved_bytes.all.peak": 0,
+    "inactive_split_bytes.all.current": 0,
+    "num_alloc_retries": 0,
+    "num_ooms": 0,
+    "allocation.all.allocated": 0,
+}
 
 
 def _safe(fn: Any, default: Any = None) -> Any:
