@@ -22,10 +22,11 @@ T = 1_700_000_000.25  # a fixed event time, so equality covers `time` too
 SAMPLES: dict[str, Event] = {
     e.name: e
     for e in (
-        ev.Start(project="/p/train.py", device="cuda:0", version="0.1.0", torch="2.5.1", pid=4242, time=T),
+        ev.Start(project="/p/train.py", device="cuda:0", version="0.1.0", torch="2.5.1", pid=4242, rank=1, world_size=2,
+                 backend="nccl", time=T),
         ev.Setup(status="done", seconds=1.5, time=T),
         ev.Step(step=7, loss=2.5, ms=12.25, scalars={"lr": 3e-4, "grad_norm": 1.0}, code_version=2,
-                peak_allocated=123_456, gpu=0, saved_bytes=789, time=T),
+                peak_allocated=123_456, gpu=0, saved_bytes=789, rank=1, time=T),
         ev.Evaluation(step=100, scalars={"val_loss": 1.75}, ms=40.5, time=T),
         ev.Reload(ok=False, file="train.py", changed=("step", "LR"), ms=3.5, code_version=3, error="SyntaxError",
                   line=12, notes=("a note",), held=("Model.__init__",), needs_rebuild=("Model built by old code",), time=T),

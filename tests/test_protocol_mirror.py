@@ -292,3 +292,18 @@ def test_protocol_records_have_the_engine_records_fields():
     for name in payloads.HOST_FIELDS:
         getattr(host, name)  # every field the mirror's host carries, the engine's host can give
     assert {f.name for f in dataclasses.fields(EngineSample)} == {f.name for f in dataclasses.fields(payloads.MemorySample)}
+
+
+def test_other_ranks_steps_do_not_enter_rank_0s_chart():
+    """Under torchrun rank 0 streams every rank's steps; the chart and the step counter stay rank 0's."""
+    mirror = TelemetryMirror()
+    now = time.time()
+    mirror.apply_all([
+        Step(step=1, loss=2.0, ms=5.0, code_version=0, rank=0, time=now),
+        Step(step=1, loss=9.0, ms=7.0, code_version=0, rank=1, time=now),
+        Step(step=2, loss=1.5, ms=5.0, code_version=0, rank=0, time=now + 0.01),
+        Step(step=2, loss=8.0, ms=70.0, code_version=0, rank=1, time=now + 0.01),
+    ])
+    assert mirror.step == 2 and mirror.last_step_ms == 5.0
+    loss = next(series for series in mirror.series() if series.name == "loss")
+    assert list(loss.values) == [2.0, 1.5]

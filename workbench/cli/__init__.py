@@ -82,6 +82,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         "vram-ansi, or a theme file's name (default: the one last picked in the palette)")
     parser.add_argument("--detach", action="store_true",
                         help="start the session in the background and return (attach later: vram-bench attach NAME)")
+    parser.add_argument("--nproc-per-node", type=positive_int, metavar="N",
+                        help="train on N processes through torch.distributed.run (torchrun): one per GPU, or gloo on CPU; "
+                        "every rank applies each saved change at the same step")
+    parser.add_argument("--nnodes", metavar="N[:M]", help="with --nproc-per-node: torchrun's --nnodes (several machines)")
+    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="with --nnodes: torchrun's rendezvous endpoint")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="with --nproc-per-node: torchrun restarts every rank up to N times after a failure "
+                        "(add --resume auto to continue from the last snapshot)")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     parser.add_argument("--session-name", help=argparse.SUPPRESS)  # set by `run` for the session process it starts
 
@@ -227,7 +235,15 @@ def _run(args: argparse.Namespace) -> int:
             print(f"vram-bench: {note}", file=sys.stderr)
     else:
         entry = Path(args.path)
-    device = resolve_device(args.device)
+    from workbench.engine.distributed import rank_device, rank_info_from_env
+
+    ranks = rank_info_from_env()
+    if args.nproc_per_node is not None and ranks is None:
+        from workbench.cli.launch import launch_ranks
+
+        args.entry = entry
+        return launch_ranks(args)  # this process becomes torchrun's launcher; each rank runs this command again
+    device = rank_device(ranks, args.device) if ranks is not None else resolve_device(args.device)
     if args.headless or args.session_name or args.detach:
         tui_settings = None  # no app in this process (the session process never imports Textual)
     else:
@@ -246,15 +262,33 @@ def _run(args: argparse.Namespace) -> int:
         from workbench.engine.fdcapture import ProtocolStdout
         from workbench.frontends.headless import run_headless
 
-        with ProtocolStdout() as protocol:
+        with ProtocolStdout() as protocol, _process_groups(ranks, device) as groups:
             project, early, resume = _load_as_a_script(entry, args)
-            session = Session(project, replace(config, resume=resume), stdout_passthrough=sys.stderr, early_output=early)
-            code = run_headless(session, protocol.stream, sys.stdin)
-        _report_setup_failure(session, args.debug)
-        _report_final_snapshot(session)
+            role = groups.role() if groups is not None else None  # after the import: the user's code may have made the group
+            session = Session(project, replace(config, resume=resume), stdout_passthrough=sys.stderr, early_output=early,
+                              ranks=role)
+            if session.is_main:
+                code = run_headless(session, protocol.stream, sys.stdin)
+            else:  # the other ranks: no front end; their events go to their own events-rankN.jsonl
+                with open(os.devnull, "w", encoding="utf-8") as nowhere:
+                    code = run_headless(session, nowhere, None)
+        if session.is_main:
+            _report_setup_failure(session, args.debug)
+            _report_final_snapshot(session)
         return code
 
     return _start_and_attach(entry, args, tui_settings)
+
+
+def _process_groups(ranks, device):  # type: ignore[no-untyped-def]
+    """Under torchrun: the process groups for the session's lifetime (a no-op context otherwise)."""
+    import contextlib
+
+    from workbench.engine.distributed import ProcessGroups
+
+    if ranks is None:
+        return contextlib.nullcontext(None)
+    return ProcessGroups(ranks, device).running()
 
 
 def _start_session_process(entry: Path, args: argparse.Namespace):  # type: ignore[no-untyped-def]

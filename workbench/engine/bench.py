@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from workbench.engine.distributed import RankInfo
+
 
 class Bench:
-    """What the user's code may ask of the workbench: device, global step, extra series, run dir."""
+    """What the user's code may ask of the workbench: device, global step, extra series, run dir;
+    under torchrun also its rank (`rank`, `local_rank`, `world_size`, `is_main`; a single process is rank 0 of 1)."""
 
-    def __init__(self, device: torch.device, run_dir: Path) -> None:
+    def __init__(self, device: torch.device, run_dir: Path, ranks: RankInfo | None = None) -> None:
         self.device = device
         self.run_dir = run_dir
         self.step = 0
+        self.rank = ranks.rank if ranks is not None else 0
+        self.local_rank = ranks.local_rank if ranks is not None else 0
+        self.world_size = ranks.world_size if ranks is not None else 1
+        self.is_main = self.rank == 0
         self._logged: dict[str, float] = {}
 
     def log(self, **scalars: Any) -> None:
@@ -28,7 +36,8 @@ class Bench:
         return logged
 
     def __repr__(self) -> str:
-        return f"Bench(device={self.device}, step={self.step}, run_dir={str(self.run_dir)!r})"
+        ranks = f", rank={self.rank}/{self.world_size}" if self.world_size > 1 else ""
+        return f"Bench(device={self.device}, step={self.step}{ranks}, run_dir={str(self.run_dir)!r})"
 
 
 def to_scalar(value: Any, name: str) -> float:

@@ -42,6 +42,8 @@ from workbench.engine.time_limit import TimeLimit
 from workbench.units import human_bytes
 from workbench.engine.watchdog import StepWatchdog
 from workbench.engine.worker import ApplyChanges, RunState, TrainingWorker
+from workbench.engine.distributed import RankRole
+from workbench.engine.lockstep import Lockstep
 
 REQUIRED_FUNCTIONS = {"setup": ("bench",), "step": ("state", "bench")}
 
@@ -116,8 +118,10 @@ class Session:
         stdout_passthrough: TextIO | None = None,
         host_reader: HostReader = read_host_memory,
         early_output: EarlyOutput | None = None,
+        ranks: RankRole | None = None,
     ) -> None:
         self.project = project
+        self.ranks = ranks  # under torchrun: this rank and the control plane; rank 0 alone watches and serves
         self._early_output = early_output  # what the project printed while it was imported
         self.config = config
         self.bus = EventBus()
@@ -129,9 +133,9 @@ class Session:
             from workbench.engine.tensorboard_log import require_tensorboardx
 
             require_tensorboardx()  # a missing extra is one line, before a run folder is made for nothing
-        self.run_dir = new_run_folder(self.state_dir)
+        self.run_dir = self._shared_run_folder() if ranks is not None else new_run_folder(self.state_dir)
         self.run_record = RunRecord(self.run_dir)
-        self.bench = Bench(config.device, self.run_dir)
+        self.bench = Bench(config.device, self.run_dir, ranks.info if ranks is not None else None)
         self.reloader = Reloader(project, REQUIRED_FUNCTIONS, config.max_history)
         self.router = (
             OutputRouter(self.bus.publish, stdout=stdout_passthrough) if config.capture_output else None
@@ -153,13 +157,15 @@ class Session:
             resume=config.resume,
             resume_partial=config.resume_partial,
             snapshot_keep=config.snapshot_keep,
-            run_record=self.run_record,
+            run_record=self.run_record if self.is_main else None,
             time_limit=config.time_limit,
             requeue=config.requeue,
             on_memory_limit=config.on_memory_limit,
             freeze_gc=config.freeze_gc,
             nice=config.training_nice,
         )
+        if ranks is not None:
+            self.worker.lockstep = Lockstep(ranks.plane)
         self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
         self.watcher = (
             SourceWatcher(
@@ -169,7 +175,7 @@ class Session:
                 debounce_ms=config.debounce_ms,
                 step_ms=config.step_ms,
             )
-            if config.watch
+            if config.watch and self.is_main  # rank 0 watches; the others receive its sources
             else None
         )
         self.memory_guard = MemoryGuard(
@@ -190,8 +196,13 @@ class Session:
         self.watchdog = StepWatchdog(
             self.worker, self.bus.publish, factor=config.slow_step_factor, minimum=config.slow_step_seconds
         )
-        self.event_log = EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log else None
-        self.tensorboard = self._tensorboard_log() if config.tensorboard else None
+        self.event_log = (
+            EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log and self.is_main
+            # every other rank keeps its own complete log, whatever the front end
+            else EventLogWriter(self.bus, self.run_dir / f"events-rank{ranks.info.rank}.jsonl") if ranks is not None
+            else None
+        )
+        self.tensorboard = self._tensorboard_log() if config.tensorboard and self.is_main else None
         self._started = False
         self._final_snapshot = False
         self._stopped = threading.Event()
@@ -213,6 +224,9 @@ class Session:
                 version=__version__,
                 torch=torch.__version__,
                 pid=os.getpid(),
+                rank=self.ranks.info.rank if self.ranks is not None else None,
+                world_size=self.ranks.info.world_size if self.ranks is not None else None,
+                backend=self.ranks.backend if self.ranks is not None else None,
             )
         )
         if self._early_output is not None:
@@ -223,6 +237,9 @@ class Session:
             self.bus.publish(Error(where="run folder", message=self._run_dir_note))
         if (oom_note := previous_oom_kills_note()) is not None:
             self.bus.publish(Error(where="memory limit", message=oom_note))
+        if not self.is_main:
+            self._start_threads()
+            return
         self.run_record.start(str(self.project.entry), self.config.resume)
         for leftover in remove_leftovers(leftover_folders(self.state_dir)):
             self.bus.publish(
@@ -232,6 +249,9 @@ class Session:
                     f"{leftover.writer_pid}, no longer running) left when it was killed mid-write",
                 )
             )
+        self._start_threads()
+
+    def _start_threads(self) -> None:
         if self.event_log is not None:
             self.event_log.start()
         if self.tensorboard is not None:
@@ -287,6 +307,17 @@ class Session:
         # A final snapshot of a large model can take a while: give it time before giving up.
         self.stop(timeout=600.0 if self._final_snapshot else 10.0)
         unload_project(self.project)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 under torchrun, or the only process: the one that watches files, writes snapshots, has front ends."""
+        return self.ranks is None or self.ranks.info.is_main
+
+    def _shared_run_folder(self) -> Path:
+        """One run folder for every rank: rank 0 makes it and tells the others its name."""
+        assert self.ranks is not None
+        name = new_run_folder(self.state_dir).name if self.ranks.info.is_main else None
+        return self.state_dir / "runs" / self.ranks.plane.broadcast_json(name)
 
     @property
     def last_profile(self):  # type: ignore[no-untyped-def]

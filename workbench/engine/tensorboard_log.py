@@ -148,6 +148,8 @@ class TensorBoardLog(threading.Thread):
     # ----------------------------------------------------------------------------------- events
 
     def _handle(self, event: Event) -> None:
+        if isinstance(event, Step) and event.rank:
+            return  # another rank's step, streamed by rank 0 (torchrun): its own event log keeps it
         if isinstance(event, Step):
             if self._texts:
                 self._write_texts(event.step)

@@ -56,6 +56,7 @@ from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.hotswap.reloader import Reloader
 from workbench.engine.init_skipping import InitLog, skipping_init
+from workbench.engine.lockstep import Lockstep, StepFailure, is_error_pause
 from workbench.engine.memory.device import DeviceProbe
 from workbench.engine.memory.gc_freeze import Frozen, collect_all, freeze_survivors
 from workbench.engine.memory.gc_freeze import release as release_frozen
@@ -194,6 +195,10 @@ class TrainingWorker(threading.Thread):
         self._pending_optimizers: PendingOptimizers | None = None
         self._state_built_at = 0  # the code version live when setup() last built the state (start, or a rebuild)
         self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
+        self.lockstep: Lockstep | None = None  # under torchrun: every rank runs the same commands at the same boundary
+        self.last_loss: float | None = None
+        self.last_step_time: float | None = None  # when the last step ended (Unix seconds)
+        self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
 
     def held_paths(self) -> list[Path]:
         """Files with saved changes held back until a rebuild (read from other threads: a copy)."""
@@ -211,6 +216,8 @@ class TrainingWorker(threading.Thread):
         try:
             self._start_memory_recording()
             self._run_setup()
+            if self.lockstep is not None:
+                self._agree_on_setup()
             while not self._quit:
                 idle = self.state is not RunState.RUNNING and not self._step_once
                 self._handle_commands(block=idle)
@@ -232,6 +239,8 @@ class TrainingWorker(threading.Thread):
                 Error(where="worker", message=f"vram-bench internal error: {exc!r}", traceback=traceback.format_exc())
             )
         finally:
+            if self.lockstep is not None:
+                self._finish_lockstep()
             if self._profile is not None:
                 self._profile.abort()
                 self._profile = None
@@ -244,6 +253,9 @@ class TrainingWorker(threading.Thread):
                 self.router.release_thread()
 
     def _handle_commands(self, block: bool) -> None:
+        if self.lockstep is not None:
+            self.lockstep.boundary(self, block)  # the same batch on every rank (workbench/engine/lockstep.py)
+            return
         try:
             command = self.commands.get(timeout=0.5) if block else self.commands.get_nowait()
         except queue.Empty:
@@ -422,11 +434,13 @@ class TrainingWorker(threading.Thread):
                 self.telemetry.step_peaks[gpu] = peak
         self._track_new_modules()
         self.step += 1
+        self.last_loss, self.last_step_time = loss, time.time()
         self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
         self.telemetry.versions.record_step(ms, loss, scalars, self.telemetry.step_peaks.get(gpu) if gpu is not None else None)
         peak = self.telemetry.step_peaks.get(gpu) if gpu is not None else None
         self.bus.publish(Step(step=self.step, loss=loss, ms=ms, scalars=scalars, code_version=self.reloader.version,
-                              gpu=gpu if peak is not None else None, peak_allocated=peak, saved_bytes=saved_bytes))
+                              gpu=gpu if peak is not None else None, peak_allocated=peak, saved_bytes=saved_bytes,
+                              rank=self.lockstep.rank if self.lockstep is not None else None))
         if self._pending_optimizers is not None:
             self._load_pending_optimizers()
         if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
@@ -446,13 +460,10 @@ class TrainingWorker(threading.Thread):
                 culprits = describe_non_finite(self.user_state)
             except Exception as exc:  # noqa: BLE001 - the diagnosis must not turn into a second failure
                 culprits = f"could not inspect the parameters ({exc})"
-            self.bus.publish(
-                Error(
-                    where="step",
-                    message=f"loss is {loss} at step {self.step} (the first non-finite step); {culprits}. "
-                    "Training paused: fix the code and save, or resume to continue anyway.",
-                )
-            )
+            message = (f"loss is {loss} at step {self.step} (the first non-finite step); {culprits}. "
+                       "Training paused: fix the code and save, or resume to continue anyway.")
+            self._failure = StepFailure(message)
+            self.bus.publish(Error(where="step", message=message))
             self._pause("non-finite loss")
 
     def _track_new_modules(self) -> None:
@@ -470,7 +481,8 @@ class TrainingWorker(threading.Thread):
             message = "step() was interrupted" + (f" at {file}:{line}" if file else "") + "; the model and optimizer are intact"
         elif is_out_of_memory(exc):
             message = f"out of memory in step(): {exc}. The step's tensors were released and the cache emptied; {self._memory_report()}"
-        self.bus.publish(Error(where="step", message=message, file=file, line=line, traceback=self._format(exc)))
+        self._failure = StepFailure(message, self._format(exc), file, line)
+        self.bus.publish(Error(where="step", message=message, file=file, line=line, traceback=self._failure.traceback))
         traceback.clear_frames(exc.__traceback__)  # the frames pin the step's tensors
         if is_out_of_memory(exc):
             if self._recording:
@@ -600,6 +612,10 @@ class TrainingWorker(threading.Thread):
 
     def _snapshot(self, reason: str) -> bool:
         """Write one; True if it was written (a failure is an error event and `last_snapshot_error`)."""
+        if self.lockstep is not None and self.lockstep.rank != 0:
+            # Replicated state (DDP, or the same model on every rank): rank 0's snapshot holds it all.
+            self.last_snapshot_step = self.step
+            return True
         self.activity = f"writing snapshot of step {self.step}"  # large states take seconds: the status bar says so
         try:
             event = write_snapshot(
@@ -646,11 +662,41 @@ class TrainingWorker(threading.Thread):
             self._resume("reload")
 
     # Helpers -----------------------------------------------------------------------------
-    def _pause(self, reason: str) -> None:
+    def _pause(self, reason: str, announce: bool = True) -> None:
         self.state, self.pause_reason = RunState.PAUSED, reason
         self.bus.publish(Paused(reason=reason, step=self.step))
-        if self.exit_on_error_pause and reason in AUTO_RESUME_REASONS:
+        if self.lockstep is not None:
+            if announce and is_error_pause(reason):
+                # Decided by this rank alone (its step failed): every rank pauses at the next agreed boundary.
+                self.lockstep.announce_pause(self, reason, self._failure)
+            if self.exit_on_error_pause and reason in AUTO_RESUME_REASONS:
+                self.lockstep.end_run(self, reason)  # every rank ends together, one boundary later
+        elif self.exit_on_error_pause and reason in AUTO_RESUME_REASONS:
             self.exit_code, self.exit_reason, self._quit = 1, reason, True
+
+    # Under torchrun ------------------------------------------------------------------------
+    def _agree_on_setup(self) -> None:
+        """Every rank's setup() outcome: if one failed, none trains (its error, naming the rank, is said once)."""
+        assert self.lockstep is not None
+        failures = self.lockstep.plane.gather_json(self.setup_error)
+        failed = [(rank, error) for rank, error in enumerate(failures) if error is not None]
+        if not failed or self.setup_error is not None:
+            return
+        if self.lockstep.rank == 0:
+            rank, error = failed[0]
+            self.bus.publish(Error(where="setup", message=f"rank {rank}: {error}"))
+            self.setup_error = f"rank {rank}: {error}"
+        self.state = RunState.SETUP_FAILED
+        if self.exit_on_setup_failure:
+            self.exit_code, self.exit_reason, self._quit = 2, "setup failed", True
+
+    def _finish_lockstep(self) -> None:
+        """After the loop: the exchange every rank posted at the last boundary is collected, so none waits on it."""
+        assert self.lockstep is not None
+        try:
+            self.lockstep.finish(self)
+        except Exception as exc:  # noqa: BLE001 - a rank gone: said, and this one still exits
+            self.bus.publish(Error(where="worker", message=f"the ranks' last exchange failed: {exc}"))
 
     def _resume(self, reason: str) -> None:
         self.state, self.pause_reason = RunState.RUNNING, None

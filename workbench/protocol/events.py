@@ -62,11 +62,16 @@ def _jsonable(value: Any) -> Any:
 @dataclass(frozen=True)
 class Start(Event):
     name: ClassVar[str] = "start"
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"rank", "world_size", "backend"})
     project: str
     device: str
     version: str
     torch: str
     pid: int
+    # Under torchrun: this process's rank, how many there are, and the training group's backend (nccl, gloo).
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class Setup(Event):
 @dataclass(frozen=True)
 class Step(Event):
     name: ClassVar[str] = "step"
-    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"peak_allocated", "gpu", "saved_bytes"})
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"peak_allocated", "gpu", "saved_bytes", "rank"})
     step: int
     loss: float
     ms: float
@@ -92,6 +97,7 @@ class Step(Event):
     peak_allocated: int | None = None
     gpu: int | None = None
     saved_bytes: int | None = None
+    rank: int | None = None  # under torchrun: which rank trained this step (rank 0 streams every rank's, up to 8)
 
 
 @dataclass(frozen=True)

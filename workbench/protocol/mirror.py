@@ -166,6 +166,8 @@ class TelemetryMirror:
         self.updates += 1
 
     def _step(self, event: Step) -> None:
+        if event.rank:  # another rank's step (torchrun): the chart and counters are rank 0's
+            return
         if event.code_version != self.code_version:
             self._start_version(event.code_version)  # only when the reload's own event was lost
         self._append(event.step, {"loss": event.loss, **event.scalars})

@@ -113,8 +113,11 @@ class Reloader:
         with self._lock:
             return self._applied.get(path)
 
-    def prepare(self, path: Path, detected_at: float | None = None) -> ChangeSet | None:
-        """Plan the patches for a saved file; None when its code did not change."""
+    def prepare(self, path: Path, detected_at: float | None = None, source: str | None = None) -> ChangeSet | None:
+        """Plan the patches for a saved file; None when its code did not change.
+
+        `source`: the file's text as another rank read it (distributed runs plan from rank 0's bytes, not
+        from this node's disk, which may lag behind on a shared filesystem)."""
         self.track_loaded_modules()
         path = path.resolve()
         module = self.project.modules().get(path)
@@ -132,7 +135,8 @@ class Reloader:
                 detected_at=detected_at or time.monotonic(),
             )
         try:
-            source = read_source(path)
+            if source is None:
+                source = read_source(path)
         except FileNotFoundError:
             missing = ReloadError(f"{path.name} was deleted; the old code keeps running. Restore the file to go on.")
             missing.source = ""  # editors that save by rename delete the file for a moment

@@ -1,0 +1,174 @@
+"""Two ranks through the real launcher (torch.distributed.run, gloo on CPU): every rank swaps the same code
+at the same step.
+
+Each test starts `vram-bench run train.py --headless --nproc-per-node 2` on a small DDP project, saves
+edits, and reads rank 0's event stream (which carries every rank's `step` events) and rank 1's own
+`events-rank1.jsonl` in the run folder (which has its scalars, the parameter checksum among them).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_headless import Headless
+
+PROJECT = textwrap.dedent(
+    """
+    import sys
+
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    LR = 0.05
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 16)
+            self.b = nn.Linear(16, 1)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+
+    def setup(bench):
+        torch.manual_seed(0)
+        model = Net().to(bench.device)
+        if "--no-ddp" not in sys.argv:
+            model = DDP(model)
+        data = torch.Generator().manual_seed(bench.rank)  # each rank its own batches: DDP averages the gradients
+        return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=LR), "data": data}
+
+
+    def step(state, bench):
+        x = torch.randn(32, 8, generator=state["data"])
+        loss = (state["model"](x) - x.sum(1, keepdim=True)).pow(2).mean()
+        state["opt"].zero_grad()
+        loss.backward()
+        state["opt"].step()
+        bench.log(checksum=sum(float(p.double().sum()) for p in state["model"].parameters()))
+        return loss
+    """
+)
+
+
+def start(tmp_path: Path, *args: str) -> Headless:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(PROJECT)
+    return Headless(project / "train.py", "--nproc-per-node", "2", *args)
+
+
+def rank_log(run: Headless) -> list[dict[str, Any]]:
+    """Rank 1's own event log (all of its events, scalars included)."""
+    start = next(e for e in run.events if e["event"] == "start")
+    del start
+    runs = sorted((run.entry.parent / ".vram-bench" / "runs").iterdir())
+    path = runs[-1] / "events-rank1.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def steps_of(events: list[dict[str, Any]], rank: int) -> dict[int, dict[str, Any]]:
+    return {e["step"]: e for e in events if e["event"] == "step" and e.get("rank") == rank}
+
+
+def save(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    time.sleep(0.05)
+    path.write_text(text.replace(old, new))
+
+
+@pytest.fixture
+def ranks(tmp_path: Path):
+    runs: list[Headless] = []
+
+    def make(*args: str) -> Headless:
+        run = start(tmp_path, *args)
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.close()
+
+
+def test_two_ranks_start_with_their_rank_and_stream_both_ranks_steps(ranks):
+    run = ranks("--max-steps", "12")
+    started = run.wait_event("start", timeout=60)
+    assert (started["rank"], started["world_size"], started["backend"]) == (0, 2, "gloo")
+    assert run.finish(timeout=60) == 0
+    zero, one = steps_of(run.events, 0), steps_of(run.events, 1)
+    assert sorted(zero) == sorted(one) == list(range(1, 13))
+    exit_event = run.events[-1]
+    assert exit_event["event"] == "exit" and exit_event["reason"] == "max steps"
+
+
+def test_a_save_is_applied_at_the_same_step_on_both_ranks_and_parameters_stay_identical(ranks):
+    run = ranks()
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=60, what="rank 1 at step 5")
+    save(run.entry, "return self.b(torch.relu(self.a(x)))", "return self.b(torch.tanh(self.a(x)))")
+    reload = run.wait_event("reload", timeout=30)
+    assert reload["ok"] and reload["changed"] == ["Net.forward"], reload
+    save(run.entry, "LR = 0.05", "LR = 0.02")
+    reload = run.wait_event("reload", timeout=30)
+    assert reload["ok"] and "LR" in reload["changed"], reload
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e.get("code_version") == 2 and True,
+                 timeout=30, what="rank 1 on code v2")
+    target = max(steps_of(run.events, 0)) + 5
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= target, timeout=30, what="5 more steps")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+    zero, one = steps_of(run.events, 0), steps_of(rank_log(run), 1)
+    common = sorted(set(zero) & set(one))
+    assert len(common) >= 10
+    for step in common:  # the same code version at every step, on both ranks
+        assert zero[step]["code_version"] == one[step]["code_version"], (step, zero[step], one[step])
+    first_v1 = min(s for s in common if zero[s]["code_version"] >= 1)
+    assert one[first_v1]["code_version"] >= 1 and one[first_v1 - 1]["code_version"] == 0
+    for step in common:  # DDP keeps the replicas equal: after each swap too
+        assert zero[step]["scalars"]["checksum"] == pytest.approx(one[step]["scalars"]["checksum"], rel=1e-12), step
+
+
+def test_a_syntax_error_is_reported_once_and_both_ranks_keep_the_old_code(ranks):
+    run = ranks()
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    save(run.entry, "LR = 0.05", "LR = = 0.05")
+    failed = run.wait_event("reload", timeout=30)
+    assert failed["ok"] is False and failed["line"] is not None, failed
+    mark = max(steps_of(run.events, 1))
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= mark + 5, timeout=30, what="more steps")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+    assert [e for e in run.events if e["event"] == "reload"] == [failed]  # said once, by rank 0
+    assert {e["code_version"] for e in run.events if e["event"] == "step"} == {0}
+    assert {e["code_version"] for e in rank_log(run) if e["event"] == "step"} == {0}
+
+
+def test_a_step_raising_on_rank_1_only_pauses_both_and_a_saved_fix_resumes_both(ranks, tmp_path):
+    # Each rank trains its own replica here (no DDP): a step that fails on one rank cannot leave the other
+    # waiting in a gradient all-reduce. (Under DDP the other rank waits there until the collective's timeout.)
+    run = ranks("--", "--no-ddp")
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    # Raises after the backward pass (its collectives are done), on rank 1 alone.
+    save(run.entry, "    bench.log(checksum=", "    if bench.rank == 1:\n        raise ValueError('only on rank 1')\n    bench.log(checksum=")
+    error = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step", timeout=30, what="the step error")
+    assert error["message"].startswith("rank 1: step() raised ValueError: only on rank 1"), error
+    assert "ValueError" in (error.get("traceback") or "") and error["file"] == "train.py" and error["line"], error
+    assert any(e["event"] == "paused" and e["reason"] == "error" for e in run.events), "rank 0 paused too"
+    save(run.entry, "    if bench.rank == 1:\n        raise ValueError('only on rank 1')\n", "")
+    run.wait_event("resumed", timeout=30, reason="reload")
+    mark = max(steps_of(run.events, 1))
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= mark + 3, timeout=30, what="steps after the fix")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+    one = rank_log(run)
+    assert any(e["event"] == "resumed" and e["reason"] == "reload" for e in one), "rank 1 resumed too"

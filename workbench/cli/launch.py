@@ -1,0 +1,70 @@
+"""`vram-bench run train.py --nproc-per-node N`: this process becomes torchrun's launcher.
+
+torch.distributed.run starts N processes per node, each running this same command (without the
+launcher's options) as `python -m workbench run ...`; each finds its rank in its environment
+(workbench/engine/distributed.py). Nothing here re-implements the launcher: restarts, rendezvous
+across nodes and signal forwarding are torchrun's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+LAUNCHER_OPTIONS = {"--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--max-restarts"}
+
+
+def worker_argv(argv: list[str]) -> list[str]:
+    """The command each rank runs: this one without the launcher's own options (`--opt V` or `--opt=V`)."""
+    kept: list[str] = []
+    skip = False
+    for i, word in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if word == "--":
+            kept.extend(argv[i:])
+            break
+        name = word.split("=", 1)[0]
+        if name in LAUNCHER_OPTIONS:
+            skip = "=" not in word
+            continue
+        kept.append(word)
+    return kept
+
+
+def torchrun_argv(args: argparse.Namespace) -> list[str]:
+    """torch.distributed.run's arguments for this command."""
+    launcher = ["--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]
+    if args.nnodes is not None:
+        launcher += ["--nnodes", args.nnodes]
+        if args.rdzv_endpoint is not None:
+            launcher += ["--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint]
+    else:
+        launcher.append("--standalone")  # one node: torchrun picks a free port
+    command = worker_argv(list(args.argv))
+    if not command or command[0] != "run":
+        command = ["run", str(args.entry), *command]  # the bare `vram-bench --nproc-per-node N`: the sample's entry
+    return [*launcher, "-m", "workbench", *command]
+
+
+def launch_ranks(args: argparse.Namespace) -> int:
+    """Run torchrun in this process; its exit status is the job's."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    if not args.headless:
+        print(
+            "vram-bench: --nproc-per-node runs headless for now: add --headless (the app attaches to rank 0 in a later "
+            "version)", file=sys.stderr,
+        )
+        return 2
+    try:
+        torchrun(torchrun_argv(args))
+    except ChildFailedError as exc:
+        failures = "; ".join(
+            f"rank {failure.rank} exited with {failure.exitcode}" for failure in exc.failures.values()
+        )
+        print(f"vram-bench: a rank failed: {failures}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,109 @@
+"""vram-bench's own messages between ranks, on a gloo group of their own.
+
+Two kinds of exchange, both collectives every rank calls in the same order:
+
+- the boundary exchange, once per step boundary: a fixed row of numbers per rank (its last
+  step, loss, step time, code version, and how many bytes of commands it has to send),
+  gathered with `all_gather_into_tensor`. It is *posted* without waiting (`async_op=True`) and
+  *collected* at the next boundary, a step later, so the gather's round trip hides behind a step
+  instead of costing one per step;
+- `gather_bytes`, blocking, only when some rank has something to say (commands, a saved file's
+  source, a prepare's outcome): lengths first, then the payloads padded to the longest.
+
+Everything crosses as numbers and bytes (UTF-8 JSON, source text): nothing is pickled, no code
+object ever travels. Every rank compiles the source it receives itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ROW = 8  # numbers per rank in a boundary exchange
+# torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single; vram-bench supports both.
+_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+PAYLOAD, STEP, LOSS, MS, VERSION, STATE, STEP_TIME, SPARE = range(ROW)
+MAX_PAYLOAD = 64 * 2**20  # a saved file's source, a traceback: a row claiming more is a bug, not data
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank's numbers at a boundary: what it last trained, and what it has to say."""
+
+    rank: int
+    payload_bytes: int
+    step: int
+    loss: float
+    ms: float
+    code_version: int
+    state: int
+    step_time: float  # when its last step ended (Unix seconds)
+
+
+class BoundaryExchange:
+    """One posted gather: this rank's row out, every rank's rows in once `collect` waits for it."""
+
+    def __init__(self, group: dist.ProcessGroup, world_size: int, row: list[float], payload: bytes) -> None:
+        self.payload = payload
+        self._send = torch.tensor(row, dtype=torch.float64)
+        self._recv = torch.empty(world_size * ROW, dtype=torch.float64)
+        self._work = _gather_into(self._recv, self._send, group=group, async_op=True)
+
+    def collect(self) -> list[RankRow]:
+        self._work.wait()
+        rows = self._recv.view(-1, ROW).tolist()
+        return [
+            RankRow(
+                rank=r, payload_bytes=int(v[PAYLOAD]), step=int(v[STEP]), loss=v[LOSS], ms=v[MS],
+                code_version=int(v[VERSION]), state=int(v[STATE]), step_time=v[STEP_TIME],
+            )
+            for r, v in enumerate(rows)
+        ]
+
+
+class ControlPlane:
+    """The control group and this rank's place in it."""
+
+    def __init__(self, group: dist.ProcessGroup, rank: int, world_size: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.world_size = world_size
+
+    def post(self, row: list[float], payload: bytes) -> BoundaryExchange:
+        if len(row) != ROW:
+            raise ValueError(f"a boundary row has {ROW} numbers, not {len(row)}")
+        row = list(row)
+        row[PAYLOAD] = float(len(payload))
+        return BoundaryExchange(self.group, self.world_size, row, payload)
+
+    def gather_bytes(self, data: bytes, lengths: list[int] | None = None) -> list[bytes]:
+        """Every rank's bytes, in rank order (blocking). `lengths`: already known from a boundary row."""
+        if lengths is None:
+            mine = torch.tensor([len(data)], dtype=torch.int64)
+            every = torch.empty(self.world_size, dtype=torch.int64)
+            _gather_into(every, mine, group=self.group)
+            lengths = [int(n) for n in every.tolist()]
+        longest = max(lengths)
+        if longest > MAX_PAYLOAD:
+            raise RuntimeError(f"a rank announced {longest} bytes of control data (at most {MAX_PAYLOAD}): out of step")
+        if longest == 0:
+            return [b""] * self.world_size
+        send = torch.zeros(longest, dtype=torch.uint8)
+        if data:
+            send[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        recv = torch.empty(self.world_size * longest, dtype=torch.uint8)
+        _gather_into(recv, send, group=self.group)
+        table = recv.view(self.world_size, longest)
+        return [table[r, : lengths[r]].numpy().tobytes() if lengths[r] else b"" for r in range(self.world_size)]
+
+    def gather_json(self, value: Any) -> list[Any]:
+        """Every rank's JSON-able value, in rank order (blocking)."""
+        return [json.loads(b) if b else None for b in self.gather_bytes(json.dumps(value).encode())]
+
+    def broadcast_json(self, value: Any) -> Any:
+        """Rank 0's value on every rank (the others pass None)."""
+        return self.gather_json(value if self.rank == 0 else None)[0]

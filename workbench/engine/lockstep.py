@@ -1,0 +1,267 @@
+"""Every rank runs the same commands at the same step boundary.
+
+The training loop calls `Lockstep.boundary` where a single process drains its command queue.
+Each rank drains its own queue (rank 0's is fed by the front ends and the reload thread; the
+others' only by their own memory guard, signals and failures), encodes what it found as JSON,
+and posts it with the boundary exchange (workbench/engine/control_plane.py). At the next boundary
+every rank collects that exchange, gathers the commands every rank posted, and dispatches the
+same batch, in rank order. A command therefore runs one step after it arrived, on every rank
+at once; the exchange's round trip is hidden behind that step.
+
+A saved file crosses as its source text: every rank prepares the same plan from the same bytes,
+the ranks agree that all of them can apply it, and then all apply, or none does and the reload
+event names the rank and its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from workbench.engine.commands.reload import ApplyChanges
+from workbench.engine.control_plane import ROW, ControlPlane, RankRow
+from workbench.engine.dispatch import dispatch, handles
+from workbench.engine.hotswap.planner import ChangeSet, ReloadError
+from workbench.engine.hotswap.service import SourceUnchanged
+from workbench.engine.memory_guard import MemoryLimitNear
+from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
+from workbench.protocol.events import COMMANDS, Command, Error, Quit, Reload, Step
+
+if TYPE_CHECKING:
+    from workbench.engine.worker import TrainingWorker
+
+MAX_STEP_EVENTS_RANKS = 8  # beyond this many ranks, only rank 0's steps are streamed (each rank's own log has all)
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """What a rank says of its failed step (its error event's fields)."""
+
+    message: str
+    traceback: str | None = None
+    file: str | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class RankPaused(Command):
+    """Internal: a rank paused for an error (a raising step, a non-finite loss, out of memory): every rank pauses."""
+
+    rank: int
+    reason: str
+    message: str
+    traceback: str | None = None
+    file: str | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class EndRun(Command):
+    """Internal: rank 0's stdin is closed and a rank paused for an error: nobody can resume, so every rank ends."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class AgreedSource(Command):
+    """Internal: a saved file's source as rank 0 prepared it; every rank prepares it, all apply or none."""
+
+    path: str  # relative to the project folder
+    source: str
+    manual: bool = False
+    unchanged: bool = False  # the file is back to the live code (drops a change held for rebuild)
+
+
+# Commands that may cross between ranks, by name: the protocol's, and the engine's internal ones.
+_WIRE: dict[str, type[Command]] = {
+    **{kind.__name__: kind for kind in COMMANDS.values()},
+    "MemoryLimitNear": MemoryLimitNear,
+    "RankPaused": RankPaused,
+    "AgreedSource": AgreedSource,
+    "EndRun": EndRun,
+}
+STATE_CODES = {state: i for i, state in enumerate(RunState)}
+
+
+def encode(command: Command, worker: TrainingWorker) -> dict[str, Any] | None:
+    """A command as JSON for the other ranks; None for what only this rank acts on."""
+    if isinstance(command, ApplyChanges):
+        change = command.changeset
+        if isinstance(change, SourceUnchanged):
+            return _as_json(AgreedSource(worker.project.relative(change.path), "", change.manual, unchanged=True))
+        if change.module is None:
+            return None  # a file the session does not import: rank 0 says so, nothing to agree on
+        return _as_json(AgreedSource(worker.project.relative(change.path), change.new_source))
+    if type(command).__name__ not in _WIRE:
+        return None
+    return _as_json(command)
+
+
+def _as_json(command: Command) -> dict[str, Any]:
+    return {"type": type(command).__name__, "fields": dataclasses.asdict(command)}
+
+
+def decode(data: dict[str, Any]) -> Command:
+    kind = _WIRE.get(str(data.get("type")))
+    if kind is None:
+        raise ValueError(f"unknown command type {data.get('type')!r} from another rank")
+    return kind(**data.get("fields", {}))
+
+
+class Lockstep:
+    """The training thread's side of the control plane: one `boundary` call per loop turn."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        self.rank = plane.rank
+        self.world_size = plane.world_size
+        self._posted = None  # the exchange posted at the last boundary, collected at this one
+        self._published_steps = [0] * plane.world_size
+        self._prepared: dict[str, ChangeSet] = {}  # rank 0: what its reload thread prepared, by relative path
+        self.rows: list[RankRow] = []  # every rank's last row, as of the last collected boundary
+        self.idle_wait = 0.1  # rank 0 waits this long for a command while nothing runs
+
+    # The loop ---------------------------------------------------------------------------
+    def boundary(self, worker: TrainingWorker, block: bool) -> None:
+        """Post this boundary's commands, collect the last boundary's, run them: the same batch on every rank."""
+        local = self._drain(worker, block and self.rank == 0)
+        payload = [item for item in (encode(c, worker) for c in local) if item is not None]
+        for command in local:  # rank 0 keeps its own prepared plan rather than planning again
+            if isinstance(command, ApplyChanges) and isinstance(command.changeset, ChangeSet):
+                self._prepared[worker.project.relative(command.changeset.path)] = command.changeset
+        data = json.dumps(payload).encode() if payload else b""
+        previous, self._posted = self._posted, self.plane.post(self._row(worker), data)
+        if previous is None:
+            return
+        self.rows = previous.collect()
+        if self.rank == 0:
+            self._publish_other_steps(worker)
+        if not any(row.payload_bytes for row in self.rows):
+            return
+        batches = self.plane.gather_bytes(previous.payload, [row.payload_bytes for row in self.rows])
+        for sender, raw in enumerate(batches):
+            for item in json.loads(raw) if raw else []:
+                command = decode(item)
+                dispatch(worker, command)
+                if worker._quit:
+                    return
+
+    def finish(self, worker: TrainingWorker) -> None:
+        """After the loop: collect the exchange still posted, so no rank waits on a collective nobody finishes."""
+        if self._posted is not None:
+            posted, self._posted = self._posted, None
+            # Every rank left the loop at the same boundary: the exchange posted there, and one more, carry the last steps.
+            for rows in (posted.collect(), self.plane.post(self._row(worker), b"").collect()):
+                self.rows = rows
+                if self.rank == 0:
+                    self._publish_other_steps(worker)
+
+    def _drain(self, worker: TrainingWorker, block: bool) -> list[Command]:
+        import queue
+
+        found: list[Command] = []
+        try:
+            found.append(worker.commands.get(timeout=self.idle_wait) if block else worker.commands.get_nowait())
+            while True:
+                found.append(worker.commands.get_nowait())
+        except queue.Empty:
+            pass
+        return found
+
+    def _row(self, worker: TrainingWorker) -> list[float]:
+        row = [0.0] * ROW
+        row[1] = float(worker.step)
+        row[2] = float(worker.last_loss) if worker.last_loss is not None else float("nan")
+        row[3] = float(worker.step_ms_history[-1]) if worker.step_ms_history else 0.0
+        row[4] = float(worker.reloader.version)
+        row[5] = float(STATE_CODES[worker.state])
+        row[6] = worker.last_step_time or 0.0
+        return row
+
+    def _publish_other_steps(self, worker: TrainingWorker) -> None:
+        """On rank 0: the other ranks' steps as `step` events with their rank (one boundary late)."""
+        if self.world_size > MAX_STEP_EVENTS_RANKS:
+            return
+        for row in self.rows[1:]:
+            if row.step > self._published_steps[row.rank]:
+                self._published_steps[row.rank] = row.step
+                worker.bus.publish(
+                    Step(step=row.step, loss=row.loss, ms=row.ms, code_version=row.code_version, rank=row.rank,
+                         time=row.step_time or time.time())
+                )
+
+    # A rank's own failure --------------------------------------------------------------------
+    def announce_pause(self, worker: TrainingWorker, reason: str, failure: StepFailure) -> None:
+        """A pause this rank decided alone (its step failed): every rank pauses at the next agreed boundary."""
+        worker.commands.put(RankPaused(self.rank, reason, failure.message, failure.traceback, failure.file, failure.line))
+
+    def end_run(self, worker: TrainingWorker, reason: str) -> None:
+        """Rank 0, with nobody left to resume: every rank ends at the next agreed boundary (exit code 1)."""
+        worker.commands.put(EndRun(reason))
+
+
+@handles(RankPaused)
+def rank_paused(worker: TrainingWorker, command: RankPaused) -> None:
+    """Every rank pauses with the failing rank's reason, so saving a fix resumes them all."""
+    if worker.state is RunState.RUNNING:
+        worker._pause(command.reason, announce=False)
+    elif worker.exit_on_error_pause and worker.lockstep is not None:
+        worker.lockstep.end_run(worker, command.reason)
+    if worker.lockstep is not None and worker.lockstep.rank == 0 and command.rank != 0:
+        worker.bus.publish(Error(where="step", message=f"rank {command.rank}: {command.message}", file=command.file,
+                                 line=command.line, traceback=command.traceback))
+
+
+@handles(EndRun)
+def end_run(worker: TrainingWorker, command: EndRun) -> None:
+    worker.exit_code, worker.exit_reason, worker._quit = 1, command.reason, True
+
+
+@handles(AgreedSource)
+def agreed_source(worker: TrainingWorker, command: AgreedSource) -> None:
+    """Prepare the same plan on every rank; apply it everywhere or nowhere."""
+    lockstep = worker.lockstep
+    assert lockstep is not None, "AgreedSource only crosses between ranks"
+    path = (worker.project.root / command.path).resolve()
+    if command.unchanged:
+        dispatch(worker, ApplyChanges(SourceUnchanged(path, time.monotonic(), command.manual)))
+        return
+    changeset: ChangeSet | None = lockstep._prepared.pop(command.path, None)
+    problem: str | None = None
+    if changeset is None or changeset.new_source != command.source:
+        try:
+            changeset = worker.reloader.prepare(path, source=command.source)
+        except ReloadError as exc:
+            problem = exc.message
+        except Exception as exc:  # noqa: BLE001 - a rank that cannot plan says why; nobody applies
+            problem = f"{type(exc).__name__}: {exc}"
+    outcomes = lockstep.plane.gather_json(problem)
+    failed = [(rank, why) for rank, why in enumerate(outcomes) if why is not None]
+    if failed:
+        if changeset is not None:
+            worker.reloader.forget_prepared(path)
+        if lockstep.rank == 0:
+            named = "; ".join(f"rank {rank}: {why}" for rank, why in failed)
+            worker.bus.publish(Reload(ok=False, file=command.path, error=f"{named}. Nothing was applied on any rank; "
+                                      "the old code keeps running everywhere", code_version=worker.reloader.version))
+        return
+    if changeset is None:
+        return  # the source equals the live code on every rank
+    version_before = worker.reloader.version
+    dispatch(worker, ApplyChanges(changeset))
+    applied = worker.reloader.version != version_before
+    agreed = lockstep.plane.gather_json(applied)
+    if any(agreed) and not all(agreed):
+        if applied:
+            worker.reloader.undo_last_commit()
+        if lockstep.rank == 0:
+            missing = ", ".join(str(rank) for rank, ok in enumerate(agreed) if not ok)
+            worker.bus.publish(Reload(ok=False, file=command.path, error=f"rank {missing} could not apply the change; it was "
+                                      "undone on every rank, so all run the old code", code_version=worker.reloader.version))
+
+
+def is_error_pause(reason: str) -> bool:
+    return reason in AUTO_RESUME_REASONS and reason != "memory limit"
