@@ -9,7 +9,9 @@ check prints PASS or FAIL with the figures it compared, and the exit code is the
   GPU, `profile 2` writes a trace with CUDA kernels and `self_cuda_ms` in its top ops,
   `memory-snapshot` writes a memory_viz pickle, `cleanup` returns cached blocks;
 - oom: the same project asks for 1 TiB at step 8: the session pauses with reason `out of memory`
-  and dumps a memory snapshot (`--record-memory`); saving the fix resumes it, the model intact.
+  and dumps a memory snapshot (`--record-memory`); saving the fix resumes it, the model intact;
+- nccl: a DDP project under `--nproc-per-node` (one rank per visible GPU): the training group is
+  NCCL, a saved `forward` is applied and the steps run it.
 
     python bench/gpu_checks.py [--out DIR]
 """
@@ -241,6 +243,56 @@ def oom_checks(folder: Path) -> None:
     check("quit exits 0", code == 0, f"exit {code}")
 
 
+DDP_PROJECT = '''
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(1024, 1024)
+        self.b = nn.Linear(1024, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def setup(bench):
+    model = DDP(Net().to(bench.device), device_ids=[bench.local_rank])
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=1e-3)}
+
+
+def step(state, bench):
+    x = torch.randn(256, 1024, device=bench.device)
+    loss = state["model"](x).pow(2).mean()
+    state["opt"].zero_grad()
+    loss.backward()
+    state["opt"].step()
+    return loss
+'''
+
+
+def nccl_checks(folder: Path, nproc: int) -> None:
+    print(f"== under torchrun with NCCL: {nproc} rank(s), DDP, a save applied on every rank", flush=True)
+    entry = folder / "train.py"
+    entry.write_text(DDP_PROJECT)
+    run = Headless(entry, "--nproc-per-node", str(nproc))
+    start = run.wait_for(is_event("start"), 120, "start")
+    check("the training group is NCCL", bool(start and start.get("backend") == "nccl" and start.get("world_size") == nproc),
+          f"{start and {k: start.get(k) for k in ('rank', 'world_size', 'backend', 'device')}}")
+    run.wait_for(lambda e: e.get("event") == "step" and e["step"] >= 20, 120, "step 20")
+    entry.write_text(DDP_PROJECT.replace("torch.relu(self.a(x))", "torch.tanh(self.a(x))"))
+    reload = run.wait_for(is_event("reload"), 60, "the reload")
+    check("the save is applied under NCCL", bool(reload and reload.get("ok") and reload.get("changed") == ["Net.forward"]),
+          f"{reload and {k: reload.get(k) for k in ('ok', 'changed', 'ms', 'code_version')}}")
+    after = run.wait_for(lambda e: e.get("event") == "step" and e.get("code_version") == 1, 60, "a step on the new code")
+    check("steps run the new code", after is not None, f"{after and {k: after.get(k) for k in ('step', 'ms', 'rank')}}")
+    code = run.finish()
+    check("quit exits 0", code == 0, f"exit {code}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", tempfile.gettempdir())))
@@ -259,6 +311,9 @@ def main() -> int:
         session_checks(Path(tmp), args.out)
     with tempfile.TemporaryDirectory() as tmp:
         oom_checks(Path(tmp))
+    if DEVICE == "cuda":
+        with tempfile.TemporaryDirectory() as tmp:
+            nccl_checks(Path(tmp), torch.cuda.device_count())
     print(f"{len(FAILS)} failed: {FAILS}" if FAILS else "all passed")
     return len(FAILS)
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 ROW = 8  # numbers per rank in a boundary exchange
 # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single; vram-bench supports both.
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-PAYLOAD, STEP, LOSS, MS, VERSION, STATE, STEP_TIME, SPARE = range(ROW)
+PAYLOAD, STEP, LOSS, MS, VERSION, STATE, STEP_TIME, CADENCE = range(ROW)
 MAX_PAYLOAD = 64 * 2**20  # a saved file's source, a traceback: a row claiming more is a bug, not data
 
 
@@ -42,6 +42,7 @@ class RankRow:
     code_version: int
     state: int
     step_time: float  # when its last step ended (Unix seconds)
+    cadence: int  # rank 0's: how many loop turns until the next exchange
 
 
 class BoundaryExchange:
@@ -59,7 +60,7 @@ class BoundaryExchange:
         return [
             RankRow(
                 rank=r, payload_bytes=int(v[PAYLOAD]), step=int(v[STEP]), loss=v[LOSS], ms=v[MS],
-                code_version=int(v[VERSION]), state=int(v[STATE]), step_time=v[STEP_TIME],
+                code_version=int(v[VERSION]), state=int(v[STATE]), step_time=v[STEP_TIME], cadence=int(v[CADENCE]),
             )
             for r, v in enumerate(rows)
         ]

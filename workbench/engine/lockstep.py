@@ -5,8 +5,13 @@ Each rank drains its own queue (rank 0's is fed by the front ends and the reload
 others' only by their own memory guard, signals and failures), encodes what it found as JSON,
 and posts it with the boundary exchange (workbench/engine/control_plane.py). At the next boundary
 every rank collects that exchange, gathers the commands every rank posted, and dispatches the
-same batch, in rank order. A command therefore runs one step after it arrived, on every rank
-at once; the exchange's round trip is hidden behind that step.
+same batch, in rank order. A command therefore runs one exchange after it arrived, on every rank
+at once; the exchange's round trip is hidden behind the steps in between.
+
+Short steps do not exchange at every boundary: rank 0 sets a cadence (every how many loop turns
+the ranks exchange) so that exchanges are about `EXCHANGE_SECONDS` apart, and every rank reads
+it from the same exchange, so all keep exchanging at the same turns. A command then waits at most
+two exchanges (about 0.1 s) plus a step; while paused the ranks exchange every turn.
 
 A saved file crosses as its source text: every rank prepares the same plan from the same bytes,
 the ranks agree that all of them can apply it, and then all apply, or none does and the reload
@@ -33,6 +38,8 @@ from workbench.protocol.events import COMMANDS, Command, Error, Quit, Reload, St
 if TYPE_CHECKING:
     from workbench.engine.worker import TrainingWorker
 
+EXCHANGE_SECONDS = 0.05  # how far apart exchanges are while training (each costs ~0.3-1 ms of CPU on gloo)
+MAX_CADENCE = 1000
 MAX_STEP_EVENTS_RANKS = 8  # beyond this many ranks, only rank 0's steps are streamed (each rank's own log has all)
 
 
@@ -84,6 +91,7 @@ _WIRE: dict[str, type[Command]] = {
     "EndRun": EndRun,
 }
 STATE_CODES = {state: i for i, state in enumerate(RunState)}
+STEPS = "_steps"  # a payload item: a rank's steps since the last exchange (not a command)
 
 
 def encode(command: Command, worker: TrainingWorker) -> dict[str, Any] | None:
@@ -119,16 +127,25 @@ class Lockstep:
         self.rank = plane.rank
         self.world_size = plane.world_size
         self._posted = None  # the exchange posted at the last boundary, collected at this one
-        self._published_steps = [0] * plane.world_size
+        self._unsent_steps: list[list[float]] = []  # ranks > 0: steps since the last exchange, for rank 0's stream
         self._prepared: dict[str, ChangeSet] = {}  # rank 0: what its reload thread prepared, by relative path
         self.rows: list[RankRow] = []  # every rank's last row, as of the last collected boundary
         self.idle_wait = 0.1  # rank 0 waits this long for a command while nothing runs
+        self._turn = 0  # loop turns so far: the same count on every rank at every exchange
+        self._next_exchange = 1
+        self.cadence = 1
 
     # The loop ---------------------------------------------------------------------------
     def boundary(self, worker: TrainingWorker, block: bool) -> None:
         """Post this boundary's commands, collect the last boundary's, run them: the same batch on every rank."""
+        self._turn += 1
+        if self._turn < self._next_exchange:
+            return
         local = self._drain(worker, block and self.rank == 0)
         payload = [item for item in (encode(c, worker) for c in local) if item is not None]
+        if self._unsent_steps:
+            payload.append({"type": STEPS, "rows": self._unsent_steps})
+            self._unsent_steps = []
         for command in local:  # rank 0 keeps its own prepared plan rather than planning again
             if isinstance(command, ApplyChanges) and isinstance(command.changeset, ChangeSet):
                 self._prepared[worker.project.relative(command.changeset.path)] = command.changeset
@@ -137,13 +154,17 @@ class Lockstep:
         if previous is None:
             return
         self.rows = previous.collect()
-        if self.rank == 0:
-            self._publish_other_steps(worker)
+        self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
+        self._next_exchange = self._turn + self.cadence
         if not any(row.payload_bytes for row in self.rows):
             return
         batches = self.plane.gather_bytes(previous.payload, [row.payload_bytes for row in self.rows])
         for sender, raw in enumerate(batches):
             for item in json.loads(raw) if raw else []:
+                if item.get("type") == STEPS:
+                    if self.rank == 0:
+                        self._publish_steps(worker, sender, item["rows"])
+                    continue
                 command = decode(item)
                 dispatch(worker, command)
                 if worker._quit:
@@ -153,11 +174,23 @@ class Lockstep:
         """After the loop: collect the exchange still posted, so no rank waits on a collective nobody finishes."""
         if self._posted is not None:
             posted, self._posted = self._posted, None
-            # Every rank left the loop at the same boundary: the exchange posted there, and one more, carry the last steps.
-            for rows in (posted.collect(), self.plane.post(self._row(worker), b"").collect()):
-                self.rows = rows
-                if self.rank == 0:
-                    self._publish_other_steps(worker)
+            # Every rank left the loop at the same turn: collect what was posted there, then one more exchange
+            # carries the steps trained since (rank 0 streams them).
+            for exchange in (posted, None):
+                if exchange is None:
+                    data = json.dumps(self._unsent_steps).encode() if self._unsent_steps else b""
+                    self._unsent_steps = []
+                    exchange = self.plane.post(self._row(worker), data)
+                self.rows = exchange.collect()
+                if any(row.payload_bytes for row in self.rows):
+                    for sender, raw in enumerate(self.plane.gather_bytes(exchange.payload, [r.payload_bytes for r in self.rows])):
+                        if self.rank == 0 and raw:
+                            items = json.loads(raw)
+                            for item in items:
+                                if isinstance(item, dict) and item.get("type") == STEPS:
+                                    self._publish_steps(worker, sender, item["rows"])
+                                elif isinstance(item, list):
+                                    self._publish_steps(worker, sender, [item])
 
     def _drain(self, worker: TrainingWorker, block: bool) -> list[Command]:
         import queue
@@ -179,19 +212,29 @@ class Lockstep:
         row[4] = float(worker.reloader.version)
         row[5] = float(STATE_CODES[worker.state])
         row[6] = worker.last_step_time or 0.0
+        if self.rank == 0:
+            row[7] = float(self._wanted_cadence(worker))
         return row
 
-    def _publish_other_steps(self, worker: TrainingWorker) -> None:
-        """On rank 0: the other ranks' steps as `step` events with their rank (one boundary late)."""
-        if self.world_size > MAX_STEP_EVENTS_RANKS:
-            return
-        for row in self.rows[1:]:
-            if row.step > self._published_steps[row.rank]:
-                self._published_steps[row.rank] = row.step
-                worker.bus.publish(
-                    Step(step=row.step, loss=row.loss, ms=row.ms, code_version=row.code_version, rank=row.rank,
-                         time=row.step_time or time.time())
-                )
+    @staticmethod
+    def _wanted_cadence(worker: TrainingWorker) -> int:
+        """Rank 0's choice: exchanges about EXCHANGE_SECONDS apart while training, every turn otherwise."""
+        if worker.state is not RunState.RUNNING or not worker.step_ms_history:
+            return 1
+        recent = sorted(worker.step_ms_history)[len(worker.step_ms_history) // 2] / 1000
+        return max(1, min(MAX_CADENCE, int(EXCHANGE_SECONDS / max(recent, 1e-6))))
+
+    def record_step(self, step: int, loss: float, ms: float, code_version: int, at: float) -> None:
+        """Ranks > 0, after each step: kept for rank 0's stream until the next exchange (up to 8 ranks)."""
+        if self.rank != 0 and self.world_size <= MAX_STEP_EVENTS_RANKS:
+            self._unsent_steps.append([step, loss, ms, code_version, at])
+
+    @staticmethod
+    def _publish_steps(worker: TrainingWorker, rank: int, rows: list[list[float]]) -> None:
+        """On rank 0: another rank's steps as `step` events carrying its rank (an exchange late)."""
+        for step, loss, ms, code_version, at in rows:
+            worker.bus.publish(Step(step=int(step), loss=float(loss), ms=float(ms), code_version=int(code_version),
+                                    rank=rank, time=float(at)))
 
     # A rank's own failure --------------------------------------------------------------------
     def announce_pause(self, worker: TrainingWorker, reason: str, failure: StepFailure) -> None:

@@ -435,6 +435,8 @@ class TrainingWorker(threading.Thread):
         self._track_new_modules()
         self.step += 1
         self.last_loss, self.last_step_time = loss, time.time()
+        if self.lockstep is not None:
+            self.lockstep.record_step(self.step, loss, ms, self.reloader.version, self.last_step_time)
         self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
         self.telemetry.versions.record_step(ms, loss, scalars, self.telemetry.step_peaks.get(gpu) if gpu is not None else None)
         peak = self.telemetry.step_peaks.get(gpu) if gpu is not None else None
