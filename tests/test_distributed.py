@@ -172,3 +172,24 @@ def test_a_step_raising_on_rank_1_only_pauses_both_and_a_saved_fix_resumes_both(
     assert run.finish(timeout=60) == 0
     one = rank_log(run)
     assert any(e["event"] == "resumed" and e["reason"] == "reload" for e in one), "rank 1 resumed too"
+
+
+def test_each_rank_runs_the_command_without_the_launchers_options():
+    from workbench.cli.launch import worker_argv
+
+    argv = ["run", "train.py", "--nproc-per-node", "4", "--headless", "--max-restarts=2", "--nnodes", "2",
+            "--rdzv-endpoint", "h:29400", "--", "--nproc-per-node", "9"]
+    assert worker_argv(argv) == ["run", "train.py", "--headless", "--", "--nproc-per-node", "9"]  # the script's own stay
+
+
+def test_rank_facts_come_from_torchruns_environment_and_bad_values_are_one_clear_error():
+    from workbench.engine.distributed import RankInfo, rank_info_from_env
+    from workbench.errors import UserError
+
+    assert rank_info_from_env({}) is None
+    info = rank_info_from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert info == RankInfo(rank=3, local_rank=1, world_size=4, local_world_size=2) and not info.is_main
+    with pytest.raises(UserError, match="outside WORLD_SIZE"):
+        rank_info_from_env({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(UserError, match="whole numbers"):
+        rank_info_from_env({"RANK": "x", "WORLD_SIZE": "4"})

@@ -5,13 +5,13 @@ Each rank drains its own queue (rank 0's is fed by the front ends and the reload
 others' only by their own memory guard, signals and failures), encodes what it found as JSON,
 and posts it with the boundary exchange (workbench/engine/control_plane.py). At the next boundary
 every rank collects that exchange, gathers the commands every rank posted, and dispatches the
-same batch, in rank order. A command therefore runs one exchange after it arrived, on every rank
-at once; the exchange's round trip is hidden behind the steps in between.
+same batch, in rank order. A command therefore runs one turn after the exchange that carried it, on every
+rank at once; the exchange's round trip is hidden behind that turn's step.
 
 Short steps do not exchange at every boundary: rank 0 sets a cadence (every how many loop turns
 the ranks exchange) so that exchanges are about `EXCHANGE_SECONDS` apart, and every rank reads
-it from the same exchange, so all keep exchanging at the same turns. A command then waits at most
-two exchanges (about 0.1 s) plus a step; while paused the ranks exchange every turn.
+it from the same exchange, so all keep exchanging at the same turns. A command then waits for the
+next exchange (at most `EXCHANGE_SECONDS`) plus a step; while paused the ranks exchange every turn.
 
 A saved file crosses as its source text: every rank prepares the same plan from the same bytes,
 the ranks agree that all of them can apply it, and then all apply, or none does and the reload
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine.commands.reload import ApplyChanges
-from workbench.engine.control_plane import ROW, ControlPlane, RankRow
+from workbench.engine.control_plane import ROW, BoundaryExchange, ControlPlane, RankRow
 from workbench.engine.dispatch import dispatch, handles
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.memory_guard import MemoryLimitNear
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
-from workbench.protocol.events import COMMANDS, Command, Error, Quit, Reload, Step
+from workbench.protocol.events import COMMANDS, Command, Error, Reload, Step
 
 if TYPE_CHECKING:
     from workbench.engine.worker import TrainingWorker
@@ -132,16 +132,39 @@ class Lockstep:
         self.rows: list[RankRow] = []  # every rank's last row, as of the last collected boundary
         self.idle_wait = 0.1  # rank 0 waits this long for a command while nothing runs
         self._turn = 0  # loop turns so far: the same count on every rank at every exchange
-        self._next_exchange = 1
+        self._next_exchange = 1  # the turn of the next post
+        self._posted_turn = 0
+        self._collect_at = 0  # the turn the posted exchange is collected (the one after its post)
         self.cadence = 1
 
     # The loop ---------------------------------------------------------------------------
     def boundary(self, worker: TrainingWorker, block: bool) -> None:
-        """Post this boundary's commands, collect the last boundary's, run them: the same batch on every rank."""
+        """Collect the exchange posted a turn ago and run its commands, then post this turn's when one is due.
+
+        Every rank makes the same calls at the same turns: the cadence each uses comes from the exchange it just
+        collected, and every rank collected the same one."""
         self._turn += 1
-        if self._turn < self._next_exchange:
-            return
-        local = self._drain(worker, block and self.rank == 0)
+        if self._posted is not None and self._turn >= self._collect_at:
+            posted, self._posted = self._posted, None
+            self._collect(worker, posted, run_commands=True)
+            if worker._quit:
+                return
+        if self._posted is None and self._turn >= self._next_exchange:
+            self._post(worker, block and self.rank == 0)
+
+    def finish(self, worker: TrainingWorker) -> None:
+        """After the loop (every rank leaves at the same turn): collect what is still posted, then one more exchange
+        carries the steps trained since, so rank 0 streams them and no rank waits on a collective nobody finishes."""
+        if self._posted is not None:
+            posted, self._posted = self._posted, None
+            self._collect(worker, posted, run_commands=False)
+        self._post(worker, block=False, commands=False)
+        posted, self._posted = self._posted, None
+        assert posted is not None
+        self._collect(worker, posted, run_commands=False)
+
+    def _post(self, worker: TrainingWorker, block: bool, commands: bool = True) -> None:
+        local = self._drain(worker, block) if commands else []
         payload = [item for item in (encode(c, worker) for c in local) if item is not None]
         if self._unsent_steps:
             payload.append({"type": STEPS, "rows": self._unsent_steps})
@@ -150,47 +173,27 @@ class Lockstep:
             if isinstance(command, ApplyChanges) and isinstance(command.changeset, ChangeSet):
                 self._prepared[worker.project.relative(command.changeset.path)] = command.changeset
         data = json.dumps(payload).encode() if payload else b""
-        previous, self._posted = self._posted, self.plane.post(self._row(worker), data)
-        if previous is None:
-            return
-        self.rows = previous.collect()
+        self._posted = self.plane.post(self._row(worker), data)
+        self._posted_turn, self._collect_at = self._turn, self._turn + 1
+
+    def _collect(self, worker: TrainingWorker, posted: BoundaryExchange, run_commands: bool) -> None:
+        self.rows = posted.collect()
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
-        self._next_exchange = self._turn + self.cadence
+        self._next_exchange = self._posted_turn + self.cadence
         if not any(row.payload_bytes for row in self.rows):
             return
-        batches = self.plane.gather_bytes(previous.payload, [row.payload_bytes for row in self.rows])
+        batches = self.plane.gather_bytes(posted.payload, [row.payload_bytes for row in self.rows])
         for sender, raw in enumerate(batches):
             for item in json.loads(raw) if raw else []:
                 if item.get("type") == STEPS:
                     if self.rank == 0:
                         self._publish_steps(worker, sender, item["rows"])
                     continue
-                command = decode(item)
-                dispatch(worker, command)
+                if not run_commands:
+                    continue
+                dispatch(worker, decode(item))
                 if worker._quit:
                     return
-
-    def finish(self, worker: TrainingWorker) -> None:
-        """After the loop: collect the exchange still posted, so no rank waits on a collective nobody finishes."""
-        if self._posted is not None:
-            posted, self._posted = self._posted, None
-            # Every rank left the loop at the same turn: collect what was posted there, then one more exchange
-            # carries the steps trained since (rank 0 streams them).
-            for exchange in (posted, None):
-                if exchange is None:
-                    data = json.dumps(self._unsent_steps).encode() if self._unsent_steps else b""
-                    self._unsent_steps = []
-                    exchange = self.plane.post(self._row(worker), data)
-                self.rows = exchange.collect()
-                if any(row.payload_bytes for row in self.rows):
-                    for sender, raw in enumerate(self.plane.gather_bytes(exchange.payload, [r.payload_bytes for r in self.rows])):
-                        if self.rank == 0 and raw:
-                            items = json.loads(raw)
-                            for item in items:
-                                if isinstance(item, dict) and item.get("type") == STEPS:
-                                    self._publish_steps(worker, sender, item["rows"])
-                                elif isinstance(item, list):
-                                    self._publish_steps(worker, sender, [item])
 
     def _drain(self, worker: TrainingWorker, block: bool) -> list[Command]:
         import queue
