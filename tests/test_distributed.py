@@ -193,3 +193,54 @@ def test_rank_facts_come_from_torchruns_environment_and_bad_values_are_one_clear
         rank_info_from_env({"RANK": "4", "WORLD_SIZE": "4"})
     with pytest.raises(UserError, match="whole numbers"):
         rank_info_from_env({"RANK": "x", "WORLD_SIZE": "4"})
+
+
+def checksums_agree_after(run: Headless, step: int) -> None:
+    zero, one = steps_of(run.events, 0), steps_of(rank_log(run), 1)
+    later = [s for s in sorted(set(zero) & set(one)) if s > step]
+    assert len(later) >= 3, (sorted(zero)[-5:], sorted(one)[-5:])
+    for s in later:
+        assert zero[s]["scalars"]["checksum"] == pytest.approx(one[s]["scalars"]["checksum"], rel=1e-12), s
+
+
+def test_under_ddp_a_rank_that_raises_before_the_all_reduce_pauses_both_and_a_fix_rebuilds_on_new_groups(ranks):
+    run = ranks("--collective-timeout", "3")
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    # Rank 1 raises before its forward: rank 0 waits in the gradient all-reduce for it until the collective timeout.
+    save(run.entry, "    x = torch.randn(32, 8", "    if bench.rank == 1:\n        raise ValueError('only on rank 1')\n    x = torch.randn(32, 8")
+    errors = []
+    while len({e["message"][:6] for e in errors}) < 2:
+        errors.append(run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step", timeout=30, what="both errors"))
+    by_rank = {("rank 1" if e["message"].startswith("rank 1:") else "rank 0"): e["message"] for e in errors}
+    assert "ValueError: only on rank 1" in by_rank["rank 1"]
+    assert "rank 0 waited in a training collective" in by_rank["rank 0"], by_rank
+    save(run.entry, "    if bench.rank == 1:\n        raise ValueError('only on rank 1')\n", "")
+    rebuilt = run.wait_event("rebuild", timeout=60)
+    assert rebuilt["ok"] and rebuilt["tensors_carried"] >= 4, rebuilt
+    resumed = run.wait_event("resumed", timeout=30)
+    mark = max(steps_of(run.events, 0))
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= mark + 5, timeout=60, what="steps after")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+    assert resumed["reason"] == "rebuild"
+    checksums_agree_after(run, mark)
+
+
+def test_a_forward_that_stops_using_a_parameter_pauses_both_naming_it_and_rollback_rebuilds_the_ddp_wrapper(ranks):
+    run = ranks()
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    save(run.entry, "return self.b(torch.relu(self.a(x)))", "return torch.relu(self.a(x)).sum(1, keepdim=True)")
+    error = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step", timeout=30, what="the DDP error")
+    assert "no longer uses b.weight, b.bias" in error["message"], error["message"]
+    assert "rollback" in error["message"] and "find_unused_parameters=True" in error["message"]
+    time.sleep(1)
+    assert [e for e in run.events if e["event"] == "error" and e.get("where") == "step"] == [error], "said once"
+    run.send("rollback")
+    rebuilt = run.wait_event("rebuild", timeout=60)
+    assert rebuilt["ok"], rebuilt
+    run.wait_event("resumed", timeout=30, reason="rebuild")
+    mark = max(steps_of(run.events, 0))
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= mark + 5, timeout=60, what="steps after")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+    checksums_agree_after(run, mark)

@@ -90,6 +90,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
                         help="with --nproc-per-node: torchrun restarts every rank up to N times after a failure "
                         "(add --resume auto to continue from the last snapshot)")
+    parser.add_argument("--collective-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="under torchrun: how long a rank waits in a training collective for a rank that failed before "
+                        "its step errors and every rank pauses (default 300)")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     parser.add_argument("--session-name", help=argparse.SUPPRESS)  # set by `run` for the session process it starts
 
@@ -262,7 +265,7 @@ def _run(args: argparse.Namespace) -> int:
         from workbench.engine.fdcapture import ProtocolStdout
         from workbench.frontends.headless import run_headless
 
-        with ProtocolStdout() as protocol, _process_groups(ranks, device) as groups:
+        with ProtocolStdout() as protocol, _process_groups(ranks, device, args.collective_timeout) as groups:
             project, early, resume = _load_as_a_script(entry, args)
             role = groups.role() if groups is not None else None  # after the import: the user's code may have made the group
             session = Session(project, replace(config, resume=resume), stdout_passthrough=sys.stderr, early_output=early,
@@ -280,15 +283,16 @@ def _run(args: argparse.Namespace) -> int:
     return _start_and_attach(entry, args, tui_settings)
 
 
-def _process_groups(ranks, device):  # type: ignore[no-untyped-def]
+def _process_groups(ranks, device, collective_timeout: float):  # type: ignore[no-untyped-def]
     """Under torchrun: the process groups for the session's lifetime (a no-op context otherwise)."""
     import contextlib
+    from datetime import timedelta
 
     from workbench.engine.distributed import ProcessGroups
 
     if ranks is None:
         return contextlib.nullcontext(None)
-    return ProcessGroups(ranks, device).running()
+    return ProcessGroups(ranks, device, collective_timeout=timedelta(seconds=collective_timeout)).running()
 
 
 def _start_session_process(entry: Path, args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -22,6 +22,23 @@ from workbench.engine.control_plane import ControlPlane
 from workbench.errors import UserError
 
 DEFAULT_CONTROL_TIMEOUT = timedelta(minutes=30)  # a rank may spend minutes in a step or a snapshot
+DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=5)  # the training group's: how long a rank waits for one that failed
+
+# What a rank's step error says when the training group's collective failed (a peer stopped joining, timed out,
+# went away): gloo's and NCCL's words. Such a group is dead: every later collective on it fails.
+_DEAD_GROUP_MARKERS = (
+    "Timed out waiting",
+    "Connection closed by peer",
+    "Application timeout caused pair closure",
+    "Watchdog caught collective operation timeout",
+    "NCCL communicator was aborted",
+    "Connection reset by peer",
+)
+
+
+def is_dead_group_error(message: str) -> bool:
+    """A step error that means the training group's collective failed, not the user's code."""
+    return any(marker in message for marker in _DEAD_GROUP_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -84,23 +101,57 @@ def rank_device(info: RankInfo, spec: str) -> torch.device:
 class ProcessGroups:
     """The default group (the user's training collectives) and vram-bench's gloo control group."""
 
-    def __init__(self, info: RankInfo, device: torch.device, control_timeout: timedelta = DEFAULT_CONTROL_TIMEOUT) -> None:
+    def __init__(
+        self,
+        info: RankInfo,
+        device: torch.device,
+        collective_timeout: timedelta = DEFAULT_COLLECTIVE_TIMEOUT,
+        control_timeout: timedelta = DEFAULT_CONTROL_TIMEOUT,
+    ) -> None:
         self.info = info
         self.device = device
+        self.collective_timeout = collective_timeout
         self.control_timeout = control_timeout
         self.created_default = False
         self.control: dist.ProcessGroup | None = None
+        self.generation = 0  # how many times the groups were made again after a dead collective
+        self._store = None  # the store the first default group was made from: renewals take a fresh prefix of it
 
     def start(self) -> None:
         """Before the project is imported: the default group (unless the user made it) and the control group."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            kwargs = {"device_id": self.device} if backend == "nccl" else {}
-            dist.init_process_group(backend=backend, **kwargs)
+            dist.init_process_group(backend=self._backend(), timeout=self.collective_timeout, **self._device_id())
             self.created_default = True
+        self._store = dist.distributed_c10d._get_default_store()
         self.control = dist.new_group(backend="gloo", timeout=self.control_timeout)
+
+    def _backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    def _device_id(self) -> dict[str, torch.device]:
+        return {"device_id": self.device} if self.device.type == "cuda" else {}
+
+    @property
+    def can_renew(self) -> bool:
+        """Only a default group vram-bench made can be made again (the user's own has arguments we do not know)."""
+        return self.created_default and self._store is not None
+
+    def renew(self) -> dist.ProcessGroup:
+        """After a collective failed: every group made again, on a fresh prefix of the same store (every rank at once).
+
+        A dead gloo or NCCL group cannot be repaired, only replaced; reusing the old keys could pair a rank with
+        another's stale state, so each generation has keys of its own. Returns the new control group."""
+        if not self.can_renew:
+            raise RuntimeError("the training group was made by the project's code, so vram-bench cannot make it again")
+        self.generation += 1
+        dist.destroy_process_group()  # every group: the default and the control group
+        store = dist.PrefixStore(f"vram-bench/generation-{self.generation}", self._store)
+        dist.init_process_group(backend=self._backend(), store=store, rank=self.info.rank, world_size=self.info.world_size,
+                                timeout=self.collective_timeout, **self._device_id())
+        self.control = dist.new_group(backend="gloo", timeout=self.control_timeout)
+        return self.control
 
     @contextlib.contextmanager
     def running(self) -> Iterator[ProcessGroups]:
@@ -140,8 +191,39 @@ class RankRole:
     info: RankInfo
     plane: ControlPlane
     backend: str
+    groups: ProcessGroups
 
     @classmethod
     def of(cls, groups: ProcessGroups) -> RankRole:
         assert groups.control is not None, "start the process groups first"
-        return cls(groups.info, ControlPlane(groups.control, groups.info.rank, groups.info.world_size), groups.backend)
+        return cls(groups.info, ControlPlane(groups.control, groups.info.rank, groups.info.world_size), groups.backend, groups)
+
+
+def broadcast_replicated_state(state: object, namespaces: list[tuple[str, dict]]) -> int:
+    """Every rank takes rank 0's weights, buffers and optimizer state (the training group; every rank at once).
+
+    For replicated training (DDP) after a step that left the replicas apart, such as one whose gradients were never
+    reduced. Walks the same modules and optimizers in the same order on every rank; returns the tensors sent."""
+    from workbench.engine.state_walk import find_with_globals
+
+    modules, optimizers = find_with_globals(state, namespaces)
+    tensors: list[torch.Tensor] = []
+    for name in sorted(modules):
+        for _, tensor in sorted(modules[name].state_dict(keep_vars=True).items()):
+            tensors.append(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor)
+    for name in sorted(optimizers):
+        optimizer = optimizers[name]
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                for _, value in sorted(optimizer.state.get(param, {}).items()):
+                    if isinstance(value, torch.Tensor):
+                        tensors.append(value)
+    seen: set[int] = set()
+    sent = 0
+    for tensor in tensors:
+        if id(tensor) in seen or not isinstance(tensor, torch.Tensor):
+            continue
+        seen.add(id(tensor))
+        dist.broadcast(tensor, src=0)
+        sent += 1
+    return sent

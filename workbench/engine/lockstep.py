@@ -36,6 +36,7 @@ from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
 from workbench.protocol.events import COMMANDS, Command, Error, Reload, Step
 
 if TYPE_CHECKING:
+    from workbench.engine.distributed import ProcessGroups
     from workbench.engine.worker import TrainingWorker
 
 EXCHANGE_SECONDS = 0.05  # how far apart exchanges are while training (each costs ~0.3-1 ms of CPU on gloo)
@@ -51,6 +52,17 @@ class StepFailure:
     traceback: str | None = None
     file: str | None = None
     line: int | None = None
+    step: int = -1  # the step count when it failed (the failed step is the one after it)
+    broken: str | None = None  # why the live state cannot train on as it is (a dead group, a poisoned DDP reducer)
+    renew_group: bool = False  # the training group's collective failed: it must be made again
+
+
+@dataclass(frozen=True)
+class Broken:
+    """The live state cannot train on as it is: resuming rebuilds it on every rank first."""
+
+    reason: str
+    renew_group: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,8 @@ class RankPaused(Command):
     traceback: str | None = None
     file: str | None = None
     line: int | None = None
+    broken: str | None = None
+    renew_group: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,8 +136,9 @@ def decode(data: dict[str, Any]) -> Command:
 class Lockstep:
     """The training thread's side of the control plane: one `boundary` call per loop turn."""
 
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: ControlPlane, groups: ProcessGroups | None = None) -> None:
         self.plane = plane
+        self.groups = groups  # to make the groups again after a collective failed
         self.rank = plane.rank
         self.world_size = plane.world_size
         self._posted = None  # the exchange posted at the last boundary, collected at this one
@@ -227,6 +242,12 @@ class Lockstep:
         recent = sorted(worker.step_ms_history)[len(worker.step_ms_history) // 2] / 1000
         return max(1, min(MAX_CADENCE, int(EXCHANGE_SECONDS / max(recent, 1e-6))))
 
+    def renew_groups(self) -> None:
+        """Every rank at once (a batch's handler): new default and control groups on a fresh store prefix."""
+        if self.groups is None:
+            raise RuntimeError("this session does not own its process groups")
+        self.plane.group = self.groups.renew()
+
     def record_step(self, step: int, loss: float, ms: float, code_version: int, at: float) -> None:
         """Ranks > 0, after each step: kept for rank 0's stream until the next exchange (up to 8 ranks)."""
         if self.rank != 0 and self.world_size <= MAX_STEP_EVENTS_RANKS:
@@ -242,7 +263,8 @@ class Lockstep:
     # A rank's own failure --------------------------------------------------------------------
     def announce_pause(self, worker: TrainingWorker, reason: str, failure: StepFailure) -> None:
         """A pause this rank decided alone (its step failed): every rank pauses at the next agreed boundary."""
-        worker.commands.put(RankPaused(self.rank, reason, failure.message, failure.traceback, failure.file, failure.line))
+        worker.commands.put(RankPaused(self.rank, reason, failure.message, failure.traceback, failure.file, failure.line,
+                                       failure.broken, failure.renew_group))
 
     def end_run(self, worker: TrainingWorker, reason: str) -> None:
         """Rank 0, with nobody left to resume: every rank ends at the next agreed boundary (exit code 1)."""
@@ -252,13 +274,23 @@ class Lockstep:
 @handles(RankPaused)
 def rank_paused(worker: TrainingWorker, command: RankPaused) -> None:
     """Every rank pauses with the failing rank's reason, so saving a fix resumes them all."""
+    if command.broken is not None:  # every rank agrees the state needs a rebuild (and maybe new groups) to go on
+        renew = command.renew_group or (worker.broken is not None and worker.broken.renew_group)
+        worker.broken = Broken(command.broken, renew)
     if worker.state is RunState.RUNNING:
         worker._pause(command.reason, announce=False)
     elif worker.exit_on_error_pause and worker.lockstep is not None:
         worker.lockstep.end_run(worker, command.reason)
-    if worker.lockstep is not None and worker.lockstep.rank == 0 and command.rank != 0:
+    if worker.lockstep is not None and worker.lockstep.rank == 0 and command.rank != 0 and not _said(worker, command):
         worker.bus.publish(Error(where="step", message=f"rank {command.rank}: {command.message}", file=command.file,
                                  line=command.line, traceback=command.traceback))
+
+
+def _said(worker: TrainingWorker, command: RankPaused) -> bool:
+    """Rank 0 failed the same way at the same step (every rank ran the same new code): its own error says it."""
+    own = worker._failure
+    same_words = own.message.split(" for rank")[0] == command.message.split(" for rank")[0]
+    return bool(own.message) and own.step == worker.step and same_words
 
 
 @handles(EndRun)

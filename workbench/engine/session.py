@@ -165,7 +165,7 @@ class Session:
             nice=config.training_nice,
         )
         if ranks is not None:
-            self.worker.lockstep = Lockstep(ranks.plane)
+            self.worker.lockstep = Lockstep(ranks.plane, ranks.groups)
         self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
         self.watcher = (
             SourceWatcher(

@@ -41,6 +41,7 @@ from workbench.engine.eval_mode import EvalModeWatch
 from workbench.protocol.eventbus import EventBus
 from workbench.protocol.events import (
     Command,
+    Rebuild,
     Error,
     Evaluation,
     Exit,
@@ -56,7 +57,9 @@ from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.hotswap.reloader import Reloader
 from workbench.engine.init_skipping import InitLog, skipping_init
-from workbench.engine.lockstep import Lockstep, StepFailure, is_error_pause
+from workbench.engine.ddp_diagnosis import is_unused_parameter_error, unused_parameter_sentence
+from workbench.engine.distributed import broadcast_replicated_state, is_dead_group_error
+from workbench.engine.lockstep import Broken, Lockstep, StepFailure, is_error_pause
 from workbench.engine.memory.device import DeviceProbe
 from workbench.engine.memory.gc_freeze import Frozen, collect_all, freeze_survivors
 from workbench.engine.memory.gc_freeze import release as release_frozen
@@ -199,6 +202,7 @@ class TrainingWorker(threading.Thread):
         self.last_loss: float | None = None
         self.last_step_time: float | None = None  # when the last step ended (Unix seconds)
         self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
+        self.broken: Broken | None = None  # under torchrun: the state must be rebuilt (maybe on new groups) to go on
 
     def held_paths(self) -> list[Path]:
         """Files with saved changes held back until a rebuild (read from other threads: a copy)."""
@@ -483,7 +487,20 @@ class TrainingWorker(threading.Thread):
             message = "step() was interrupted" + (f" at {file}:{line}" if file else "") + "; the model and optimizer are intact"
         elif is_out_of_memory(exc):
             message = f"out of memory in step(): {exc}. The step's tensors were released and the cache emptied; {self._memory_report()}"
-        self._failure = StepFailure(message, self._format(exc), file, line)
+        broken: str | None = None
+        renew = False
+        if self.lockstep is not None:
+            if is_dead_group_error(str(exc)):
+                renew = True
+                broken = "a training collective failed, so the training process group is dead"
+                message += (f" (rank {self.lockstep.rank} waited in a training collective for a rank that did not join it, "
+                            "up to --collective-timeout; resuming makes the groups again and rebuilds the state on every rank)")
+            elif is_unused_parameter_error(str(exc)):
+                broken = "DistributedDataParallel's reducer refuses every step after unused parameters"
+                message = unused_parameter_sentence(str(exc), self.user_state, self._namespaces())
+        self._failure = StepFailure(message, self._format(exc), file, line, self.step, broken, renew)
+        if broken is not None:
+            self.broken = Broken(broken, renew or (self.broken is not None and self.broken.renew_group))
         self.bus.publish(Error(where="step", message=message, file=file, line=line, traceback=self._failure.traceback))
         traceback.clear_frames(exc.__traceback__)  # the frames pin the step's tensors
         if is_out_of_memory(exc):
@@ -661,7 +678,38 @@ class TrainingWorker(threading.Thread):
         if self.state is RunState.SETUP_FAILED:
             self._run_setup()
         elif self.state is RunState.PAUSED and self.pause_reason in AUTO_RESUME_REASONS:
-            self._resume("reload")
+            if self.broken is not None:
+                self._recover()  # rebuilds, then resumes if it worked
+            else:
+                self._resume("reload")
+
+    def _recover(self) -> None:
+        """Under torchrun, on every rank at the same boundary: new groups if the old died, then a rebuild (which resumes).
+
+        A dead training group cannot be repaired and a DDP wrapper whose reducer failed refuses every step, so the
+        state is built again by setup() on every rank, weights and optimizer state carried over."""
+        assert self.lockstep is not None and self.broken is not None
+        broken, self.broken = self.broken, None
+        if self.lockstep.rank == 0:
+            self.bus.publish(Error(where="rebuild", message=f"{broken.reason}: rebuilding on every rank before training goes on"
+                                   + (" (the process groups are made again first)" if broken.renew_group else "")))
+        if broken.renew_group:
+            try:
+                self.lockstep.renew_groups()
+            except Exception as exc:  # noqa: BLE001 - then nothing can train: say so, stay paused
+                self.broken = broken
+                self.bus.publish(Error(where="rebuild", message=f"could not make the process groups again: {exc}; "
+                                       "stop and start the run again (--resume latest)"))
+                return
+        dispatch(self, Rebuild())
+        if self.state is RunState.PAUSED:
+            self.broken = Broken(broken.reason)  # the rebuild failed: the next fix tries again (the groups are new now)
+            return
+        # The failed step may have left the replicas apart (gradients never reduced): rank 0's copy goes to every rank.
+        sent = broadcast_replicated_state(self.user_state, self._namespaces())
+        if self.lockstep.rank == 0:
+            self.bus.publish(Error(where="rebuild", message=f"every rank now holds rank 0's weights and optimizer state "
+                                   f"({sent} tensors broadcast)"))
 
     # Helpers -----------------------------------------------------------------------------
     def _pause(self, reason: str, announce: bool = True) -> None:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from workbench.engine.dispatch import handles
 from workbench.protocol.events import Pause, Quit, Resume, StepOnce
-from workbench.engine.run_state import RunState
+from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
 
 if TYPE_CHECKING:
     from workbench.engine.worker import TrainingWorker
@@ -31,6 +31,8 @@ def pause(worker: TrainingWorker, command: Pause) -> None:
 def resume(worker: TrainingWorker, command: Resume) -> None:
     if worker.state is RunState.SETUP_FAILED:
         worker._command_error("setup() failed, so there is nothing to resume: fix it and save to run setup again")
+    elif worker.state is RunState.PAUSED and worker.broken is not None and worker.pause_reason in AUTO_RESUME_REASONS:
+        worker._recover()  # under torchrun, after a dead collective or a DDP reducer error: rebuild, then resume
     elif worker.state is RunState.PAUSED:
         worker._resume("user")
 
