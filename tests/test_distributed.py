@@ -244,3 +244,44 @@ def test_a_forward_that_stops_using_a_parameter_pauses_both_naming_it_and_rollba
     run.send("quit")
     assert run.finish(timeout=60) == 0
     checksums_agree_after(run, mark)
+
+
+def rank_pid(run: Headless, rank: int) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            return next(e["pid"] for e in rank_log(run) if e["event"] == "start")
+        except (StopIteration, FileNotFoundError, IndexError):
+            time.sleep(0.1)
+    raise AssertionError(f"rank {rank} never wrote its start event")
+
+
+def test_a_rank_killed_with_sigkill_ends_the_run_with_a_report_and_rank_0s_final_snapshot(ranks):
+    import os
+    import signal
+
+    run = ranks()
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=60, what="rank 1 at step 5")
+    os.kill(rank_pid(run, 1), signal.SIGKILL)
+    started = time.monotonic()
+    code = run.proc.wait(timeout=45)  # the deadline: nothing may hang on the dead rank
+    assert time.monotonic() - started < 45
+    assert code == 1
+    run.wait_for(lambda e: e["event"] == "exit", timeout=10, what="rank 0's exit event")
+    assert "rank 1 was killed by SIGKILL" in run.stderr, run.stderr[-2000:]
+    snapshots = [e for e in run.events if e["event"] == "snapshot"]
+    assert snapshots and snapshots[-1]["reason"] == "final", [e for e in run.events if e["event"] in ("error", "exit")]
+    assert Path(snapshots[-1]["path"]).exists() or (run.entry.parent / snapshots[-1]["path"]).exists()
+
+
+def test_sigterm_to_the_launcher_ends_every_rank_cleanly_after_the_final_snapshot(ranks):
+    import signal
+
+    run = ranks()
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=60, what="rank 1 at step 5")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(timeout=45) == 0, run.stderr[-2000:]
+    exit_event = run.wait_for(lambda e: e["event"] == "exit", timeout=10, what="rank 0's exit event")
+    assert exit_event["code"] == 0
+    assert [e["reason"] for e in run.events if e["event"] == "snapshot"] == ["final"]
+    assert any(e["event"] == "exit" and e["code"] == 0 for e in rank_log(run)), "rank 1 ended cleanly too"

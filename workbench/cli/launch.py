@@ -50,6 +50,7 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
 
 def launch_ranks(args: argparse.Namespace) -> int:
     """Run torchrun in this process; its exit status is the job's."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -62,9 +63,27 @@ def launch_ranks(args: argparse.Namespace) -> int:
     try:
         torchrun(torchrun_argv(args))
     except ChildFailedError as exc:
-        failures = "; ".join(
-            f"rank {failure.rank} exited with {failure.exitcode}" for failure in exc.failures.values()
-        )
-        print(f"vram-bench: a rank failed: {failures}", file=sys.stderr)
+        print(f"vram-bench: error: {failure_report(exc.failures)}", file=sys.stderr)
         return 1
+    except SignalException as exc:  # SIGTERM/SIGHUP/SIGINT to the launcher: forwarded to every rank, which stop cleanly
+        print(f"vram-bench: {exc.sigval.name} forwarded to every rank; each stopped after its final snapshot", file=sys.stderr)
+        return 0
     return 0
+
+
+def failure_report(failures: dict[int, object]) -> str:
+    """torchrun's failures as one line: which rank ended how (`rank 1 was killed by SIGKILL`)."""
+    import signal
+
+    parts = []
+    for rank, failure in sorted(failures.items()):
+        code = getattr(failure, "exitcode", None)
+        if isinstance(code, int) and code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        parts.append(f"rank {rank} {how}")
+    return "; ".join(parts) + " (each rank's events are in the run folder: events.jsonl, events-rankN.jsonl)"

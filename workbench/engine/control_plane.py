@@ -30,6 +30,15 @@ PAYLOAD, STEP, LOSS, MS, VERSION, STATE, STEP_TIME, CADENCE = range(ROW)
 MAX_PAYLOAD = 64 * 2**20  # a saved file's source, a traceback: a row claiming more is a bug, not data
 
 
+class RanksLost(RuntimeError):
+    """A control exchange failed: another rank died (killed, crashed) or stopped answering."""
+
+
+def _lost(exc: BaseException) -> RanksLost:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RanksLost(f"the control group failed ({text[:300]}): another rank died or stopped answering")
+
+
 @dataclass(frozen=True)
 class RankRow:
     """One rank's numbers at a boundary: what it last trained, and what it has to say."""
@@ -52,10 +61,16 @@ class BoundaryExchange:
         self.payload = payload
         self._send = torch.tensor(row, dtype=torch.float64)
         self._recv = torch.empty(world_size * ROW, dtype=torch.float64)
-        self._work = _gather_into(self._recv, self._send, group=group, async_op=True)
+        try:
+            self._work = _gather_into(self._recv, self._send, group=group, async_op=True)
+        except RuntimeError as exc:
+            raise _lost(exc) from exc
 
     def collect(self) -> list[RankRow]:
-        self._work.wait()
+        try:
+            self._work.wait()
+        except RuntimeError as exc:
+            raise _lost(exc) from exc
         rows = self._recv.view(-1, ROW).tolist()
         return [
             RankRow(
@@ -83,6 +98,14 @@ class ControlPlane:
 
     def gather_bytes(self, data: bytes, lengths: list[int] | None = None) -> list[bytes]:
         """Every rank's bytes, in rank order (blocking). `lengths`: already known from a boundary row."""
+        try:
+            return self._gather_bytes(data, lengths)
+        except RuntimeError as exc:
+            if isinstance(exc, RanksLost):
+                raise
+            raise _lost(exc) from exc
+
+    def _gather_bytes(self, data: bytes, lengths: list[int] | None) -> list[bytes]:
         if lengths is None:
             mine = torch.tensor([len(data)], dtype=torch.int64)
             every = torch.empty(self.world_size, dtype=torch.int64)

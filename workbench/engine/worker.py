@@ -59,6 +59,7 @@ from workbench.engine.hotswap.reloader import Reloader
 from workbench.engine.init_skipping import InitLog, skipping_init
 from workbench.engine.ddp_diagnosis import is_unused_parameter_error, unused_parameter_sentence
 from workbench.engine.distributed import broadcast_replicated_state, is_dead_group_error
+from workbench.engine.control_plane import RanksLost
 from workbench.engine.lockstep import Broken, Lockstep, StepFailure, is_error_pause
 from workbench.engine.memory.device import DeviceProbe
 from workbench.engine.memory.gc_freeze import Frozen, collect_all, freeze_survivors
@@ -203,6 +204,7 @@ class TrainingWorker(threading.Thread):
         self.last_step_time: float | None = None  # when the last step ended (Unix seconds)
         self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
         self.broken: Broken | None = None  # under torchrun: the state must be rebuilt (maybe on new groups) to go on
+        self._lost = False  # under torchrun: another rank is gone, so no collective can complete
 
     def held_paths(self) -> list[Path]:
         """Files with saved changes held back until a rebuild (read from other threads: a copy)."""
@@ -237,13 +239,15 @@ class TrainingWorker(threading.Thread):
                 except KeyboardInterrupt:
                     # An interrupt that arrived just after its step finished: nothing to stop.
                     self._command_error("the step had already finished when the interrupt arrived")
+        except RanksLost as exc:
+            self._ranks_lost(exc)
         except BaseException as exc:  # noqa: BLE001 - a bug in the workbench: say so, exit non-zero
             self.exit_code, self.exit_reason = 1, "internal error"
             self.bus.publish(
                 Error(where="worker", message=f"vram-bench internal error: {exc!r}", traceback=traceback.format_exc())
             )
         finally:
-            if self.lockstep is not None:
+            if self.lockstep is not None and not self._lost:
                 self._finish_lockstep()
             if self._profile is not None:
                 self._profile.abort()
@@ -739,6 +743,18 @@ class TrainingWorker(threading.Thread):
         self.state = RunState.SETUP_FAILED
         if self.exit_on_setup_failure:
             self.exit_code, self.exit_reason, self._quit = 2, "setup failed", True
+
+    def _ranks_lost(self, exc: RanksLost) -> None:
+        """Another rank is gone: no collective can complete, so this rank ends alone. Rank 0 first writes what
+        it holds (replicated state: the whole model) unless its last snapshot is up to date."""
+        self._lost = True
+        self.bus.publish(Error(where="ranks", message=f"{exc}; this rank stops (torchrun's report names the rank that "
+                               "ended first)"))
+        if self.lockstep is not None and self.lockstep.rank == 0 and self.user_state is not None:
+            self._final_snapshot()
+        if self.exit_reason != "final snapshot failed":
+            self.exit_code, self.exit_reason = 1, "rank lost"
+        self._quit = True
 
     def _finish_lockstep(self) -> None:
         """After the loop: the exchange every rank posted at the last boundary is collected, so none waits on it."""
