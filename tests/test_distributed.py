@@ -285,3 +285,45 @@ def test_sigterm_to_the_launcher_ends_every_rank_cleanly_after_the_final_snapsho
     assert exit_event["code"] == 0
     assert [e["reason"] for e in run.events if e["event"] == "snapshot"] == ["final"]
     assert any(e["event"] == "exit" and e["code"] == 0 for e in rank_log(run)), "rank 1 ended cleanly too"
+
+
+def test_a_detached_two_rank_session_is_listed_attached_to_and_stopped_from_rank_0(tmp_path: Path):
+    """`run --nproc-per-node 2` starts the launcher detached (it outlives the terminal); rank 0 serves the socket."""
+    from tests.session_process_harness import Sessions, cli, wait_message, wait_until
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(PROJECT)
+    sessions = Sessions()
+    try:
+        live = sessions.start(project / "train.py", "--nproc-per-node", "2")
+        listed = cli(["ls"], sessions.env)
+        assert live.name in listed.stdout and str(live.pid) in listed.stdout, listed.stdout  # rank 0's pid
+        client = live.connect("watcher")
+        wait_message(client, lambda m: m.get("event") == "step" and m.get("rank") == 1, what="rank 1's steps over the socket")
+        client.send_line("pause")
+        paused = wait_message(client, lambda m: m.get("event") == "paused", what="paused")
+        assert paused["reason"] == "user"
+        stopped = cli(["stop", live.name], sessions.env, timeout=60)
+        assert stopped.returncode == 0, stopped.stderr
+        assert "final snapshot" in stopped.stderr, stopped.stderr
+        wait_until(lambda: not live.alive(), 30, "rank 0's exit")
+        # The launcher and rank 1 end with it: nothing of the job is left.
+        wait_until(lambda: not subprocess_lines(["pgrep", "-f", f"session-name {live.name}"]), 30, "the launcher and rank 1")
+        rank1_exit = [e for e in rank_log_of(project) if e["event"] == "exit"]
+        assert rank1_exit and rank1_exit[-1]["code"] == 0, "rank 1 stopped with rank 0"
+    finally:
+        sessions.close()
+
+
+def rank_log_of(project: Path) -> list[dict[str, Any]]:
+    runs = sorted((project / ".vram-bench" / "runs").iterdir())
+    path = runs[-1] / "events-rank1.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def subprocess_lines(command: list[str]) -> list[str]:
+    import subprocess
+
+    done = subprocess.run(command, capture_output=True, text=True)
+    return [line for line in done.stdout.splitlines() if line.strip()]

@@ -241,7 +241,9 @@ def _run(args: argparse.Namespace) -> int:
     from workbench.engine.distributed import rank_device, rank_info_from_env
 
     ranks = rank_info_from_env()
-    if args.nproc_per_node is not None and ranks is None:
+    if args.nproc_per_node is not None and ranks is None and (args.headless or args.session_name):
+        # Headless in the foreground, or the detached session process: this process becomes torchrun's launcher.
+        # (A plain `run` starts the detached one first, then attaches the app to rank 0's socket.)
         from workbench.cli.launch import launch_ranks
 
         args.entry = entry
@@ -334,13 +336,21 @@ def _start_detached(entry: Path, args: argparse.Namespace) -> int:
 
 def _session_process(entry: Path, args: argparse.Namespace, config) -> int:  # type: ignore[no-untyped-def]
     """In the detached session process: load the project, serve its socket until the session ends."""
+    from workbench.cli.session_process import serve, serve_nothing
+    from workbench.engine.distributed import rank_info_from_env
     from workbench.engine.session import Session
-    from workbench.cli.session_process import serve
 
-    project, early, resume = _load_as_a_script(entry, args)
-    session = Session(project, replace(config, resume=resume, write_event_log=True, memory_event_interval=0.5),
-                      stdout_passthrough=sys.stderr, early_output=early)
-    code = serve(session, args.session_name)
+    ranks = rank_info_from_env()
+    with _process_groups(ranks, config.device, args.collective_timeout) as groups:
+        project, early, resume = _load_as_a_script(entry, args)
+        session = Session(project, replace(config, resume=resume, write_event_log=True, memory_event_interval=0.5),
+                          stdout_passthrough=sys.stderr, early_output=early, ranks=groups.role() if groups else None)
+        if session.is_main:  # rank 0 (or the only process) hosts the socket; the other ranks have no front end
+            code = serve(session, args.session_name)
+        else:
+            code = serve_nothing(session)
+    if not session.is_main:
+        return code
     _report_final_snapshot(session)
     if _report_setup_failure(session, args.debug):
         return 2

@@ -49,17 +49,11 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
 
 
 def launch_ranks(args: argparse.Namespace) -> int:
-    """Run torchrun in this process; its exit status is the job's."""
+    """Run torchrun in this process (headless in the foreground, or the detached session process); the job's status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    if not args.headless:
-        print(
-            "vram-bench: --nproc-per-node runs headless for now: add --headless (the app attaches to rank 0 in a later "
-            "version)", file=sys.stderr,
-        )
-        return 2
     try:
         torchrun(torchrun_argv(args))
     except ChildFailedError as exc:

@@ -144,6 +144,14 @@ def serve(session: Session, name: str) -> int:
         registry.remove(registry.SessionEntry(name, sock, facts))
 
 
+def serve_nothing(session: Session) -> int:
+    """A rank other than 0 under torchrun: the session runs as headless does, with no socket and no printer
+    (its events go to its own events-rankN.jsonl)."""
+    from workbench.frontends.headless import run_headless
+
+    return run_headless(session, _Discard(), None)
+
+
 def _time_limit_fact(session: Session) -> dict[str, object] | None:
     limit = session.config.time_limit
     if limit is None:
