@@ -182,6 +182,17 @@ def test_each_rank_runs_the_command_without_the_launchers_options():
     assert worker_argv(argv) == ["run", "train.py", "--headless", "--", "--nproc-per-node", "9"]  # the script's own stay
 
 
+def test_the_bare_command_with_a_sample_launches_ranks_that_run_the_samples_entry():
+    import argparse
+
+    from workbench.cli.launch import torchrun_argv
+
+    args = argparse.Namespace(nproc_per_node=2, max_restarts=0, nnodes=None, rdzv_endpoint=None, entry=Path("/s/ddp_gpt/train.py"),
+                              argv=["--sample", "ddp_gpt", "--nproc-per-node", "2", "--headless", "--sample-hz", "5"])
+    assert torchrun_argv(args) == ["--nproc-per-node", "2", "--max-restarts", "0", "--standalone", "-m", "workbench", "run",
+                                   "/s/ddp_gpt/train.py", "--headless", "--sample-hz", "5"]
+
+
 def test_rank_facts_come_from_torchruns_environment_and_bad_values_are_one_clear_error():
     from workbench.engine.distributed import RankInfo, rank_info_from_env
     from workbench.errors import UserError
@@ -327,3 +338,111 @@ def subprocess_lines(command: list[str]) -> list[str]:
 
     done = subprocess.run(command, capture_output=True, text=True)
     return [line for line in done.stdout.splitlines() if line.strip()]
+
+
+FSDP_PROJECT = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(64, 256)
+            self.b = nn.Linear(256, 64)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+
+    def setup(bench):
+        torch.manual_seed(0)
+        model = Net()
+        fully_shard(model.a)
+        fully_shard(model.b)
+        fully_shard(model)
+        return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=1e-3),
+                "data": torch.Generator().manual_seed(bench.rank)}
+
+
+    def step(state, bench):
+        x = torch.randn(16, 64, generator=state["data"])
+        loss = (state["model"](x) - x).pow(2).mean()
+        state["opt"].zero_grad()
+        loss.backward()
+        state["opt"].step()
+        return loss
+    """
+)
+
+
+def start_fsdp(project: Path, *args: str) -> Headless:
+    return Headless(project / "train.py", *args)
+
+
+def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_two_ranks_and_on_one(tmp_path: Path):
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(FSDP_PROJECT)
+    run = start_fsdp(project, "--nproc-per-node", "2")
+    try:
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=90, what="step 5")
+        run.send("snapshot")
+        taken = run.wait_event("snapshot", timeout=60)
+        folder = Path(taken["path"])
+        assert folder.suffix == ".dcp" and folder.is_dir(), taken
+        assert (folder / ".metadata").exists() and len(list(folder.glob("*.distcp"))) == 2  # one shard per rank
+        run.send("quit")
+        assert run.finish(timeout=60) == 0
+    finally:
+        run.close()
+    assert not list(folder.parent.glob(".tmp-*")), "no temp folder left behind"
+    for nproc in ("2", "1"):  # the same world size, then another: DCP reshards
+        again = start_fsdp(project, "--nproc-per-node", nproc, "--resume", "latest", "--max-steps", str(taken["step"] + 3))
+        try:
+            resumed = again.wait_event("resume", timeout=90)
+            assert resumed["ok"] and resumed["step"] == taken["step"] and resumed["path"] == str(folder), resumed
+            assert again.finish(timeout=60) == 0
+            steps = sorted(steps_of(again.events, 0))
+            assert steps[0] == taken["step"] + 1 and steps[-1] == taken["step"] + 3, steps
+        finally:
+            again.close()
+
+
+def test_a_rank_killed_while_a_sharded_snapshot_is_written_leaves_the_previous_snapshot_whole(tmp_path: Path):
+    import os
+    import signal
+
+    from workbench.engine.actions.sharded_snapshot import read_facts
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(FSDP_PROJECT.replace("nn.Linear(64, 256)", "nn.Linear(64, 4096)")
+                                      .replace("nn.Linear(256, 64)", "nn.Linear(4096, 64)"))
+    run = start_fsdp(project, "--nproc-per-node", "2")
+    try:
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")
+        run.send("snapshot")
+        first = Path(run.wait_event("snapshot", timeout=60)["path"])
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 8, timeout=60, what="step 8")
+        run.send("snapshot")
+        time.sleep(0.15)  # the second snapshot is being written (or just done): the kill lands somewhere in it
+        os.kill(rank_pid(run, 1), signal.SIGKILL)
+        run.proc.wait(timeout=60)
+    finally:
+        run.close()
+    # Whatever has a final name is whole; the first snapshot is untouched.
+    assert read_facts(first)["step"] == int(first.name[5:13])
+    for folder in first.parent.glob("step-*.dcp"):
+        facts = read_facts(folder)
+        assert len(list(folder.glob("*.distcp"))) == 2 and facts["step"] == int(folder.name[5:13])
+    again = start_fsdp(project, "--nproc-per-node", "2", "--resume", "latest", "--max-steps", "40")
+    try:
+        resumed = again.wait_event("resume", timeout=90)
+        assert resumed["ok"], resumed
+        assert again.finish(timeout=60) == 0
+    finally:
+        again.close()
+    assert not list(first.parent.glob(".tmp-*")), "the next start removed the killed writer's temp folder"

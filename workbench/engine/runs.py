@@ -25,7 +25,7 @@ from workbench.engine.actions.leftovers import temp_prefix
 RUNS = "runs"
 RECORD = "run.json"
 LEGACY = "snapshots"  # `<state>/snapshots/`: where versions before run folders wrote every run's snapshots
-_SNAPSHOT = re.compile(r"^step-(\d+)\.pt$")
+_SNAPSHOT = re.compile(r"^step-(\d+)\.(?:pt|dcp)$")  # .dcp: a folder, a sharded snapshot
 _RUN_NAME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d)(?:-(\d+))?$")
 
 
@@ -215,7 +215,8 @@ def _snapshot_files(folder: Path) -> list[SnapshotFile]:
     files = []
     for path in snapshots_by_step(folder):
         try:
-            files.append(SnapshotFile(path, snapshot_step(path) or 0, path.stat().st_size))
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+            files.append(SnapshotFile(path, snapshot_step(path) or 0, size))
         except OSError:
             continue
     return files

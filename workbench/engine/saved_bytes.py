@@ -18,7 +18,7 @@ from workbench.engine.state_walk import find_modules_and_optimizers
 class SavedBytes:
     def __init__(self, state: Any) -> None:
         modules, _ = find_modules_and_optimizers(state)
-        self._params = {_key(p) for m in modules.values() for p in m.parameters()}
+        self._params = {key for m in modules.values() for p in m.parameters() if (key := _param_key(p)) is not None}
         self._seen: set[tuple[int, str]] = set()
         self.bytes = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
@@ -46,6 +46,15 @@ class SavedBytes:
 
 def _key(tensor: torch.Tensor) -> tuple[int, str]:
     return tensor.untyped_storage().data_ptr(), str(tensor.device)
+
+
+def _param_key(param: torch.Tensor) -> tuple[int, str] | None:
+    """A parameter's storage key; a DTensor's (FSDP2) is its local shard's; None for one without a plain storage."""
+    local = getattr(param, "to_local", None)
+    try:
+        return _key(local() if callable(local) else param)
+    except RuntimeError:
+        return None
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,8 @@ from workbench.engine.actions.snapshot import (
     load_snapshot,
     write_snapshot,
 )
+from workbench.engine.actions.sharded_snapshot import is_sharded, load_sharded, write_sharded
+from workbench.engine.actions.snapshot import prune_snapshots
 from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.bench import Bench, to_scalar
 from workbench.engine.commands import ApplyChanges  # registers the handlers
@@ -331,6 +333,8 @@ class TrainingWorker(threading.Thread):
         `init_log`: the initializations setup() skipped; what the snapshot does not fill is initialized
         now, and when nothing is loaded, everything is, so training starts from what setup() builds."""
         started = time.monotonic()
+        if path.is_dir():
+            return self._resume_sharded(path, init_log, started)
         try:
             report = apply_snapshot(
                 self.user_state, load_snapshot(path), path, partial=self.resume_partial, namespaces=self._namespaces(),
@@ -388,6 +392,29 @@ class TrainingWorker(threading.Thread):
                 mapped=report.mapped,
             )
         )
+        return True
+
+    def _resume_sharded(self, path: Path, init_log: InitLog, started: float) -> bool:
+        """Every rank reads its part of a sharded snapshot (torch.distributed.checkpoint reshards to this world size)."""
+        init_log.replay_all()  # DCP writes into the live shards: they must exist first
+        try:
+            step, modules, optimizers = load_sharded(self.user_state, path, self._namespaces())
+        except Exception as exc:  # noqa: BLE001 - said like any resume that does not fit; setup()'s state trains
+            message = (str(exc) if isinstance(exc, UserError) else f"resuming from {path} failed ({type(exc).__name__}: "
+                       f"{exc})") + "; training starts from what setup() built (initialized as usual)"
+            self.bus.publish(ResumeLoaded(ok=False, path=str(path), error=message))
+            self.bus.publish(Error(where="resume", message=message))
+            if self.exit_on_setup_failure:
+                self.exit_code, self.exit_reason, self._quit = 2, "resume failed", True
+            else:
+                self.state = RunState.RUNNING
+                self._pause("resume failed")
+            return False
+        self.step = self.last_snapshot_step = self._first_step = step
+        self.last_snapshot_path = str(path)
+        self.bus.publish(ResumeLoaded(ok=True, path=str(path), step=step, tensors=modules, optimizers=optimizers,
+                                      seconds=time.monotonic() - started,
+                                      notes=("sharded snapshot (torch.distributed.checkpoint): every rank read its part",)))
         return True
 
     def _namespaces(self) -> list[tuple[str, dict[str, Any]]]:
@@ -635,6 +662,8 @@ class TrainingWorker(threading.Thread):
 
     def _snapshot(self, reason: str) -> bool:
         """Write one; True if it was written (a failure is an error event and `last_snapshot_error`)."""
+        if self.lockstep is not None and is_sharded(self.user_state, self._namespaces()):
+            return self._sharded_snapshot(reason)
         if self.lockstep is not None and self.lockstep.rank != 0:
             # Replicated state (DDP, or the same model on every rank): rank 0's snapshot holds it all.
             self.last_snapshot_step = self.step
@@ -744,14 +773,44 @@ class TrainingWorker(threading.Thread):
         if self.exit_on_setup_failure:
             self.exit_code, self.exit_reason, self._quit = 2, "setup failed", True
 
+    def _sharded_snapshot(self, reason: str) -> bool:
+        """Every rank writes its shard (a lockstep command, so all are here); rank 0 renames the whole folder into place."""
+        assert self.lockstep is not None
+        self.activity = f"writing sharded snapshot of step {self.step}"
+        error: str | None = None
+        try:
+            writer = self.lockstep.plane.broadcast_json(os.getpid())  # rank 0's pid names the temp folder everywhere
+            event = write_sharded(self.user_state, self.step, self.reloader.version, self.bench.run_dir, writer,
+                                  self.lockstep.rank == 0, self._namespaces())
+        except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
+            error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+        finally:
+            self.activity = None
+        if error is not None:
+            self.last_snapshot_error = error
+            self.bus.publish(Error(where="snapshot", message=f"sharded snapshot of step {self.step} failed on rank "
+                                   f"{self.lockstep.rank}: {error}"))
+            return False
+        self.last_snapshot_step, self.last_snapshot_path, self.last_snapshot_error = self.step, event.path, None
+        self._snapshot_seconds = event.seconds
+        self._update_run_record()
+        if self.lockstep.rank == 0:
+            prune_snapshots(Path(event.path).parent, self.snapshot_keep, Path(event.path))
+        self.bus.publish(dataclasses.replace(event, reason=reason))
+        return True
+
     def _ranks_lost(self, exc: RanksLost) -> None:
         """Another rank is gone: no collective can complete, so this rank ends alone. Rank 0 first writes what
         it holds (replicated state: the whole model) unless its last snapshot is up to date."""
         self._lost = True
         self.bus.publish(Error(where="ranks", message=f"{exc}; this rank stops (torchrun's report names the rank that "
                                "ended first)"))
-        if self.lockstep is not None and self.lockstep.rank == 0 and self.user_state is not None:
+        sharded = self.user_state is not None and is_sharded(self.user_state, self._namespaces())
+        if self.lockstep is not None and self.lockstep.rank == 0 and self.user_state is not None and not sharded:
             self._final_snapshot()
+        elif sharded and self.lockstep is not None and self.lockstep.rank == 0:
+            self.bus.publish(Error(where="snapshot", message="no final snapshot: sharded state needs every rank to write it; "
+                                   f"the last one is {self.last_snapshot_path or 'none'}"))
         if self.exit_reason != "final snapshot failed":
             self.exit_code, self.exit_reason = 1, "rank lost"
         self._quit = True

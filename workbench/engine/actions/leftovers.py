@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-_LEFTOVER = re.compile(r"^\.tmp-(\d+)-.+\.(pt|pickle|json)$")
+_LEFTOVER = re.compile(r"^\.tmp-(\d+)-.+\.(pt|pickle|json|dcp)$")  # .dcp: a sharded snapshot's folder
 
 
 def temp_prefix() -> str:
@@ -47,8 +48,12 @@ def remove_leftovers(folders: list[Path]) -> list[Leftover]:
             if pid == os.getpid() or psutil.pid_exists(pid):
                 continue  # being written (or a pid reused: keeping a file is the safe mistake)
             try:
-                size = path.stat().st_size
-                path.unlink()
+                if path.is_dir():
+                    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                    shutil.rmtree(path)
+                else:
+                    size = path.stat().st_size
+                    path.unlink()
             except OSError:
                 continue
             removed.append(Leftover(path, size, pid))

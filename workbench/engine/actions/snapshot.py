@@ -83,7 +83,7 @@ def write_snapshot(
             if free < needed or getattr(exc, "errno", None) == errno.ENOSPC:  # torch.save says "unexpected pos ..."
                 raise UserError(disk_full_message(folder, free, needed), hint="Free some space, then snapshot again.") from None
         raise
-    _prune(folder, keep, protect=final)
+    prune_snapshots(folder, keep, protect=final)
     return Snapshot(path=str(final), bytes=final.stat().st_size, step=step, seconds=time.monotonic() - started)
 
 
@@ -114,10 +114,13 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _prune(folder: Path, keep: int, protect: Path) -> None:
+def prune_snapshots(folder: Path, keep: int, protect: Path) -> None:
     """Keep this run's `keep` highest steps (the folder is the run's own: no other run's file is touched)."""
     for old in [p for p in snapshots_by_step(folder) if p != protect][max(keep, 1) - 1 :]:
-        old.unlink(missing_ok=True)
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)  # a sharded snapshot (torch.distributed.checkpoint)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def snapshots_in(folder: Path) -> list[Path]:
@@ -136,15 +139,22 @@ def find_snapshot(state_dir: Path, spec: str) -> Path:
             )
         return found
     path = Path(spec).expanduser()
-    if not path.is_file():
-        raise UserError(f"--resume: no such snapshot file: {path}.", hint="Use --resume latest or an existing .pt file.")
+    if not (path.is_file() or (path.is_dir() and path.suffix == ".dcp")):
+        raise UserError(f"--resume: no such snapshot file: {path}.",
+                        hint="Use --resume latest, an existing .pt file or a sharded snapshot's .dcp folder.")
     return path.resolve()
 
 
 def load_snapshot(path: Path) -> dict[str, Any]:
     """Check it (every member's CRC-32), then map it (weights only: no arbitrary object is ever unpickled).
 
-    A damaged file is a UserError that names it and offers the previous snapshot."""
+    A damaged file is a UserError that names it and offers the previous snapshot. A sharded snapshot (a .dcp
+    folder) is only checked to be whole here: every rank reads its part when it resumes."""
+    if path.is_dir():
+        from workbench.engine.actions.sharded_snapshot import read_facts
+
+        facts = read_facts(path)
+        return {"format": FORMAT, "sharded": str(path), "step": int(facts["step"]), "code_version": facts.get("code_version")}
     verify_snapshot(path, snapshots_in(path.parent))
     try:
         payload = torch.load(path, map_location="cpu", mmap=True, weights_only=True)

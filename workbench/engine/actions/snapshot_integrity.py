@@ -109,8 +109,14 @@ def payload_bytes(payload: Any) -> int:
 
     def walk(value: Any) -> None:
         if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
-            seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+            local = getattr(value, "to_local", None)  # a DTensor (FSDP2): this rank's shard is what it holds
+            if callable(local):
+                value = local()
+            try:
+                storage = value.untyped_storage()
+                seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+            except RuntimeError:  # a tensor subclass without a plain storage: its elements, counted once
+                seen[id(value)] = value.numel() * value.element_size()
         elif isinstance(value, dict):
             for item in value.values():
                 walk(item)
