@@ -33,6 +33,24 @@ def worker_argv(argv: list[str]) -> list[str]:
     return kept
 
 
+def _without_sample(argv: list[str]) -> list[str]:
+    """`--sample NAME` is the top-level command's: `run` has no such option (argparse would read it as --sample-hz)."""
+    kept: list[str] = []
+    skip = False
+    for i, word in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if word == "--":
+            kept.extend(argv[i:])
+            break
+        if word == "--sample" or word.startswith("--sample="):
+            skip = word == "--sample"
+            continue
+        kept.append(word)
+    return kept
+
+
 def torchrun_argv(args: argparse.Namespace) -> list[str]:
     """torch.distributed.run's arguments for this command."""
     launcher = ["--nproc-per-node", str(args.nproc_per_node), "--max-restarts", str(args.max_restarts)]
@@ -44,7 +62,8 @@ def torchrun_argv(args: argparse.Namespace) -> list[str]:
         launcher.append("--standalone")  # one node: torchrun picks a free port
     command = worker_argv(list(args.argv))
     if not command or command[0] != "run":
-        command = ["run", str(args.entry), *command]  # the bare `vram-bench --nproc-per-node N`: the sample's entry
+        # The bare `vram-bench [--sample NAME] --nproc-per-node N`: each rank runs the sample's entry file.
+        command = ["run", str(args.entry), *_without_sample(command)]
     return [*launcher, "-m", "workbench", *command]
 
 
