@@ -20,6 +20,7 @@ SAMPLES = {
     "lora_finetune": "LoRA adapters on a frozen model: change the rank with a rebuild, read the breakdown",
     "leaky_loop": "a leaking loop: find the leaks with the gauges, the leak finder and cleanup, fix them live",
     "memory_lab": "activation checkpointing, AMP, batch size, accumulation, offload: switched live, compared",
+    "ddp_gpt": "the tiny GPT under DistributedDataParallel: every rank swaps the same code at the same step",
 }
 
 
