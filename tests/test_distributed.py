@@ -446,3 +446,35 @@ def test_a_rank_killed_while_a_sharded_snapshot_is_written_leaves_the_previous_s
     finally:
         again.close()
     assert not list(first.parent.glob(".tmp-*")), "the next start removed the killed writer's temp folder"
+
+
+def test_a_forward_swapped_under_fsdp2_runs_on_both_ranks(tmp_path: Path):
+    """fully_shard swaps the module's class for a generated subclass (FSDPNet): the user's Net is patched."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(FSDP_PROJECT)
+    run = start_fsdp(project, "--nproc-per-node", "2")
+    try:
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")
+        save(project / "train.py", "return self.b(torch.relu(self.a(x)))", "return self.b(torch.tanh(self.a(x))) * 0.5")
+        reload = run.wait_event("reload", timeout=30)
+        assert reload["ok"] and reload["changed"] == ["Net.forward"], reload
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e.get("code_version") == 1, timeout=30,
+                     what="rank 1 on the new forward")
+        run.send("quit")
+        assert run.finish(timeout=60) == 0
+    finally:
+        run.close()
+    zero, one = steps_of(run.events, 0), steps_of(run.events, 1)
+    assert all(zero[s]["code_version"] == one[s]["code_version"] for s in set(zero) & set(one))
+
+
+def test_a_non_finite_loss_on_one_rank_pauses_every_rank(ranks):
+    run = ranks("--", "--no-ddp")
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    save(run.entry, "    loss.backward()\n", "    loss.backward()\n    if bench.rank == 1:\n        loss = loss * float('nan')\n")
+    error = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step", timeout=30, what="the NaN report")
+    assert error["message"].startswith("rank 1: loss is nan"), error
+    assert any(e["event"] == "paused" and e["reason"] == "non-finite loss" for e in run.events), "rank 0 paused too"
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
