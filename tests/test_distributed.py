@@ -125,6 +125,7 @@ def test_a_save_is_applied_at_the_same_step_on_both_ranks_and_parameters_stay_id
                  timeout=30, what="rank 1 on code v2")
     target = max(steps_of(run.events, 0)) + 5
     run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= target, timeout=30, what="5 more steps")
+    run.wait_for(lambda e: e["event"] == "ranks" and all(r["step"] > 0 for r in e["ranks"]), timeout=10, what="a ranks summary")
     run.send("quit")
     assert run.finish(timeout=60) == 0
     zero, one = steps_of(run.events, 0), steps_of(rank_log(run), 1)
@@ -136,6 +137,12 @@ def test_a_save_is_applied_at_the_same_step_on_both_ranks_and_parameters_stay_id
     assert one[first_v1]["code_version"] >= 1 and one[first_v1 - 1]["code_version"] == 0
     for step in common:  # DDP keeps the replicas equal: after each swap too
         assert zero[step]["scalars"]["checksum"] == pytest.approx(one[step]["scalars"]["checksum"], rel=1e-12), step
+    summaries = [e for e in run.events if e["event"] == "ranks"]  # rank 0's summary of every rank, at most 1 Hz
+    assert len(summaries) >= 2
+    assert summaries and [r["rank"] for r in summaries[-1]["ranks"]] == [0, 1]
+    assert all(r["step"] > 0 and r["rss_bytes"] and r["state"] for r in summaries[-1]["ranks"]), summaries[-1]
+    gaps = [b["time"] - a["time"] for a, b in zip(summaries, summaries[1:])]
+    assert all(gap >= 0.95 for gap in gaps), gaps
 
 
 def test_a_syntax_error_is_reported_once_and_both_ranks_keep_the_old_code(ranks):
@@ -478,3 +485,15 @@ def test_a_non_finite_loss_on_one_rank_pauses_every_rank(ranks):
     assert any(e["event"] == "paused" and e["reason"] == "non-finite loss" for e in run.events), "rank 0 paused too"
     run.send("quit")
     assert run.finish(timeout=60) == 0
+
+
+def test_the_straggler_is_the_rank_clearly_slower_than_the_median():
+    from workbench.engine.control_plane import RankRow
+    from workbench.engine.lockstep import straggler
+
+    def row(rank: int, ms: float) -> RankRow:
+        return RankRow(rank=rank, payload_bytes=0, step=5, loss=1.0, ms=ms, code_version=0, state=0, step_time=0.0, cadence=1)
+
+    assert straggler([row(0, 10.0), row(1, 10.5), row(2, 30.0), row(3, 9.8)]) == 2
+    assert straggler([row(0, 10.0), row(1, 11.0)]) is None  # within 20% of the median: nobody is named
+    assert straggler([row(0, 10.0)]) is None

@@ -52,6 +52,11 @@ SAMPLES: dict[str, Event] = {
         ev.Error(where="step", message="it broke", file="train.py", line=3, traceback="Traceback...", time=T),
         ev.Print(stream="stderr", text="hello", time=T),
         ev.CommandSent(client="attach pid 77", command="pause", time=T),
+        ev.Ranks(ranks=({"rank": 0, "step": 9, "steps_per_second": 2.5, "loss": 1.25, "step_ms": 400.0, "code_version": 1,
+                         "state": "running", "rss_bytes": 1024, "gpu_allocated_bytes": 2048, "gpu_reserved_bytes": 4096},
+                        {"rank": 1, "step": 9, "steps_per_second": 2.0, "loss": 1.5, "step_ms": 500.0, "code_version": 1,
+                         "state": "paused", "rss_bytes": None, "gpu_allocated_bytes": None, "gpu_reserved_bytes": None}),
+                 slowest=1, time=T),
         ev.Exit(reason="quit", step=10, code=2, time=T),
     )
 }

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-ROW = 8  # numbers per rank in a boundary exchange
+ROW = 12  # numbers per rank in a boundary exchange
 # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single; vram-bench supports both.
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-PAYLOAD, STEP, LOSS, MS, VERSION, STATE, STEP_TIME, CADENCE = range(ROW)
+PAYLOAD, STEP, LOSS, MS, VERSION, STATE, STEP_TIME, CADENCE, STEPS_PER_SECOND, RSS, GPU_ALLOCATED, GPU_RESERVED = range(ROW)
 MAX_PAYLOAD = 64 * 2**20  # a saved file's source, a traceback: a row claiming more is a bug, not data
 
 
@@ -52,6 +52,10 @@ class RankRow:
     state: int
     step_time: float  # when its last step ended (Unix seconds)
     cadence: int  # rank 0's: how many loop turns until the next exchange
+    steps_per_second: float = 0.0
+    rss: int = -1  # bytes; -1: not measured yet
+    gpu_allocated: int = -1
+    gpu_reserved: int = -1
 
 
 class BoundaryExchange:
@@ -76,6 +80,8 @@ class BoundaryExchange:
             RankRow(
                 rank=r, payload_bytes=int(v[PAYLOAD]), step=int(v[STEP]), loss=v[LOSS], ms=v[MS],
                 code_version=int(v[VERSION]), state=int(v[STATE]), step_time=v[STEP_TIME], cadence=int(v[CADENCE]),
+                steps_per_second=v[STEPS_PER_SECOND], rss=int(v[RSS]), gpu_allocated=int(v[GPU_ALLOCATED]),
+                gpu_reserved=int(v[GPU_RESERVED]),
             )
             for r, v in enumerate(rows)
         ]

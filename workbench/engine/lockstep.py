@@ -33,7 +33,7 @@ from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.memory_guard import MemoryLimitNear
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
-from workbench.protocol.events import COMMANDS, Command, Error, Reload, Step
+from workbench.protocol.events import COMMANDS, Command, Error, Ranks, Reload, Step
 
 if TYPE_CHECKING:
     from workbench.engine.distributed import ProcessGroups
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 EXCHANGE_SECONDS = 0.05  # how far apart exchanges are while training (each costs ~0.3-1 ms of CPU on gloo)
 MAX_CADENCE = 1000
+SUMMARY_SECONDS = 1.0  # how often rank 0 publishes every rank's summary (`ranks` event)
+STRAGGLER_FACTOR = 1.2  # a rank whose last step took this many times the median is named the slowest
 MAX_STEP_EVENTS_RANKS = 8  # beyond this many ranks, only rank 0's steps are streamed (each rank's own log has all)
 
 
@@ -148,6 +150,7 @@ class Lockstep:
         self.idle_wait = 0.1  # rank 0 waits this long for a command while nothing runs
         self._turn = 0  # loop turns so far: the same count on every rank at every exchange
         self._next_exchange = 1  # the turn of the next post
+        self._summarized = float("-inf")
         self._posted_turn = 0
         self._collect_at = 0  # the turn the posted exchange is collected (the one after its post)
         self.cadence = 1
@@ -193,6 +196,8 @@ class Lockstep:
 
     def _collect(self, worker: TrainingWorker, posted: BoundaryExchange, run_commands: bool) -> None:
         self.rows = posted.collect()
+        if self.rank == 0:
+            self._summarize(worker)
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
         self._next_exchange = self._posted_turn + self.cadence
         if not any(row.payload_bytes for row in self.rows):
@@ -232,6 +237,12 @@ class Lockstep:
         row[6] = worker.last_step_time or 0.0
         if self.rank == 0:
             row[7] = float(self._wanted_cadence(worker))
+        row[8] = worker.telemetry.steps_per_second() if worker.state is RunState.RUNNING else 0.0
+        memory = worker.telemetry.memory
+        row[9] = float(memory.host.rss) if memory is not None else -1.0
+        gpu = next((g for g in memory.gpus if g.index == worker._gpu_index), None) if memory is not None else None
+        row[10] = float(gpu.allocated) if gpu is not None and gpu.allocated is not None else -1.0
+        row[11] = float(gpu.reserved) if gpu is not None and gpu.reserved is not None else -1.0
         return row
 
     @staticmethod
@@ -247,6 +258,24 @@ class Lockstep:
         if self.groups is None:
             raise RuntimeError("this session does not own its process groups")
         self.plane.group = self.groups.renew()
+
+    def _summarize(self, worker: TrainingWorker) -> None:
+        """Rank 0, at most once a second: every rank's numbers as a `ranks` event, the straggler named."""
+        now = time.monotonic()
+        if now - self._summarized < SUMMARY_SECONDS:
+            return
+        self._summarized = now
+        states = list(RunState)
+        ranks = tuple(
+            {"rank": row.rank, "step": row.step, "steps_per_second": round(row.steps_per_second, 3), "loss": row.loss,
+             "step_ms": round(row.ms, 3), "code_version": row.code_version,
+             "state": states[row.state].value if 0 <= row.state < len(states) else "unknown",
+             "rss_bytes": row.rss if row.rss >= 0 else None,
+             "gpu_allocated_bytes": row.gpu_allocated if row.gpu_allocated >= 0 else None,
+             "gpu_reserved_bytes": row.gpu_reserved if row.gpu_reserved >= 0 else None}
+            for row in self.rows
+        )
+        worker.bus.publish(Ranks(ranks=ranks, slowest=straggler(self.rows)))
 
     def record_step(self, step: int, loss: float, ms: float, code_version: int, at: float) -> None:
         """Ranks > 0, after each step: kept for rank 0's stream until the next exchange (up to 8 ranks)."""
@@ -339,6 +368,17 @@ def agreed_source(worker: TrainingWorker, command: AgreedSource) -> None:
             missing = ", ".join(str(rank) for rank, ok in enumerate(agreed) if not ok)
             worker.bus.publish(Reload(ok=False, file=command.path, error=f"rank {missing} could not apply the change; it was "
                                       "undone on every rank, so all run the old code", code_version=worker.reloader.version))
+
+
+def straggler(rows: list[RankRow]) -> int | None:
+    """The rank whose last step was slowest, when it is clearly slower than the median rank's (else None)."""
+    timed = [row for row in rows if row.ms > 0]
+    if len(timed) < 2:
+        return None
+    ordered = sorted(row.ms for row in timed)
+    median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    slowest = max(timed, key=lambda row: row.ms)
+    return slowest.rank if slowest.ms > STRAGGLER_FACTOR * median else None
 
 
 def is_error_pause(reason: str) -> bool:

@@ -299,6 +299,18 @@ class CommandSent(Event):
 
 
 @dataclass(frozen=True)
+class Ranks(Event):
+    """Under torchrun, from rank 0 at most once a second: every rank's summary, and the slowest (a straggler).
+
+    Each summary: `rank`, `step`, `steps_per_second`, `loss`, `step_ms` (its last step), `code_version`, `state`,
+    `rss_bytes`, `gpu_allocated_bytes`, `gpu_reserved_bytes` (null while not measured)."""
+
+    name: ClassVar[str] = "ranks"
+    ranks: tuple[dict[str, Any], ...]
+    slowest: int | None = None  # the rank with the longest last step, when it is 20% slower than the median
+
+
+@dataclass(frozen=True)
 class Exit(Event):
     name: ClassVar[str] = "exit"
     reason: str
