@@ -401,6 +401,9 @@ def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_t
         folder = Path(taken["path"])
         assert folder.suffix == ".dcp" and folder.is_dir(), taken
         assert (folder / ".metadata").exists() and len(list(folder.glob("*.distcp"))) == 2  # one shard per rank
+        run.send("rebuild")  # setup() again on every rank: the sharded tensors are carried over shard by shard
+        rebuilt = run.wait_event("rebuild", timeout=60)
+        assert rebuilt["ok"] and rebuilt["tensors_carried"] == 4 and rebuilt["optimizer_states_carried"] == 4, rebuilt
         run.send("quit")
         assert run.finish(timeout=60) == 0
     finally:
