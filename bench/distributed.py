@@ -6,7 +6,10 @@
 - Save -> applied: the time from writing the file to the `reload` event, 2 ranks against 1 process
   (`vram-bench run --headless`) on the same project, median of N saves each (target <= 1.5x).
 
-    python bench/distributed.py [--rounds 5] [--steps 600] [--saves 10]
+    python bench/distributed.py [--rounds 5] [--steps 600] [--saves 10] [--exchange-ms 50]
+
+`--exchange-ms` sets VRAM_BENCH_EXCHANGE_MS for the vram-bench runs: how far apart the ranks' control exchanges
+are while training (shorter: a save applies sooner, at more CPU per second).
 """
 
 from __future__ import annotations
@@ -193,7 +196,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--saves", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="1 round of 100 steps, 2 saves (a smoke test)")
+    parser.add_argument("--exchange-ms", type=float, default=None, help="VRAM_BENCH_EXCHANGE_MS for vram-bench's runs")
     args = parser.parse_args()
+    if args.exchange_ms is not None:
+        os.environ["VRAM_BENCH_EXCHANGE_MS"] = str(args.exchange_ms)
     if args.quick:
         args.rounds, args.steps, args.saves = 1, 100, 2
     with tempfile.TemporaryDirectory() as tmp:
@@ -208,7 +214,9 @@ def main() -> None:
             ratios.append(ours[-1] / plain[-1])
         one = save_latencies(project(root, "one"), 1, args.saves)
         two = save_latencies(project(root, "two"), 2, args.saves)
-    print(f"2-rank DDP MLP (64->256->1, batch 64, gloo), {args.rounds} interleaved rounds of {args.steps} steps")
+    exchange = os.environ.get("VRAM_BENCH_EXCHANGE_MS", "50 (default)")
+    print(f"2-rank DDP MLP (64->256->1, batch 64, gloo), {args.rounds} interleaved rounds of {args.steps} steps; "
+          f"exchanges every {exchange} ms")
     print(f"  plain torchrun: median {statistics.median(plain):.1f} steps/s  {[round(x, 1) for x in plain]}")
     print(f"  vram-bench:     median {statistics.median(ours):.1f} steps/s  {[round(x, 1) for x in ours]}")
     print(f"  vram-bench / plain: median of per-round ratios {statistics.median(ratios):.3f}  "

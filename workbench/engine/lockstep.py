@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,9 @@ if TYPE_CHECKING:
     from workbench.engine.distributed import ProcessGroups
     from workbench.engine.worker import TrainingWorker
 
-EXCHANGE_SECONDS = 0.05  # how far apart exchanges are while training (each costs ~0.3-1 ms of CPU on gloo)
+# How far apart exchanges are while training (each costs ~0.3-1 ms of CPU on gloo): a save or a command waits up
+# to this long. VRAM_BENCH_EXCHANGE_MS tunes it (bench/distributed.py measures both sides of the trade).
+EXCHANGE_SECONDS = float(os.environ.get("VRAM_BENCH_EXCHANGE_MS", "50")) / 1000
 MAX_CADENCE = 1000
 SUMMARY_SECONDS = 1.0  # how often rank 0 publishes every rank's summary (`ranks` event)
 STRAGGLER_FACTOR = 1.2  # a rank whose last step took this many times the median is named the slowest
