@@ -307,3 +307,21 @@ def test_other_ranks_steps_do_not_enter_rank_0s_chart():
     assert mirror.step == 2 and mirror.last_step_ms == 5.0
     loss = next(series for series in mirror.series() if series.name == "loss")
     assert list(loss.values) == [2.0, 1.5]
+
+
+def test_the_gauges_show_a_row_per_rank_with_the_straggler_marked():
+    from workbench.frontends.tui.widgets.memory_gauges import render_memory
+    from workbench.protocol.events import Memory, Ranks
+
+    mirror = TelemetryMirror()
+    mirror.apply(Memory(rss_bytes=2**30, rss_anon_bytes=2**30, rss_file_bytes=0, system_total_bytes=8 * 2**30,
+                        system_available_bytes=4 * 2**30, limit_bytes=8 * 2**30, limit_source="host", gpus=()))
+    rows = tuple({"rank": r, "step": 40, "steps_per_second": 9.5, "loss": 1.0, "step_ms": ms, "code_version": 2,
+                  "state": "running", "rss_bytes": 2**30, "gpu_allocated_bytes": 3 * 2**30, "gpu_reserved_bytes": None}
+                 for r, ms in ((0, 100.0), (1, 101.0), (2, 180.0)))
+    mirror.apply(Ranks(ranks=rows, slowest=2))
+    shown = render_memory(mirror.memory, ranks=mirror.ranks).plain
+    lines = [line for line in shown.splitlines() if line.startswith(" r")]
+    assert "Ranks (3)" in shown and len(lines) == 3
+    assert lines[2].startswith(" r2 step 40 9.5/s 180 ms") and "GPU 3.00 GiB" in lines[2] and lines[2].endswith("<- slowest")
+    assert not lines[0].endswith("<- slowest")

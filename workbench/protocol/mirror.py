@@ -27,7 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.protocol.events import Evaluation, Event, Memory, Rebuilt, Reload, ResumeLoaded, Step, float_from_json
+from workbench.protocol.events import (
+    Evaluation,
+    Event,
+    Memory,
+    Ranks,
+    Rebuilt,
+    Reload,
+    ResumeLoaded,
+    Step,
+    float_from_json,
+)
 from workbench.protocol.history import HISTORY_FORMAT
 from workbench.protocol.payloads import GPU_FIELDS, HOST_FIELDS, GpuMemory, HostMemory, MemorySample, sample_from_event
 
@@ -100,6 +110,7 @@ class TelemetryMirror:
         self.updates = 0
         self.step = 0  # the last step seen: where a version that starts now starts
         self.code_version = 0
+        self.ranks: Ranks | None = None  # under torchrun: rank 0's last summary of every rank
         self._fold: dict[type[Event], Callable[[Any], None]] = {
             Step: self._step,
             Evaluation: self._evaluation,
@@ -107,6 +118,7 @@ class TelemetryMirror:
             Rebuilt: self._rebuilt,
             ResumeLoaded: self._resume,
             Memory: self._memory,
+            Ranks: self._ranks,
         }
 
     # Writers --------------------------------------------------------------------------------
@@ -176,6 +188,9 @@ class TelemetryMirror:
         self.step = event.step
         if event.peak_allocated is not None and event.gpu is not None:
             self.step_peaks[event.gpu] = event.peak_allocated
+
+    def _ranks(self, event: Ranks) -> None:
+        self.ranks = event
 
     def _evaluation(self, event: Evaluation) -> None:
         self.step = event.step

@@ -20,6 +20,7 @@ from textual.binding import Binding
 from textual.widgets import Static
 
 from workbench.protocol.payloads import GpuMemory, MemorySample
+from workbench.protocol.events import Ranks
 from workbench.protocol.mirror import TelemetryMirror as Telemetry  # the engine's Telemetry reads the same
 from workbench.frontends.tui.format import bar, human_bytes
 from workbench.frontends.tui.pane_clock import on_beat
@@ -64,7 +65,8 @@ class MemoryGauges(Static, can_focus=True):
 
     def redraw(self) -> None:
         sample = self._telemetry.memory
-        seen = (self.size, self.app.theme, self._highlighting())
+        ranks = getattr(self._telemetry, "ranks", None)  # under torchrun (the app's mirror has it)
+        seen = (self.size, self.app.theme, self._highlighting(), ranks)
         if sample is self._last_sample and seen == self._seen:
             return  # no new sample since the last redraw (paused: the sampler slows down)
         self._last_sample, self._seen = sample, seen
@@ -83,6 +85,7 @@ class MemoryGauges(Static, can_focus=True):
                 step_peaks=self._telemetry.step_peaks,
                 moved=self._moved(sample),
                 roles=roles(self.app),
+                ranks=ranks,
             )
         )
 
@@ -113,6 +116,7 @@ def render_memory(
     step_peaks: dict[int, int] | None = None,
     moved: set[tuple[int, str]] | None = None,
     roles: Roles = DEFAULT_ROLES,
+    ranks: Ranks | None = None,
 ) -> Text:
     bar_width = min(max(bar_width, 6), 40)
     host = sample.host
@@ -151,8 +155,23 @@ def render_memory(
             _history_line(text, "rsvd", [g.reserved or 0 for g in gpu_history], bar_width, window, roles)
     if sample.gpus and sample.gpu_note:
         text.append(f" {sample.gpu_note}\n", style="dim")
+    if ranks is not None:
+        _render_ranks(text, ranks, roles)
     text.rstrip()
     return text
+
+
+def _render_ranks(text: Text, ranks: Ranks, roles: Roles) -> None:
+    """Under torchrun: a row per rank (step, steps/s, host and GPU memory), the straggler marked."""
+    text.append(f"Ranks ({len(ranks.ranks)})\n", style="bold underline")
+    for row in ranks.ranks:
+        slow = row.get("rank") == ranks.slowest
+        gpu = row.get("gpu_allocated_bytes")
+        line = (f" r{row.get('rank')} step {row.get('step')} {float(row.get('steps_per_second') or 0):.1f}/s "
+                f"{float(row.get('step_ms') or 0):.0f} ms  RSS {human_bytes(row.get('rss_bytes'))}"
+                + (f"  GPU {human_bytes(gpu)}" if gpu is not None else ""))
+        text.append(line, style=roles.warning if slow else "")
+        text.append(" <- slowest\n" if slow else "\n", style=roles.warning if slow else "")
 
 
 def _history_line(text: Text, label: str, values: list[int], width: int, window: float, roles: Roles) -> None:
