@@ -12,16 +12,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import partial
 
+from textual.actions import ActionParseResult
 from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal
+from textual.dom import DOMNode
 from textual.screen import Screen
 from textual.theme import Theme
 
 from workbench.config import DEFAULT_LOG_ENTRIES, UserConfig, save_theme
+from workbench.frontends.tui import collector
 from workbench.protocol.events import Command, DumpMemorySnapshot, Evaluate, Interrupt, Pause, Rebuild, RunStatements, ReloadNow, Resume, Rollback, RunCleanup, RunProfile, StepOnce, TakeSnapshot
+from workbench.protocol.remote import RemoteSession
 from workbench.protocol.source import SessionSource
 from workbench.frontends.tui.keys import ACTIONS, PROFILE_STEPS, bindings, check_keymap, key_label, keys_in_effect
 from workbench.frontends.tui.screens.breakdown import BreakdownScreen
@@ -44,6 +48,8 @@ OTHER_KEYS = (
     ("esc", "restore a maximized pane; close a dialog"),
     ("ctrl+p", "command palette: every action by name, and the theme switcher"),
 )
+
+FREEZE_AFTER = 1.0  # seconds after mount: the first frames (the replayed history drawn) are out by then
 
 
 class VramBenchApp(App[None]):
@@ -85,6 +91,8 @@ class VramBenchApp(App[None]):
             wanted = DEFAULT_THEME
         self.theme = wanted
         self._remembered_theme = wanted
+        self._collector_hold = collector.CollectorHold()
+        self._froze = False  # this app froze its process's survivors (collector.py): released when it leaves
         self._stopping = False  # this app asked the session to stop: leave when it has
         self._end_said = False
         self.keymap, key_problems = check_keymap(config.keys if config else {})
@@ -117,6 +125,14 @@ class VramBenchApp(App[None]):
         for problem in self.problems:
             self.notify(problem, title="Settings", severity="warning", timeout=20)
         self.set_interval(0.25, self._watch_the_session, name="session-end")
+        if isinstance(self.session, RemoteSession):  # the process is this app's alone (collector.py)
+            self.set_timer(FREEZE_AFTER, self._freeze, name="gc-freeze")
+
+    def _freeze(self) -> None:
+        """The app is up (its history drawn): its long-lived objects leave the collector's walks."""
+        if not self._froze:
+            collector.freeze_survivors()
+            self._froze = True
 
     def _watch_the_session(self) -> None:
         """The session ended: the app leaves if this app stopped it; otherwise it says so and stays until q."""
@@ -164,7 +180,21 @@ class VramBenchApp(App[None]):
         except (NotImplementedError, RuntimeError, ValueError):
             self._signals = ()
 
+    async def run_action(self, action: str | ActionParseResult, default_namespace: DOMNode | None = None,
+                         namespaces: Mapping[str, DOMNode] | None = None) -> bool:
+        """Every action (a key, the palette, a click): automatic garbage collection waits until the screen
+        shows what it did (collector.py), so a collection that falls due meanwhile runs after that frame."""
+        self._collector_hold.hold()
+        try:
+            return await super().run_action(action, default_namespace, namespaces)
+        finally:
+            self._collector_hold.release_after_refresh(self)
+
     def on_unmount(self) -> None:
+        self._collector_hold.release()
+        if self._froze:
+            self._froze = False
+            collector.release()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
