@@ -16,25 +16,16 @@ LAUNCHER_OPTIONS = {"--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--max-re
 
 def worker_argv(argv: list[str]) -> list[str]:
     """The command each rank runs: this one without the launcher's own options (`--opt V` or `--opt=V`)."""
-    kept: list[str] = []
-    skip = False
-    for i, word in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if word == "--":
-            kept.extend(argv[i:])
-            break
-        name = word.split("=", 1)[0]
-        if name in LAUNCHER_OPTIONS:
-            skip = "=" not in word
-            continue
-        kept.append(word)
-    return kept
+    return _without(argv, LAUNCHER_OPTIONS)
 
 
 def _without_sample(argv: list[str]) -> list[str]:
     """`--sample NAME` is the top-level command's: `run` has no such option (argparse would read it as --sample-hz)."""
+    return _without(argv, {"--sample"})
+
+
+def _without(argv: list[str], options: set[str]) -> list[str]:
+    """`argv` less each of `options` with its value, up to a `--` (the project's own arguments stay as they are)."""
     kept: list[str] = []
     skip = False
     for i, word in enumerate(argv):
@@ -44,8 +35,8 @@ def _without_sample(argv: list[str]) -> list[str]:
         if word == "--":
             kept.extend(argv[i:])
             break
-        if word == "--sample" or word.startswith("--sample="):
-            skip = word == "--sample"
+        if word.split("=", 1)[0] in options:
+            skip = "=" not in word
             continue
         kept.append(word)
     return kept

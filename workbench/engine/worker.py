@@ -360,12 +360,7 @@ class TrainingWorker(threading.Thread):
                     mismatched=tuple(report.mismatched) if report else (),
                 )
             )
-            self.bus.publish(Error(where="resume", message=message))
-            if self.exit_on_setup_failure:
-                self.exit_code, self.exit_reason, self._quit = 2, "resume failed", True
-            else:
-                self.state = RunState.RUNNING
-                self._pause("resume failed")
+            self._resume_failed(message)
             return False
         self.step = self.last_snapshot_step = self._first_step = report.step
         self.last_snapshot_path = str(path)
@@ -394,6 +389,15 @@ class TrainingWorker(threading.Thread):
         )
         return True
 
+    def _resume_failed(self, message: str) -> None:
+        """Nothing was loaded: said; headless ends (exit 2), the app pauses on what setup() built."""
+        self.bus.publish(Error(where="resume", message=message))
+        if self.exit_on_setup_failure:
+            self.exit_code, self.exit_reason, self._quit = 2, "resume failed", True
+        else:
+            self.state = RunState.RUNNING
+            self._pause("resume failed")
+
     def _resume_sharded(self, path: Path, init_log: InitLog, started: float) -> bool:
         """Every rank reads its part of a sharded snapshot (torch.distributed.checkpoint reshards to this world size)."""
         init_log.replay_all()  # DCP writes into the live shards: they must exist first
@@ -403,12 +407,7 @@ class TrainingWorker(threading.Thread):
             message = (str(exc) if isinstance(exc, UserError) else f"resuming from {path} failed ({type(exc).__name__}: "
                        f"{exc})") + "; training starts from what setup() built (initialized as usual)"
             self.bus.publish(ResumeLoaded(ok=False, path=str(path), error=message))
-            self.bus.publish(Error(where="resume", message=message))
-            if self.exit_on_setup_failure:
-                self.exit_code, self.exit_reason, self._quit = 2, "resume failed", True
-            else:
-                self.state = RunState.RUNNING
-                self._pause("resume failed")
+            self._resume_failed(message)
             return False
         self.step = self.last_snapshot_step = self._first_step = step
         self.last_snapshot_path = str(path)
