@@ -101,6 +101,7 @@ PLAIN = textwrap.dedent(
         times.append(time.time())
     if dist.get_rank() == 0:
         print(json.dumps(times))
+    dist.barrier()  # without it gloo sometimes aborts (SIGABRT) a rank whose peer tore the group down first
     dist.destroy_process_group()
     """
 )
