@@ -275,8 +275,9 @@ def _run(args: argparse.Namespace) -> int:
             if session.is_main:
                 code = run_headless(session, protocol.stream, sys.stdin)
             else:  # the other ranks: no front end; their events go to their own events-rankN.jsonl
-                with open(os.devnull, "w", encoding="utf-8") as nowhere:
-                    code = run_headless(session, nowhere, None)
+                from workbench.cli.session_process import serve_nothing
+
+                code = serve_nothing(session)
         if session.is_main:
             _report_setup_failure(session, args.debug)
             _report_final_snapshot(session)

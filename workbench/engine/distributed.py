@@ -186,17 +186,20 @@ class ProcessGroups:
 
 @dataclass(frozen=True)
 class RankRole:
-    """What a session needs to know of the job: its rank, the control plane, the training group's backend."""
+    """What a session needs to know of the job: its rank, the control plane, the groups (and their backend)."""
 
     info: RankInfo
     plane: ControlPlane
-    backend: str
     groups: ProcessGroups
+
+    @property
+    def backend(self) -> str:
+        return self.groups.backend
 
     @classmethod
     def of(cls, groups: ProcessGroups) -> RankRole:
         assert groups.control is not None, "start the process groups first"
-        return cls(groups.info, ControlPlane(groups.control, groups.info.rank, groups.info.world_size), groups.backend, groups)
+        return cls(groups.info, ControlPlane(groups.control, groups.info.rank, groups.info.world_size), groups)
 
 
 def broadcast_replicated_state(state: object, namespaces: list[tuple[str, dict]]) -> int:

@@ -23,12 +23,30 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
+import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine.commands.reload import ApplyChanges
-from workbench.engine.control_plane import ROW, BoundaryExchange, ControlPlane, RankRow
+from workbench.engine.control_plane import (
+    CADENCE,
+    GPU_ALLOCATED,
+    GPU_RESERVED,
+    LOSS,
+    MS,
+    ROW,
+    RSS,
+    STATE,
+    STEP,
+    STEP_TIME,
+    STEPS_PER_SECOND,
+    VERSION,
+    BoundaryExchange,
+    ControlPlane,
+    RankRow,
+)
 from workbench.engine.dispatch import dispatch, handles
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
@@ -219,8 +237,6 @@ class Lockstep:
                     return
 
     def _drain(self, worker: TrainingWorker, block: bool) -> list[Command]:
-        import queue
-
         found: list[Command] = []
         try:
             found.append(worker.commands.get(timeout=self.idle_wait) if block else worker.commands.get_nowait())
@@ -232,20 +248,20 @@ class Lockstep:
 
     def _row(self, worker: TrainingWorker) -> list[float]:
         row = [0.0] * ROW
-        row[1] = float(worker.step)
-        row[2] = float(worker.last_loss) if worker.last_loss is not None else float("nan")
-        row[3] = float(worker.step_ms_history[-1]) if worker.step_ms_history else 0.0
-        row[4] = float(worker.reloader.version)
-        row[5] = float(STATE_CODES[worker.state])
-        row[6] = worker.last_step_time or 0.0
+        row[STEP] = float(worker.step)
+        row[LOSS] = float(worker.last_loss) if worker.last_loss is not None else float("nan")
+        row[MS] = float(worker.step_ms_history[-1]) if worker.step_ms_history else 0.0
+        row[VERSION] = float(worker.reloader.version)
+        row[STATE] = float(STATE_CODES[worker.state])
+        row[STEP_TIME] = worker.last_step_time or 0.0
         if self.rank == 0:
-            row[7] = float(self._wanted_cadence(worker))
-        row[8] = worker.telemetry.steps_per_second() if worker.state is RunState.RUNNING else 0.0
+            row[CADENCE] = float(self._wanted_cadence(worker))
+        row[STEPS_PER_SECOND] = worker.telemetry.steps_per_second() if worker.state is RunState.RUNNING else 0.0
         memory = worker.telemetry.memory
-        row[9] = float(memory.host.rss) if memory is not None else -1.0
+        row[RSS] = float(memory.host.rss) if memory is not None else -1.0
         gpu = next((g for g in memory.gpus if g.index == worker._gpu_index), None) if memory is not None else None
-        row[10] = float(gpu.allocated) if gpu is not None and gpu.allocated is not None else -1.0
-        row[11] = float(gpu.reserved) if gpu is not None and gpu.reserved is not None else -1.0
+        row[GPU_ALLOCATED] = float(gpu.allocated) if gpu is not None and gpu.allocated is not None else -1.0
+        row[GPU_RESERVED] = float(gpu.reserved) if gpu is not None and gpu.reserved is not None else -1.0
         return row
 
     @staticmethod
@@ -378,10 +394,8 @@ def straggler(rows: list[RankRow]) -> int | None:
     timed = [row for row in rows if row.ms > 0]
     if len(timed) < 2:
         return None
-    ordered = sorted(row.ms for row in timed)
-    median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
     slowest = max(timed, key=lambda row: row.ms)
-    return slowest.rank if slowest.ms > STRAGGLER_FACTOR * median else None
+    return slowest.rank if slowest.ms > STRAGGLER_FACTOR * statistics.median(row.ms for row in timed) else None
 
 
 def is_error_pause(reason: str) -> bool:

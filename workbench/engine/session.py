@@ -35,7 +35,7 @@ from workbench.engine.memory_guard import MemoryGuard
 from workbench.engine.output import OutputRouter
 from workbench.protocol.status import SessionStatus
 from workbench.engine.project import Project, ignored_hooks, unload_project
-from workbench.engine.runs import RunRecord, leftover_folders, new_run_folder
+from workbench.engine.runs import RUNS, RunRecord, leftover_folders, new_run_folder
 from workbench.engine.state_folder import choose_state_folder
 from workbench.engine.telemetry import Telemetry
 from workbench.engine.time_limit import TimeLimit
@@ -317,7 +317,7 @@ class Session:
         """One run folder for every rank: rank 0 makes it and tells the others its name."""
         assert self.ranks is not None
         name = new_run_folder(self.state_dir).name if self.ranks.info.is_main else None
-        return self.state_dir / "runs" / self.ranks.plane.broadcast_json(name)
+        return self.state_dir / RUNS / self.ranks.plane.broadcast_json(name)
 
     @property
     def last_profile(self):  # type: ignore[no-untyped-def]

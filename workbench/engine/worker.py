@@ -33,7 +33,6 @@ from workbench.engine.actions.snapshot import (
     write_snapshot,
 )
 from workbench.engine.actions.sharded_snapshot import is_sharded, load_sharded, write_sharded
-from workbench.engine.actions.snapshot import prune_snapshots
 from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.bench import Bench, to_scalar
 from workbench.engine.commands import ApplyChanges  # registers the handlers
@@ -661,20 +660,26 @@ class TrainingWorker(threading.Thread):
 
     def _snapshot(self, reason: str) -> bool:
         """Write one; True if it was written (a failure is an error event and `last_snapshot_error`)."""
-        if self.lockstep is not None and is_sharded(self.user_state, self._namespaces()):
-            return self._sharded_snapshot(reason)
-        if self.lockstep is not None and self.lockstep.rank != 0:
+        sharded = self.lockstep is not None and is_sharded(self.user_state, self._namespaces())
+        if self.lockstep is not None and self.lockstep.rank != 0 and not sharded:
             # Replicated state (DDP, or the same model on every rank): rank 0's snapshot holds it all.
             self.last_snapshot_step = self.step
             return True
         self.activity = f"writing snapshot of step {self.step}"  # large states take seconds: the status bar says so
         try:
-            event = write_snapshot(
-                self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces()
-            )
+            if sharded:  # every rank writes its shard (a lockstep command: all are here); rank 0 names the folder
+                assert self.lockstep is not None
+                writer = self.lockstep.plane.broadcast_json(os.getpid())  # rank 0's pid names the temp folder everywhere
+                event = write_sharded(self.user_state, self.step, self.reloader.version, self.bench.run_dir, writer,
+                                      self.lockstep.rank == 0, self.snapshot_keep, self._namespaces())
+            else:
+                event = write_snapshot(
+                    self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces()
+                )
         except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
             self.last_snapshot_error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
-            self.bus.publish(Error(where="snapshot", message=f"snapshot of step {self.step} failed: {self.last_snapshot_error}",
+            where = f" on rank {self.lockstep.rank}" if self.lockstep is not None else ""
+            self.bus.publish(Error(where="snapshot", message=f"snapshot of step {self.step} failed{where}: {self.last_snapshot_error}",
                                    traceback=None if isinstance(exc, UserError) else self._format(exc)))
             return False
         finally:
@@ -772,44 +777,18 @@ class TrainingWorker(threading.Thread):
         if self.exit_on_setup_failure:
             self.exit_code, self.exit_reason, self._quit = 2, "setup failed", True
 
-    def _sharded_snapshot(self, reason: str) -> bool:
-        """Every rank writes its shard (a lockstep command, so all are here); rank 0 renames the whole folder into place."""
-        assert self.lockstep is not None
-        self.activity = f"writing sharded snapshot of step {self.step}"
-        error: str | None = None
-        try:
-            writer = self.lockstep.plane.broadcast_json(os.getpid())  # rank 0's pid names the temp folder everywhere
-            event = write_sharded(self.user_state, self.step, self.reloader.version, self.bench.run_dir, writer,
-                                  self.lockstep.rank == 0, self._namespaces())
-        except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
-            error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
-        finally:
-            self.activity = None
-        if error is not None:
-            self.last_snapshot_error = error
-            self.bus.publish(Error(where="snapshot", message=f"sharded snapshot of step {self.step} failed on rank "
-                                   f"{self.lockstep.rank}: {error}"))
-            return False
-        self.last_snapshot_step, self.last_snapshot_path, self.last_snapshot_error = self.step, event.path, None
-        self._snapshot_seconds = event.seconds
-        self._update_run_record()
-        if self.lockstep.rank == 0:
-            prune_snapshots(Path(event.path).parent, self.snapshot_keep, Path(event.path))
-        self.bus.publish(dataclasses.replace(event, reason=reason))
-        return True
-
     def _ranks_lost(self, exc: RanksLost) -> None:
         """Another rank is gone: no collective can complete, so this rank ends alone. Rank 0 first writes what
         it holds (replicated state: the whole model) unless its last snapshot is up to date."""
         self._lost = True
         self.bus.publish(Error(where="ranks", message=f"{exc}; this rank stops (torchrun's report names the rank that "
                                "ended first)"))
-        sharded = self.user_state is not None and is_sharded(self.user_state, self._namespaces())
-        if self.lockstep is not None and self.lockstep.rank == 0 and self.user_state is not None and not sharded:
-            self._final_snapshot()
-        elif sharded and self.lockstep is not None and self.lockstep.rank == 0:
-            self.bus.publish(Error(where="snapshot", message="no final snapshot: sharded state needs every rank to write it; "
-                                   f"the last one is {self.last_snapshot_path or 'none'}"))
+        if self.lockstep is not None and self.lockstep.rank == 0 and self.user_state is not None:
+            if is_sharded(self.user_state, self._namespaces()):
+                self.bus.publish(Error(where="snapshot", message="no final snapshot: sharded state needs every rank to "
+                                       f"write it; the last one is {self.last_snapshot_path or 'none'}"))
+            else:
+                self._final_snapshot()
         if self.exit_reason != "final snapshot failed":
             self.exit_code, self.exit_reason = 1, "rank lost"
         self._quit = True

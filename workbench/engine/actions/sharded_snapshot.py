@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from workbench.engine.actions.snapshot import prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
 from workbench.errors import UserError
 from workbench.protocol.events import Snapshot
@@ -47,9 +48,11 @@ def is_sharded(state: Any, namespaces: Namespaces = ()) -> bool:
 
 
 def write_sharded(
-    state: Any, step: int, code_version: int, run_dir: Path, writer_pid: int, is_main: bool, namespaces: Namespaces = ()
+    state: Any, step: int, code_version: int, run_dir: Path, writer_pid: int, is_main: bool, keep: int,
+    namespaces: Namespaces = (),
 ) -> Snapshot:
-    """Every rank at once (a lockstep command). `writer_pid`: rank 0's, the same name on every rank."""
+    """Every rank at once (a lockstep command). `writer_pid`: rank 0's, the same name on every rank; rank 0 then
+    keeps the run's `keep` newest snapshots, as for one process."""
     started = time.monotonic()
     folder = run_dir / "snapshots"
     final = folder / f"step-{step:08d}{SUFFIX}"
@@ -66,6 +69,7 @@ def write_sharded(
         if final.exists():
             shutil.rmtree(final)
         os.rename(temp, final)
+        prune_snapshots(folder, keep, protect=final)
     return Snapshot(path=str(final), bytes=folder_bytes(final) if is_main else 0, step=step,
                     seconds=time.monotonic() - started)
 
