@@ -89,6 +89,15 @@ def wait_message(client: SessionClient, predicate: Callable[[dict[str, Any]], bo
     raise AssertionError(f"no {what} within {timeout} s; saw {seen[-30:]}")
 
 
+async def until(pilot: Any, condition: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+    """In an app test: pause the pilot until `condition()` holds (an AssertionError naming `what` after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 15.0, what: str = "the condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

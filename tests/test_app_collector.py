@@ -9,7 +9,6 @@ or someone else's `gc.disable()`.
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 from conftest import TRAIN_PY, make_project
-from session_process_harness import Sessions, sessions_fixture
+from session_process_harness import Sessions, sessions_fixture, until
 from workbench.engine.project import load_project
 from workbench.engine.session import Session, SessionConfig
 from workbench.frontends.tui import collector
@@ -40,14 +39,6 @@ def collector_as_usual() -> Iterator[None]:
     yield
     collector.release()
     gc.enable()
-
-
-async def until(pilot, condition, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 def tracked(obj: object) -> bool:

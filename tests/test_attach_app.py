@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TRAIN_PY, make_project
-from session_process_harness import Sessions, sessions_fixture, wait_until
+from session_process_harness import Sessions, sessions_fixture, until, wait_until
 from workbench.protocol.remote import RemoteSession
 from workbench.protocol import registry
 from workbench.frontends.tui.app import make_app
@@ -24,14 +24,6 @@ from workbench.frontends.tui.widgets.status_bar import StatusBar
 pytestmark = pytest.mark.timeout(180)
 
 sessions = pytest.fixture(sessions_fixture)
-
-
-async def until(pilot, condition, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 def remote(live) -> RemoteSession:
