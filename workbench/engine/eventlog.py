@@ -8,6 +8,10 @@ from pathlib import Path
 from workbench.protocol.eventbus import EventBus
 from workbench.protocol.events import Exit
 
+# Steps and memory samples are written in batches at most this far apart (anything else at once): one wakeup per step
+# would take the GIL from the training thread at every step (workbench/protocol/eventbus.py).
+STEP_BATCH_SECONDS = 0.1
+
 
 class EventLogWriter(threading.Thread):
     def __init__(self, bus: EventBus, path: Path) -> None:
@@ -20,7 +24,7 @@ class EventLogWriter(threading.Thread):
         self._path.parent.mkdir(parents=True, exist_ok=True)
         with self._path.open("a", encoding="utf-8") as out:
             while True:
-                batch = self._events.wait(timeout=0.5)
+                batch = self._events.wait(timeout=0.5, linger=STEP_BATCH_SECONDS)
                 for event in batch:
                     out.write(event.to_json() + "\n")
                 out.flush()

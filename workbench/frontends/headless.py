@@ -26,6 +26,9 @@ from workbench.engine.session import Session
 from workbench.protocol.lines import read_lines
 
 QUIT_TIMEOUTS = QuitTimeouts()  # read when a session starts: a test driver may lower it
+# Steps and memory samples are printed in batches at most this far apart (anything else at once): one wakeup per step
+# would take the GIL from the training thread at every step (workbench/protocol/eventbus.py).
+STEP_BATCH_SECONDS = 0.05
 
 
 def _read_commands(session: Session, fd: int, on_quit: Callable[[], None]) -> None:
@@ -83,7 +86,7 @@ def run_headless(
             ).start()
         while True:
             done = False
-            for event in events.wait(timeout=0.2):
+            for event in events.wait(timeout=0.2, linger=STEP_BATCH_SECONDS):
                 stdout.write(event.to_json() + "\n")
                 done = done or isinstance(event, Exit)
             stdout.flush()

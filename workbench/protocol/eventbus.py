@@ -3,6 +3,13 @@
 The training thread publishes; readers (headless printer, event log, TUI log)
 each get a bounded queue. A slow reader loses its oldest events (and is told how
 many) instead of slowing training down.
+
+Routine telemetry (a step, a memory sample, the ranks' summary) arrives at the step rate,
+thousands a second for a small model. A reader woken for each one takes the GIL, and a
+core, away from the training thread every step (measured: a 170 us step took 300 us with
+two readers woken per step). So a reader may *linger*: woken by a routine event, it waits
+up to `linger` seconds for more before it drains, unless something else arrives first
+(a reload, a pause, an error, the exit): those are delivered at once.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from workbench.protocol.events import Event
+from workbench.protocol.events import Event, Memory, Ranks, Step
+
+ROUTINE = (Step, Memory, Ranks)  # telemetry at the step or sampler rate: a lingering reader batches these
 
 E = TypeVar("E", bound=Event)
 
@@ -20,11 +29,15 @@ E = TypeVar("E", bound=Event)
 class Subscription(Generic[E]):
     """One reader's bounded queue of events."""
 
-    def __init__(self, bus: EventBus, maxlen: int, accept: Callable[[Event], bool] | None) -> None:
+    def __init__(
+        self, bus: EventBus, maxlen: int, accept: Callable[[Event], bool] | None, notify: threading.Event | None = None
+    ) -> None:
         self._bus = bus
         self._items: deque[Event] = deque(maxlen=maxlen)
-        self._wakeup = threading.Event()
+        self._wakeup = threading.Event()  # something is queued
+        self._urgent = threading.Event()  # something other than routine telemetry is queued
         self._accept = accept
+        self._notify = notify  # the reader's own wakeup, set for anything but routine telemetry
         self.dropped = 0
 
     def _offer(self, event: Event) -> None:
@@ -34,10 +47,15 @@ class Subscription(Generic[E]):
             self.dropped += 1
         self._items.append(event)
         self._wakeup.set()
+        if not isinstance(event, ROUTINE):
+            self._urgent.set()
+            if self._notify is not None:
+                self._notify.set()
 
     def drain(self) -> list[Event]:
         """Everything queued so far, oldest first; never waits."""
         self._wakeup.clear()
+        self._urgent.clear()
         out: list[Event] = []
         while True:
             try:
@@ -45,11 +63,20 @@ class Subscription(Generic[E]):
             except IndexError:
                 return out
 
-    def wait(self, timeout: float | None = None) -> list[Event]:
-        """Wait up to `timeout` seconds for at least one event, then drain."""
+    def wait(self, timeout: float | None = None, linger: float = 0.0) -> list[Event]:
+        """Wait up to `timeout` seconds for at least one event, then drain.
+
+        With `linger`, a queue holding only routine telemetry is drained up to `linger` seconds later (at once when
+        anything else arrives meanwhile), so one wakeup carries a batch of steps rather than one."""
         if not self._items:
             self._wakeup.wait(timeout)
+        if linger > 0 and self._items:
+            self.linger(linger)
         return self.drain()
+
+    def linger(self, seconds: float) -> None:
+        """Wait up to `seconds` while only routine telemetry is queued (returns at once for anything else)."""
+        self._urgent.wait(seconds)
 
     def recent(self) -> tuple[Event, ...]:
         """What is queued, oldest first, left in place: a ring of the latest events (a late client's replay)."""
@@ -69,8 +96,12 @@ class EventBus:
         self._subscribers: tuple[Subscription, ...] = ()
         self._lock = threading.Lock()
 
-    def subscribe(self, maxlen: int = 50_000, accept: Callable[[Event], bool] | None = None) -> Subscription:
-        sub: Subscription = Subscription(self, maxlen, accept)
+    def subscribe(
+        self, maxlen: int = 50_000, accept: Callable[[Event], bool] | None = None, notify: threading.Event | None = None
+    ) -> Subscription:
+        """A new reader's queue. `notify`: an event of the reader's own, set when anything but routine telemetry
+        arrives (a reader that also waits for other things polls the routine ones on its own clock)."""
+        sub: Subscription = Subscription(self, maxlen, accept, notify)
         with self._lock:
             self._subscribers = (*self._subscribers, sub)
         return sub

@@ -8,6 +8,7 @@ documented in README.md ("Headless protocol").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -32,15 +33,27 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"event": self.name}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.name in self.omitted_when_none:
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
+            if value is None and name in self.omitted_when_none:
                 continue
-            data[f.name] = _jsonable(value)
+            data[name] = _jsonable(value)
         return data
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+        """The event's JSON line (without the newline). Kept on the event: every reader of a step (the event log,
+        stdout, each client) writes the same text, and an event never changes once published."""
+        try:
+            return self.__dict__["_json"]
+        except KeyError:
+            text = json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+            object.__setattr__(self, "_json", text)
+            return text
+
+
+@functools.cache
+def _field_names(kind: type[Event]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))
 
 
 def jsonable(value: Any) -> Any:
