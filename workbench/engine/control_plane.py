@@ -7,8 +7,11 @@ Two kinds of exchange, both collectives every rank calls in the same order:
   gathered with `all_gather_into_tensor`. It is *posted* without waiting (`async_op=True`) and
   *collected* at the next boundary, a step later, so the gather's round trip hides behind a step
   instead of costing one per step;
-- `gather_bytes`, blocking, only when some rank has something to say (commands, a saved file's
-  source, a prepare's outcome): lengths first, then the payloads padded to the longest.
+- the payload exchange, only when some rank has something to say (commands, a saved file's
+  source, the steps it trained for rank 0's stream): the payloads padded to the longest, whose
+  lengths every rank already knows from the rows. The boundary posts it without waiting too
+  (`post_bytes`) and collects it a turn later; `gather_bytes` (blocking) is for a command's own
+  agreement (a prepare's outcome), where every rank waits for the answer anyway.
 
 Everything crosses as numbers and bytes (UTF-8 JSON, source text): nothing is pickled, no code
 object ever travels. Every rank compiles the source it receives itself.
@@ -87,6 +90,37 @@ class BoundaryExchange:
         ]
 
 
+class PayloadExchange:
+    """One posted gather of every rank's bytes (padded to the longest); `collect` waits and unpads."""
+
+    def __init__(self, group: dist.ProcessGroup, world_size: int, data: bytes, lengths: list[int]) -> None:
+        self.lengths = lengths
+        self._longest = longest = max(lengths)
+        if longest > MAX_PAYLOAD:
+            raise _lost(RuntimeError(f"a rank announced {longest} bytes of control data (at most {MAX_PAYLOAD}): out of step"))
+        self._work = None
+        if longest == 0:
+            return
+        send = torch.zeros(longest, dtype=torch.uint8)
+        if data:
+            send[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self._recv = torch.empty(world_size * longest, dtype=torch.uint8)
+        try:
+            self._work = _gather_into(self._recv, send, group=group, async_op=True)
+        except RuntimeError as exc:
+            raise _lost(exc) from exc
+
+    def collect(self) -> list[bytes]:
+        if self._work is None:
+            return [b""] * len(self.lengths)
+        try:
+            self._work.wait()
+        except RuntimeError as exc:
+            raise _lost(exc) from exc
+        table = self._recv.view(len(self.lengths), self._longest)
+        return [table[r, :n].numpy().tobytes() if n else b"" for r, n in enumerate(self.lengths)]
+
+
 class ControlPlane:
     """The control group and this rank's place in it."""
 
@@ -102,33 +136,22 @@ class ControlPlane:
         row[PAYLOAD] = float(len(payload))
         return BoundaryExchange(self.group, self.world_size, row, payload)
 
+    def post_bytes(self, data: bytes, lengths: list[int]) -> PayloadExchange:
+        """Start gathering every rank's bytes without waiting; `lengths` (every rank's, from a boundary row) must be
+        the same list on every rank."""
+        return PayloadExchange(self.group, self.world_size, data, lengths)
+
     def gather_bytes(self, data: bytes, lengths: list[int] | None = None) -> list[bytes]:
         """Every rank's bytes, in rank order (blocking). `lengths`: already known from a boundary row."""
-        try:
-            return self._gather_bytes(data, lengths)
-        except RuntimeError as exc:
-            if isinstance(exc, RanksLost):
-                raise
-            raise _lost(exc) from exc
-
-    def _gather_bytes(self, data: bytes, lengths: list[int] | None) -> list[bytes]:
         if lengths is None:
             mine = torch.tensor([len(data)], dtype=torch.int64)
             every = torch.empty(self.world_size, dtype=torch.int64)
-            _gather_into(every, mine, group=self.group)
+            try:
+                _gather_into(every, mine, group=self.group)
+            except RuntimeError as exc:
+                raise _lost(exc) from exc
             lengths = [int(n) for n in every.tolist()]
-        longest = max(lengths)
-        if longest > MAX_PAYLOAD:
-            raise RuntimeError(f"a rank announced {longest} bytes of control data (at most {MAX_PAYLOAD}): out of step")
-        if longest == 0:
-            return [b""] * self.world_size
-        send = torch.zeros(longest, dtype=torch.uint8)
-        if data:
-            send[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        recv = torch.empty(self.world_size * longest, dtype=torch.uint8)
-        _gather_into(recv, send, group=self.group)
-        table = recv.view(self.world_size, longest)
-        return [table[r, : lengths[r]].numpy().tobytes() if lengths[r] else b"" for r in range(self.world_size)]
+        return self.post_bytes(data, lengths).collect()
 
     def gather_json(self, value: Any) -> list[Any]:
         """Every rank's JSON-able value, in rank order (blocking)."""

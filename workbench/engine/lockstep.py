@@ -3,15 +3,19 @@
 The training loop calls `Lockstep.boundary` where a single process drains its command queue.
 Each rank drains its own queue (rank 0's is fed by the front ends and the reload thread; the
 others' only by their own memory guard, signals and failures), encodes what it found as JSON,
-and posts it with the boundary exchange (workbench/engine/control_plane.py). At the next boundary
-every rank collects that exchange, gathers the commands every rank posted, and dispatches the
-same batch, in rank order. A command therefore runs one turn after the exchange that carried it, on every
-rank at once; the exchange's round trip is hidden behind that turn's step.
+and posts it with the boundary exchange (workbench/engine/control_plane.py). The exchange is in
+two parts, each posted without waiting and collected at the next boundary: the rows (numbers, and
+how many bytes each rank has to say), then, only when some rank has something, the bytes
+themselves (commands, and the steps ranks > 0 trained, for rank 0's stream). Every rank then
+dispatches the same batch, in rank order: a command runs two turns after the exchange that
+carried it, on every rank at once, and no boundary waits for a round trip (each hides behind a
+step). While the bytes are out no new row is posted, so at most one exchange is in flight, and
+commands (which may make collectives of their own) run with none.
 
 Short steps do not exchange at every boundary: rank 0 sets a cadence (every how many loop turns
 the ranks exchange) so that exchanges are about `EXCHANGE_SECONDS` apart, and every rank reads
 it from the same exchange, so all keep exchanging at the same turns. A command then waits for the
-next exchange (at most `EXCHANGE_SECONDS`) plus a step; while paused the ranks exchange every turn.
+next exchange (at most `EXCHANGE_SECONDS`) plus two turns; while paused the ranks exchange every turn.
 
 A saved file crosses as its source text: every rank prepares the same plan from the same bytes,
 the ranks agree that all of them can apply it, and then all apply, or none does and the reload
@@ -25,7 +29,10 @@ import json
 import os
 import queue
 import statistics
+import struct
 import time
+from array import array
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +52,7 @@ from workbench.engine.control_plane import (
     VERSION,
     BoundaryExchange,
     ControlPlane,
+    PayloadExchange,
     RankRow,
 )
 from workbench.engine.dispatch import dispatch, handles
@@ -64,6 +72,7 @@ EXCHANGE_SECONDS = float(os.environ.get("VRAM_BENCH_EXCHANGE_MS", "50")) / 1000
 MAX_CADENCE = 1000
 SUMMARY_SECONDS = 1.0  # how often rank 0 publishes every rank's summary (`ranks` event)
 STRAGGLER_FACTOR = 1.2  # a rank whose last step took this many times the median is named the slowest
+RATE_SECONDS = 3.0  # the window of the steps/s each rank reports (the telemetry's own window)
 MAX_STEP_EVENTS_RANKS = 8  # beyond this many ranks, only rank 0's steps are streamed (each rank's own log has all)
 
 
@@ -128,7 +137,28 @@ _WIRE: dict[str, type[Command]] = {
     "EndRun": EndRun,
 }
 STATE_CODES = {state: i for i, state in enumerate(RunState)}
-STEPS = "_steps"  # a payload item: a rank's steps since the last exchange (not a command)
+STEP_FIELDS = 5  # step, loss, ms, code version, time: one trained step in a payload's binary part
+_HEADER = struct.Struct("<II")  # a payload: its JSON part's length and how many step numbers follow it
+
+
+def pack_payload(commands: list[dict[str, Any]], steps: array) -> bytes:
+    """A rank's bytes for an exchange: its commands as JSON, then its steps as float64 (numbers need no text: a
+    rank with a 2 ms step sends about 25 of them every exchange)."""
+    if not commands and not steps:
+        return b""
+    text = json.dumps(commands).encode() if commands else b""
+    return _HEADER.pack(len(text), len(steps)) + text + steps.tobytes()
+
+
+def unpack_payload(raw: bytes) -> tuple[list[dict[str, Any]], list[tuple[float, ...]]]:
+    """The commands and the step rows of a rank's bytes."""
+    if not raw:
+        return [], []
+    text_length, count = _HEADER.unpack_from(raw)
+    start = _HEADER.size + text_length
+    commands = json.loads(raw[_HEADER.size : start]) if text_length else []
+    numbers = memoryview(raw)[start : start + 8 * count].cast("d").tolist()
+    return commands, [tuple(numbers[i : i + STEP_FIELDS]) for i in range(0, len(numbers), STEP_FIELDS)]
 
 
 def encode(command: Command, worker: TrainingWorker) -> dict[str, Any] | None:
@@ -164,8 +194,10 @@ class Lockstep:
         self.groups = groups  # to make the groups again after a collective failed
         self.rank = plane.rank
         self.world_size = plane.world_size
-        self._posted = None  # the exchange posted at the last boundary, collected at this one
-        self._unsent_steps: list[list[float]] = []  # ranks > 0: steps since the last exchange, for rank 0's stream
+        self._posted: BoundaryExchange | None = None  # the rows posted at an earlier boundary, collected at `_collect_at`
+        self._payload: PayloadExchange | None = None  # the bytes posted at the last boundary, collected at this one
+        self._unsent_steps = array("d")  # ranks > 0: steps since the last exchange, for rank 0's stream
+        self._rates: deque[tuple[float, int]] = deque()  # (when, step) at this rank's recent posts: its steps/s
         self._prepared: dict[str, ChangeSet] = {}  # rank 0: what its reload thread prepared, by relative path
         self.rows: list[RankRow] = []  # every rank's last row, as of the last collected boundary
         self.idle_wait = 0.1  # rank 0 waits this long for a command while nothing runs
@@ -183,55 +215,66 @@ class Lockstep:
         Every rank makes the same calls at the same turns: the cadence each uses comes from the exchange it just
         collected, and every rank collected the same one."""
         self._turn += 1
-        if self._posted is not None and self._turn >= self._collect_at:
-            posted, self._posted = self._posted, None
-            self._collect(worker, posted, run_commands=True)
+        if self._payload is not None:  # posted at the last boundary
+            payload, self._payload = self._payload, None
+            self._deliver(worker, payload.collect(), run_commands=True)
             if worker._quit:
                 return
-        if self._posted is None and self._turn >= self._next_exchange:
+        if self._posted is not None and self._turn >= self._collect_at:
+            posted, self._posted = self._posted, None
+            self._collect(worker, posted)
+        if self._posted is None and self._payload is None and self._turn >= self._next_exchange:
             self._post(worker, block and self.rank == 0)
 
     def finish(self, worker: TrainingWorker) -> None:
         """After the loop (every rank leaves at the same turn): collect what is still posted, then one more exchange
         carries the steps trained since, so rank 0 streams them and no rank waits on a collective nobody finishes."""
+        self._settle(worker)
+        self._post(worker, block=False, commands=False)
+        self._settle(worker)
+
+    def _settle(self, worker: TrainingWorker) -> None:
+        """Collect whatever is in flight, rows and then bytes, delivering steps but running no command."""
+        if self._payload is not None:
+            payload, self._payload = self._payload, None
+            self._deliver(worker, payload.collect(), run_commands=False)
         if self._posted is not None:
             posted, self._posted = self._posted, None
-            self._collect(worker, posted, run_commands=False)
-        self._post(worker, block=False, commands=False)
-        posted, self._posted = self._posted, None
-        assert posted is not None
-        self._collect(worker, posted, run_commands=False)
+            self._collect(worker, posted)
+        if self._payload is not None:
+            payload, self._payload = self._payload, None
+            self._deliver(worker, payload.collect(), run_commands=False)
 
     def _post(self, worker: TrainingWorker, block: bool, commands: bool = True) -> None:
         local = self._drain(worker, block) if commands else []
-        payload = [item for item in (encode(c, worker) for c in local) if item is not None]
-        if self._unsent_steps:
-            payload.append({"type": STEPS, "rows": self._unsent_steps})
-            self._unsent_steps = []
+        commands = [item for item in (encode(c, worker) for c in local) if item is not None]
+        data = pack_payload(commands, self._unsent_steps)
+        self._unsent_steps = array("d")
         for command in local:  # rank 0 keeps its own prepared plan rather than planning again
             if isinstance(command, ApplyChanges) and isinstance(command.changeset, ChangeSet):
                 self._prepared[worker.project.relative(command.changeset.path)] = command.changeset
-        data = json.dumps(payload).encode() if payload else b""
         self._posted = self.plane.post(self._row(worker), data)
         self._posted_turn, self._collect_at = self._turn, self._turn + 1
 
-    def _collect(self, worker: TrainingWorker, posted: BoundaryExchange, run_commands: bool) -> None:
+    def _collect(self, worker: TrainingWorker, posted: BoundaryExchange) -> None:
+        """Every rank's row: the summary, the cadence, and the bytes posted when some rank has any."""
         self.rows = posted.collect()
         if self.rank == 0:
             self._summarize(worker)
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
         self._next_exchange = self._posted_turn + self.cadence
-        if not any(row.payload_bytes for row in self.rows):
-            return
-        batches = self.plane.gather_bytes(posted.payload, [row.payload_bytes for row in self.rows])
+        if any(row.payload_bytes for row in self.rows):
+            self._payload = self.plane.post_bytes(posted.payload, [row.payload_bytes for row in self.rows])
+
+    def _deliver(self, worker: TrainingWorker, batches: list[bytes], run_commands: bool) -> None:
+        """What every rank said, in rank order: other ranks' steps to rank 0's stream, the commands dispatched."""
         for sender, raw in enumerate(batches):
-            for item in json.loads(raw) if raw else []:
-                if item.get("type") == STEPS:
-                    if self.rank == 0:
-                        self._publish_steps(worker, sender, item["rows"])
-                    continue
-                if not run_commands:
-                    continue
+            if not raw or (self.rank != 0 and not run_commands):
+                continue
+            commands, steps = unpack_payload(raw)
+            if steps and self.rank == 0:
+                self._publish_steps(worker, sender, steps)
+            for item in commands if run_commands else ():
                 dispatch(worker, decode(item))
                 if worker._quit:
                     return
@@ -256,13 +299,26 @@ class Lockstep:
         row[STEP_TIME] = worker.last_step_time or 0.0
         if self.rank == 0:
             row[CADENCE] = float(self._wanted_cadence(worker))
-        row[STEPS_PER_SECOND] = worker.telemetry.steps_per_second() if worker.state is RunState.RUNNING else 0.0
+        row[STEPS_PER_SECOND] = self._steps_per_second(worker)
         memory = worker.telemetry.memory
         row[RSS] = float(memory.host.rss) if memory is not None else -1.0
         gpu = next((g for g in memory.gpus if g.index == worker._gpu_index), None) if memory is not None else None
         row[GPU_ALLOCATED] = float(gpu.allocated) if gpu is not None and gpu.allocated is not None else -1.0
         row[GPU_RESERVED] = float(gpu.reserved) if gpu is not None and gpu.reserved is not None else -1.0
         return row
+
+    def _steps_per_second(self, worker: TrainingWorker) -> float:
+        """Over about the last RATE_SECONDS of posts (O(1) per post: the whole step history would cost more than the
+        exchange); 0 while not training."""
+        if worker.state is not RunState.RUNNING:
+            self._rates.clear()
+            return 0.0
+        now = time.monotonic()
+        self._rates.append((now, worker.step))
+        while len(self._rates) > 2 and now - self._rates[1][0] >= RATE_SECONDS:
+            self._rates.popleft()
+        since, first_step = self._rates[0]
+        return (worker.step - first_step) / (now - since) if now > since else 0.0
 
     @staticmethod
     def _wanted_cadence(worker: TrainingWorker) -> int:
@@ -299,10 +355,10 @@ class Lockstep:
     def record_step(self, step: int, loss: float, ms: float, code_version: int, at: float) -> None:
         """Ranks > 0, after each step: kept for rank 0's stream until the next exchange (up to 8 ranks)."""
         if self.rank != 0 and self.world_size <= MAX_STEP_EVENTS_RANKS:
-            self._unsent_steps.append([step, loss, ms, code_version, at])
+            self._unsent_steps.extend((step, loss, ms, code_version, at))
 
     @staticmethod
-    def _publish_steps(worker: TrainingWorker, rank: int, rows: list[list[float]]) -> None:
+    def _publish_steps(worker: TrainingWorker, rank: int, rows: list[tuple[float, ...]]) -> None:
         """On rank 0: another rank's steps as `step` events carrying its rank (an exchange late)."""
         for step, loss, ms, code_version, at in rows:
             worker.bus.publish(Step(step=int(step), loss=float(loss), ms=float(ms), code_version=int(code_version),
