@@ -40,9 +40,12 @@ if TYPE_CHECKING:
 
 CLIENT_QUEUE = 20_000  # events a client may fall behind by before the oldest are dropped
 LOG_REPLAY = 1_000  # log events replayed to a client that attaches late
-STATUS_EVERY = 0.05  # a changed status is sent within this
 COALESCE = 0.01  # events that arrive together are sent together
-# Status fields that move with every step: sent at most this often (a state change goes out at once).
+# A client's writer wakes at once for anything but routine telemetry (a command, a reload, a pause, an error), and
+# otherwise this often: steps and memory samples leave in batches, with the status's counters. One wakeup per step
+# would cost the training thread the GIL and a core at every step, in this process and in the client's.
+FLUSH_EVERY = 0.25
+# Status fields that move with every step: sent at most this often (a state change goes out at its next wakeup).
 COUNTERS = frozenset({"step", "steps_per_second", "setup_elapsed", "unsaved_steps", "last_step_ms"})
 COUNTER_EVERY = 0.25
 VERSIONS_EVERY = 1.0
@@ -334,7 +337,7 @@ class _Client:
             hello = parse_client_hello(data)
             self.label = f"client {self.id} ({hello.client}, pid {self.peer.pid})"
             self.hello = hello  # counted in the status its own hello carries
-            subscription = self.server.session.bus.subscribe(maxlen=self.server.client_queue)  # before the replay: no gap
+            subscription = self.server.session.bus.subscribe(maxlen=self.server.client_queue, notify=self._wake)  # before the replay
             line, self._skip_ids, self._skip_steps_to = self.server.hello_for(self, hello)
             self._subscription = subscription
             self._direct.appendleft(line)
@@ -351,7 +354,7 @@ class _Client:
     # Writer ------------------------------------------------------------------------------
     def _write(self) -> None:
         last_status: dict[str, Any] | None = None
-        last_status_sent = last_status_check = last_versions = 0.0
+        last_status_sent = last_versions = 0.0
         last_updates = last_step = -1
         dropped_told = 0
         while True:
@@ -371,25 +374,23 @@ class _Client:
                     lines.append(wire_line("dropped", count=sub.dropped - dropped_told))
                     dropped_told = sub.dropped
                 now = time.monotonic()
-                if now - last_status_check >= STATUS_EVERY or closing:  # at most 20 Hz, however fast the steps
-                    last_status_check = now
-                    status = self.server.status_fields()
-                    salient = {k: v for k, v in status.items() if k not in COUNTERS}
-                    counted = status["step"] != last_step
-                    if (salient != last_status or now - last_status_sent >= 1.0
-                            or (counted and now - last_status_sent >= COUNTER_EVERY)):
-                        lines.append(wire_line("status", **status))
-                        last_status, last_status_sent, last_step = salient, now, status["step"]
-                    updates = self.server.session.telemetry.updates
-                    if updates != last_updates and now - last_versions >= VERSIONS_EVERY:
-                        lines.append(self.server.versions_line())
-                        last_updates, last_versions = updates, now
+                status = self.server.status_fields()
+                salient = {k: v for k, v in status.items() if k not in COUNTERS}
+                counted = status["step"] != last_step
+                if (salient != last_status or now - last_status_sent >= 1.0
+                        or (counted and now - last_status_sent >= 0.9 * COUNTER_EVERY)):
+                    lines.append(wire_line("status", **status))
+                    last_status, last_status_sent, last_step = salient, now, status["step"]
+                updates = self.server.session.telemetry.updates
+                if updates != last_updates and now - last_versions >= VERSIONS_EVERY:
+                    lines.append(self.server.versions_line())
+                    last_updates, last_versions = updates, now
             if lines:
                 self.conn.sendall(("\n".join(lines) + "\n").encode("utf-8"))
             self._sending = False
             if closing:
                 return
-            (sub._wakeup if sub is not None else self._wake).wait(STATUS_EVERY)
+            self._wake.wait(FLUSH_EVERY)  # set by a direct line, a close, or any event but routine telemetry
             self._wake.clear()
             time.sleep(COALESCE)  # a burst of events leaves in one write: fewer wakeups and syscalls next to training
 
