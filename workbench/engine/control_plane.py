@@ -26,10 +26,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-ROW = 12  # numbers per rank in a boundary exchange
+ROW = 13  # numbers per rank in a boundary exchange
 # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single; vram-bench supports both.
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-PAYLOAD, STEP, LOSS, MS, VERSION, STATE, STEP_TIME, CADENCE, STEPS_PER_SECOND, RSS, GPU_ALLOCATED, GPU_RESERVED = range(ROW)
+(PAYLOAD, STEP, LOSS, MS, VERSION, STATE, STEP_TIME, CADENCE, STEPS_PER_SECOND, RSS, GPU_ALLOCATED, GPU_RESERVED,
+ COMMANDS) = range(ROW)
 MAX_PAYLOAD = 64 * 2**20  # a saved file's source, a traceback: a row claiming more is a bug, not data
 
 
@@ -59,6 +60,7 @@ class RankRow:
     rss: int = -1  # bytes; -1: not measured yet
     gpu_allocated: int = -1
     gpu_reserved: int = -1
+    commands: bool = False  # its bytes hold commands (not only steps): every rank gathers them at once
 
 
 class BoundaryExchange:
@@ -84,7 +86,7 @@ class BoundaryExchange:
                 rank=r, payload_bytes=int(v[PAYLOAD]), step=int(v[STEP]), loss=v[LOSS], ms=v[MS],
                 code_version=int(v[VERSION]), state=int(v[STATE]), step_time=v[STEP_TIME], cadence=int(v[CADENCE]),
                 steps_per_second=v[STEPS_PER_SECOND], rss=int(v[RSS]), gpu_allocated=int(v[GPU_ALLOCATED]),
-                gpu_reserved=int(v[GPU_RESERVED]),
+                gpu_reserved=int(v[GPU_RESERVED]), commands=v[COMMANDS] > 0,
             )
             for r, v in enumerate(rows)
         ]
@@ -129,11 +131,13 @@ class ControlPlane:
         self.rank = rank
         self.world_size = world_size
 
-    def post(self, row: list[float], payload: bytes) -> BoundaryExchange:
+    def post(self, row: list[float], payload: bytes, commands: bool = False) -> BoundaryExchange:
+        """Post this rank's row; `commands`: the payload holds commands (not only steps)."""
         if len(row) != ROW:
             raise ValueError(f"a boundary row has {ROW} numbers, not {len(row)}")
         row = list(row)
         row[PAYLOAD] = float(len(payload))
+        row[COMMANDS] = 1.0 if commands else 0.0
         return BoundaryExchange(self.group, self.world_size, row, payload)
 
     def post_bytes(self, data: bytes, lengths: list[int]) -> PayloadExchange:

@@ -4,18 +4,19 @@ The training loop calls `Lockstep.boundary` where a single process drains its co
 Each rank drains its own queue (rank 0's is fed by the front ends and the reload thread; the
 others' only by their own memory guard, signals and failures), encodes what it found as JSON,
 and posts it with the boundary exchange (workbench/engine/control_plane.py). The exchange is in
-two parts, each posted without waiting and collected at the next boundary: the rows (numbers, and
-how many bytes each rank has to say), then, only when some rank has something, the bytes
-themselves (commands, and the steps ranks > 0 trained, for rank 0's stream). Every rank then
-dispatches the same batch, in rank order: a command runs two turns after the exchange that
-carried it, on every rank at once, and no boundary waits for a round trip (each hides behind a
-step). While the bytes are out no new row is posted, so at most one exchange is in flight, and
-commands (which may make collectives of their own) run with none.
+two parts. The rows (numbers, how many bytes each rank has to say, whether they hold commands)
+are posted without waiting and collected at the next boundary, so no step waits for their round
+trip. Then, only when some rank has something, the bytes: when they hold a command every rank
+gathers them at once (one round trip per command, never per step) and dispatches the same batch,
+in rank order, one turn after the exchange that carried it; when they hold only the steps ranks
+> 0 trained (for rank 0's stream, sent at most every STEPS_SECONDS), they are posted without
+waiting and collected a turn later. While bytes are out no new row is posted, so at most one
+exchange is in flight, and commands (which may make collectives of their own) run with none.
 
 Short steps do not exchange at every boundary: rank 0 sets a cadence (every how many loop turns
 the ranks exchange) so that exchanges are about `EXCHANGE_SECONDS` apart, and every rank reads
 it from the same exchange, so all keep exchanging at the same turns. A command then waits for the
-next exchange (at most `EXCHANGE_SECONDS`) plus two turns; while paused the ranks exchange every turn.
+next exchange (at most `EXCHANGE_SECONDS`) plus a turn; while paused the ranks exchange every turn.
 
 A saved file crosses as its source text: every rank prepares the same plan from the same bytes,
 the ranks agree that all of them can apply it, and then all apply, or none does and the reload
@@ -72,6 +73,8 @@ EXCHANGE_SECONDS = float(os.environ.get("VRAM_BENCH_EXCHANGE_MS", "50")) / 1000
 MAX_CADENCE = 1000
 SUMMARY_SECONDS = 1.0  # how often rank 0 publishes every rank's summary (`ranks` event)
 STRAGGLER_FACTOR = 1.2  # a rank whose last step took this many times the median is named the slowest
+STEPS_SECONDS = 0.25  # ranks > 0 send the steps they trained at most this often (the socket batches steps so too)
+MAX_UNSENT_STEPS = 4096  # ... or when this many are waiting
 RATE_SECONDS = 3.0  # the window of the steps/s each rank reports (the telemetry's own window)
 MAX_STEP_EVENTS_RANKS = 8  # beyond this many ranks, only rank 0's steps are streamed (each rank's own log has all)
 
@@ -197,6 +200,7 @@ class Lockstep:
         self._posted: BoundaryExchange | None = None  # the rows posted at an earlier boundary, collected at `_collect_at`
         self._payload: PayloadExchange | None = None  # the bytes posted at the last boundary, collected at this one
         self._unsent_steps = array("d")  # ranks > 0: steps since the last exchange, for rank 0's stream
+        self._steps_sent_at = 0.0  # monotonic time of this rank's last payload with steps
         self._rates: deque[tuple[float, int]] = deque()  # (when, step) at this rank's recent posts: its steps/s
         self._prepared: dict[str, ChangeSet] = {}  # rank 0: what its reload thread prepared, by relative path
         self.rows: list[RankRow] = []  # every rank's last row, as of the last collected boundary
@@ -222,7 +226,9 @@ class Lockstep:
                 return
         if self._posted is not None and self._turn >= self._collect_at:
             posted, self._posted = self._posted, None
-            self._collect(worker, posted)
+            self._collect(worker, posted, run_commands=True)
+            if worker._quit:
+                return
         if self._posted is None and self._payload is None and self._turn >= self._next_exchange:
             self._post(worker, block and self.rank == 0)
 
@@ -230,7 +236,7 @@ class Lockstep:
         """After the loop (every rank leaves at the same turn): collect what is still posted, then one more exchange
         carries the steps trained since, so rank 0 streams them and no rank waits on a collective nobody finishes."""
         self._settle(worker)
-        self._post(worker, block=False, commands=False)
+        self._post(worker, block=False, commands_too=False)
         self._settle(worker)
 
     def _settle(self, worker: TrainingWorker) -> None:
@@ -240,31 +246,43 @@ class Lockstep:
             self._deliver(worker, payload.collect(), run_commands=False)
         if self._posted is not None:
             posted, self._posted = self._posted, None
-            self._collect(worker, posted)
+            self._collect(worker, posted, run_commands=False)
         if self._payload is not None:
             payload, self._payload = self._payload, None
             self._deliver(worker, payload.collect(), run_commands=False)
 
-    def _post(self, worker: TrainingWorker, block: bool, commands: bool = True) -> None:
-        local = self._drain(worker, block) if commands else []
+    def _post(self, worker: TrainingWorker, block: bool, commands_too: bool = True) -> None:
+        """Post this rank's row, with its commands (unless `commands_too` is False: the last exchange, which carries
+        every step not sent yet) and, when due, its steps."""
+        local = self._drain(worker, block) if commands_too else []
         commands = [item for item in (encode(c, worker) for c in local) if item is not None]
-        data = pack_payload(commands, self._unsent_steps)
-        self._unsent_steps = array("d")
+        now = time.monotonic()
+        steps = array("d")
+        if self._unsent_steps and (not commands_too or now - self._steps_sent_at >= STEPS_SECONDS
+                                   or len(self._unsent_steps) >= MAX_UNSENT_STEPS * STEP_FIELDS):
+            steps, self._unsent_steps, self._steps_sent_at = self._unsent_steps, array("d"), now
+        data = pack_payload(commands, steps)
         for command in local:  # rank 0 keeps its own prepared plan rather than planning again
             if isinstance(command, ApplyChanges) and isinstance(command.changeset, ChangeSet):
                 self._prepared[worker.project.relative(command.changeset.path)] = command.changeset
-        self._posted = self.plane.post(self._row(worker), data)
+        self._posted = self.plane.post(self._row(worker), data, commands=bool(commands))
         self._posted_turn, self._collect_at = self._turn, self._turn + 1
 
-    def _collect(self, worker: TrainingWorker, posted: BoundaryExchange) -> None:
-        """Every rank's row: the summary, the cadence, and the bytes posted when some rank has any."""
+    def _collect(self, worker: TrainingWorker, posted: BoundaryExchange, run_commands: bool) -> None:
+        """Every rank's row: the summary, the cadence; the bytes, gathered at once when they hold commands, else
+        posted when some rank has any."""
         self.rows = posted.collect()
         if self.rank == 0:
             self._summarize(worker)
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
         self._next_exchange = self._posted_turn + self.cadence
-        if any(row.payload_bytes for row in self.rows):
-            self._payload = self.plane.post_bytes(posted.payload, [row.payload_bytes for row in self.rows])
+        if not any(row.payload_bytes for row in self.rows):
+            return
+        payload = self.plane.post_bytes(posted.payload, [row.payload_bytes for row in self.rows])
+        if any(row.commands for row in self.rows):
+            self._deliver(worker, payload.collect(), run_commands)
+        else:
+            self._payload = payload
 
     def _deliver(self, worker: TrainingWorker, batches: list[bytes], run_commands: bool) -> None:
         """What every rank said, in rank order: other ranks' steps to rank 0's stream, the commands dispatched."""
