@@ -181,6 +181,35 @@ def test_a_step_raising_on_rank_1_only_pauses_both_and_a_saved_fix_resumes_both(
     assert any(e["event"] == "resumed" and e["reason"] == "reload" for e in one), "rank 1 resumed too"
 
 
+def test_a_rebuild_whose_setup_fails_on_rank_1_only_is_dropped_on_every_rank(ranks):
+    # No DDP here: a setup() that fails before DDP(model) would leave the other rank in DDP's first broadcast
+    # until the collective timeout (then both fail, and agree so just the same).
+    run = ranks("--", "--no-ddp")
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    # step() logs which model object it trains (applied first: a save that changes setup() too is held whole).
+    # Then setup() (held for a rebuild) fails on rank 1.
+    save(run.entry, "    bench.log(checksum=", "    bench.log(model=float(id(state['model']) % 1_000_003))\n    bench.log(checksum=")
+    run.wait_for(lambda e: e["event"] == "reload" and e["ok"] and "step" in e["changed"], timeout=30, what="step swapped")
+    save(run.entry, "    torch.manual_seed(0)\n", "    torch.manual_seed(0)\n    if bench.rank == 1:\n        raise MemoryError('no room on rank 1')\n")
+    run.wait_for(lambda e: e["event"] == "reload" and "setup" in e.get("held", ()), timeout=30, what="setup held for rebuild")
+    version = run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 0 and "model" in e.get("scalars", {}),
+                           timeout=30, what="a step that logs its model")
+    model_before = version["scalars"]["model"]
+    run.send("rebuild")
+    rebuilt = run.wait_event("rebuild", timeout=60)
+    assert rebuilt["ok"] is False and "rank 1: MemoryError: no room on rank 1" in rebuilt["error"], rebuilt
+    mark = max(steps_of(run.events, 1))
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= mark + 3, timeout=30, what="steps after it")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+    after = [e for e in run.events if e["event"] == "step" and e.get("rank") == 0 and e["time"] > rebuilt["time"]]
+    assert after and {e["scalars"]["model"] for e in after} == {model_before}  # rank 0 dropped what it built
+    one = rank_log(run)
+    assert any(e["event"] == "rebuild" and e["ok"] is False and "MemoryError" in e["error"] for e in one), "rank 1 failed"
+    assert max(e["code_version"] for e in run.events if e["event"] == "step" and e["time"] > rebuilt["time"]) == \
+        max(e["code_version"] for e in one if e["event"] == "step" and e["time"] > rebuilt["time"])
+
+
 def test_each_rank_runs_the_command_without_the_launchers_options():
     from workbench.cli.launch import worker_argv
 

@@ -1,4 +1,9 @@
-"""`rebuild`: apply held changes, run setup() again, carry tensors and optimizer state over, free the old state."""
+"""`rebuild`: apply held changes, run setup() again, carry tensors and optimizer state over, free the old state.
+
+Under torchrun every rank rebuilds at the same boundary, and the ranks agree before any keeps its new state:
+if setup() failed on one rank, the others drop what they built and every rank goes on with its old state and
+code, so no rank trains a model the others do not have.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine.actions.cleanup import trim_c_heap
+from workbench.engine.control_plane import RanksLost
 from workbench.engine.dispatch import handles
 from workbench.protocol.events import Error, Rebuild, Rebuilt
 from workbench.engine.hotswap.compiled import reset_compiled_code
@@ -35,8 +41,24 @@ def rebuild(worker: TrainingWorker, command: Rebuild) -> None:
         worker.activity = None
 
 
+class OtherRanksFailed(Exception):
+    """This rank built its new state, another rank's setup() failed: every rank keeps its old state."""
+
+
+def _agree(worker: TrainingWorker, error: str | None) -> None:
+    """Under torchrun: every rank's outcome; raises OtherRanksFailed if this rank succeeded and another did not."""
+    if worker.lockstep is None:
+        return
+    outcomes = worker.lockstep.plane.gather_json(error)
+    failed = [(rank, why) for rank, why in enumerate(outcomes) if why is not None]
+    if failed and error is None:
+        named = "; ".join(f"rank {rank}: {why}" for rank, why in failed)
+        raise OtherRanksFailed(f"setup() failed on {named}")
+
+
 def _rebuild_now(worker: TrainingWorker) -> None:
     started = time.monotonic()
+    agreed = False  # under torchrun, whether this rank has given its outcome (exactly once per rebuild)
     held, worker._held = list(worker._held.values()), {}
     committed: list[ChangeSet] = []
     changed: list[str] = []
@@ -56,17 +78,29 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         report = carry_over(worker.user_state, new_state, before, namespaces)
         init_log.replay(report.carried)
         optimizer_notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
+        agreed = True
+        _agree(worker, None)
+    except RanksLost:
+        raise  # another rank is gone: the worker ends this one (workbench/engine/worker.py)
     except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
         new_state = None
+        others = isinstance(exc, OtherRanksFailed)
+        if not agreed:
+            agreed = True
+            _agree(worker, f"{type(exc).__name__}: {exc}")
         for _ in committed:
             worker.reloader.undo_last_commit()
         restore_globals(namespaces, before)  # what a half-run setup() bound to module globals
         for changeset in held:
             worker.reloader.forget_prepared(changeset.path)
         worker._held = {c.path: c for c in held}
-        file, line = worker._where(exc)
-        message = f"rebuild failed: {type(exc).__name__}: {exc}; the old state and code keep running"
-        worker.bus.publish(Error(where="rebuild", message=message, file=file, line=line, traceback=worker._format(exc)))
+        file, line = (None, None) if others else worker._where(exc)
+        if others:
+            message = f"rebuild failed: {exc}; what the other ranks built was dropped, so every rank keeps its old state and code"
+        else:
+            message = f"rebuild failed: {type(exc).__name__}: {exc}; the old state and code keep running"
+        worker.bus.publish(Error(where="rebuild", message=message, file=file, line=line,
+                                 traceback=None if others else worker._format(exc)))
         traceback.clear_frames(exc.__traceback__)
         collect_all()  # the half-built new state (a rebuild that ran out of memory, say)
         worker.probe.empty_cache()
