@@ -2,11 +2,17 @@
 
 - Steps/s of a 2-rank DDP MLP run by `vram-bench run --nproc-per-node 2 --headless` against the
   same model and loop under plain `torchrun` (no vram-bench), interleaved rounds, median ratio
-  (target >= 98%). Both count steps/s between 20% and 100% of the steps from their own timestamps.
-- Save -> applied: the time from writing the file to the `reload` event, 2 ranks against 1 process
-  (`vram-bench run --headless`) on the same project, median of N saves each (target <= 1.5x).
+  (target >= 98%). Both count steps/s between 20% and 100% of the steps from their own timestamps
+  (steady state: the first fifth holds imports, warm-up and vram-bench's first-steps measurements).
+  Two step sizes: `--model small` (64 -> 256 -> 1, batch 64: about 1.5-2 ms a step on 2 cores, the
+  worst case for any per-step cost) and `--model medium` (512 -> 2048 -> 2048 -> 1, batch 256: tens
+  of ms, a step shaped like real training). The CPU both sides used per step (every process of the
+  run, from getrusage) is shown beside it.
+- Save -> applied: from writing the file to the `reload` event (the event's own time: after every rank
+  applied), 2 ranks against 1 process (`vram-bench run --headless`) on the same project, median of N
+  saves each (target <= 1.5x). The reload event's `ms` (the watcher's sighting -> applied) is shown too.
 
-    python bench/distributed.py [--rounds 5] [--steps 600] [--saves 10] [--exchange-ms 50]
+    python bench/distributed.py [--rounds 5] [--steps 3000] [--model small] [--saves 10] [--exchange-ms 50]
 
 `--exchange-ms` sets VRAM_BENCH_EXCHANGE_MS for the vram-bench runs: how far apart the ranks' control exchanges
 are while training (shorter: a save applies sooner, at more CPU per second).
@@ -18,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,14 +47,19 @@ MODEL = textwrap.dedent(
     LR = 0.01
 
 
+    WIDTHS = __WIDTHS__
+    BATCH = __BATCH__
+
+
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.a = nn.Linear(64, 256)
-            self.b = nn.Linear(256, 1)
+            self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(WIDTHS, WIDTHS[1:]))
 
         def forward(self, x):
-            return self.b(torch.relu(self.a(x)))
+            for layer in self.layers[:-1]:
+                x = torch.relu(layer(x))
+            return self.layers[-1](x)
 
 
     def build(rank, ddp=True):
@@ -60,7 +72,7 @@ MODEL = textwrap.dedent(
 
 
     def train_step(state):
-        x = torch.randn(64, 64, generator=state["data"])
+        x = torch.randn(BATCH, WIDTHS[0], generator=state["data"])
         loss = (state["model"](x) - x.sum(1, keepdim=True)).pow(2).mean()
         state["opt"].zero_grad()
         loss.backward()
@@ -101,10 +113,20 @@ PLAIN = textwrap.dedent(
         times.append(time.time())
     if dist.get_rank() == 0:
         print(json.dumps(times))
-    dist.barrier()  # without it gloo sometimes aborts (SIGABRT) a rank whose peer tore the group down first
-    dist.destroy_process_group()
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)  # not destroy_process_group(): gloo sometimes aborts (SIGABRT) a rank whose peer tore the group down first
     """
 )
+
+
+MODELS = {"small": ([64, 256, 1], 64), "medium": ([512, 2048, 2048, 1], 256)}
+
+
+def children_cpu() -> float:
+    """CPU seconds of every finished child process so far (a run's processes are all waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def steps_per_second(times: list[float]) -> float:
@@ -118,28 +140,35 @@ def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def plain_round(folder: Path, steps: int) -> float:
+def plain_round(folder: Path, steps: int) -> tuple[float, float]:
+    """(steps/s, CPU ms per step) of the loop under plain torchrun."""
+    cpu = children_cpu()
     done = torchrun(["plain.py", str(steps)], folder)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
-    return steps_per_second(json.loads(done.stdout.strip().splitlines()[-1]))
+    return steps_per_second(json.loads(done.stdout.strip().splitlines()[-1])), (children_cpu() - cpu) / steps * 1000
 
 
-def vram_bench_round(folder: Path, steps: int) -> float:
+def vram_bench_round(folder: Path, steps: int) -> tuple[float, float]:
+    """(steps/s, CPU ms per step) of the same loop under vram-bench (events to a file, as a script would keep them)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-m", "workbench", "run", "train.py", "--headless", "--nproc-per-node", "2", "--max-steps", str(steps),
-         "--no-watch", "--no-gc-freeze"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )
+    cpu = children_cpu()
+    with (folder / "events.out").open("w") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "workbench", "run", "train.py", "--headless", "--nproc-per-node", "2", "--max-steps", str(steps),
+             "--no-watch"],
+            cwd=folder, env=env, stdout=out, stderr=subprocess.PIPE, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
-    times = [e["time"] for e in map(json.loads, done.stdout.splitlines()) if e["event"] == "step" and e.get("rank") == 0]
-    return steps_per_second(times)
+    events = map(json.loads, (folder / "events.out").read_text().splitlines())
+    times = [e["time"] for e in events if e["event"] == "step" and e.get("rank") == 0]
+    return steps_per_second(times), (children_cpu() - cpu) / steps * 1000
 
 
-def save_latencies(folder: Path, nproc: int, saves: int) -> list[float]:
-    """Start a session, save `saves` edits to LR, read each reload's `ms` (change seen -> applied everywhere)."""
+def save_latencies(folder: Path, nproc: int, saves: int) -> tuple[list[float], list[float]]:
+    """Start a session, save `saves` edits to LR: for each, ms from the write to the reload event (applied everywhere),
+    and the event's own `ms` (the watcher's sighting -> applied)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     extra = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "run", "train.py", "--headless", *extra], cwd=folder, env=env,
@@ -159,10 +188,11 @@ def save_latencies(folder: Path, nproc: int, saves: int) -> list[float]:
         if not ready.wait(120):
             raise RuntimeError("the session did not reach step 50")
         model = folder / "model.py"
-        latencies = []
+        latencies, seen_to_applied = [], []
         for i in range(saves):
             before = sum(1 for e in events if e["event"] == "reload")
             text = model.read_text()
+            written = time.time()
             model.write_text(text.replace(f"LR = {0.01 + i * 0.001:.3f}", f"LR = {0.01 + (i + 1) * 0.001:.3f}")
                              if i else text.replace("LR = 0.01", "LR = 0.011"))
             deadline = time.monotonic() + 30
@@ -173,19 +203,21 @@ def save_latencies(folder: Path, nproc: int, saves: int) -> list[float]:
             reload = [e for e in events if e["event"] == "reload"][-1]
             if not reload["ok"]:
                 raise RuntimeError(reload)
-            latencies.append(reload["ms"])
+            latencies.append((reload["time"] - written) * 1000)
+            seen_to_applied.append(reload["ms"])
             time.sleep(0.3)
-        return latencies
+        return latencies, seen_to_applied
     finally:
         proc.stdin.write("quit\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
         proc.wait(60)
 
 
-def project(root: Path, name: str) -> Path:
+def project(root: Path, name: str, model: str = "small") -> Path:
     folder = root / name
     folder.mkdir()
-    (folder / "model.py").write_text(MODEL)
+    widths, batch = MODELS[model]
+    (folder / "model.py").write_text(MODEL.replace("__WIDTHS__", repr(widths)).replace("__BATCH__", str(batch)))
     (folder / "train.py").write_text(UNDER_VRAM_BENCH)
     (folder / "plain.py").write_text(PLAIN)
     return folder
@@ -194,38 +226,52 @@ def project(root: Path, name: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=None, help="steps a round (default: 3000 small, 300 medium)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="small", help="the step's size (see above)")
     parser.add_argument("--saves", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="1 round of 100 steps, 2 saves (a smoke test)")
     parser.add_argument("--exchange-ms", type=float, default=None, help="VRAM_BENCH_EXCHANGE_MS for vram-bench's runs")
     args = parser.parse_args()
     if args.exchange_ms is not None:
         os.environ["VRAM_BENCH_EXCHANGE_MS"] = str(args.exchange_ms)
+    if args.steps is None:
+        args.steps = 3000 if args.model == "small" else 300
     if args.quick:
         args.rounds, args.steps, args.saves = 1, 100, 2
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        folder = project(root, "throughput")
-        ratios, plain, ours = [], [], []
+        folder = project(root, "throughput", args.model)
+        ratios, plain, ours, plain_cpu, our_cpu = [], [], [], [], []
         for i in range(args.rounds):
             order = (plain_round, vram_bench_round) if i % 2 == 0 else (vram_bench_round, plain_round)
             got = {fn.__name__: fn(folder, args.steps) for fn in order}
-            plain.append(got["plain_round"])
-            ours.append(got["vram_bench_round"])
-            ratios.append(ours[-1] / plain[-1])
-        one = save_latencies(project(root, "one"), 1, args.saves)
-        two = save_latencies(project(root, "two"), 2, args.saves)
+            (rate, cpu), (our_rate, our_cpu_ms) = got["plain_round"], got["vram_bench_round"]
+            plain.append(rate)
+            ours.append(our_rate)
+            plain_cpu.append(cpu)
+            our_cpu.append(our_cpu_ms)
+            ratios.append(our_rate / rate)
+            print(f"  round {i + 1}: plain {rate:.1f}, vram-bench {our_rate:.1f} steps/s ({our_rate / rate:.3f})", flush=True)
+        if args.saves:
+            one, one_seen = save_latencies(project(root, "one", args.model), 1, args.saves)
+            two, two_seen = save_latencies(project(root, "two", args.model), 2, args.saves)
     exchange = os.environ.get("VRAM_BENCH_EXCHANGE_MS", "50 (default)")
-    print(f"2-rank DDP MLP (64->256->1, batch 64, gloo), {args.rounds} interleaved rounds of {args.steps} steps; "
-          f"exchanges every {exchange} ms")
+    widths, batch = MODELS[args.model]
+    print(f"2-rank DDP MLP ({' -> '.join(map(str, widths))}, batch {batch}, gloo), {args.rounds} interleaved rounds of "
+          f"{args.steps} steps; exchanges every {exchange} ms")
     print(f"  plain torchrun: median {statistics.median(plain):.1f} steps/s  {[round(x, 1) for x in plain]}")
     print(f"  vram-bench:     median {statistics.median(ours):.1f} steps/s  {[round(x, 1) for x in ours]}")
     print(f"  vram-bench / plain: median of per-round ratios {statistics.median(ratios):.3f}  "
           f"{[round(x, 3) for x in ratios]}  (target >= 0.98)")
-    print(f"save -> applied (reload event's ms), {args.saves} saves each")
-    print(f"  1 process: median {statistics.median(one):.1f} ms  {[round(x, 1) for x in one]}")
-    print(f"  2 ranks:   median {statistics.median(two):.1f} ms  {[round(x, 1) for x in two]}")
-    print(f"  2 ranks / 1 process: {statistics.median(two) / statistics.median(one):.2f}x  (target <= 1.5x)")
+    print(f"  CPU per step, every process of the run (start-up included): plain {statistics.median(plain_cpu):.2f} ms, "
+          f"vram-bench {statistics.median(our_cpu):.2f} ms")
+    if args.saves:
+        print(f"save -> applied (the write -> the reload event), {args.saves} saves each")
+        print(f"  1 process: median {statistics.median(one):.1f} ms  {[round(x, 1) for x in one]}")
+        print(f"  2 ranks:   median {statistics.median(two):.1f} ms  {[round(x, 1) for x in two]}")
+        print(f"  2 ranks / 1 process: {statistics.median(two) / statistics.median(one):.2f}x  (target <= 1.5x)")
+        print(f"  the reload event's ms (the watcher's sighting -> applied): 1 process {statistics.median(one_seen):.1f}, "
+              f"2 ranks {statistics.median(two_seen):.1f}")
     print(f"  {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"load {os.getloadavg()[0]:.1f}")
 
