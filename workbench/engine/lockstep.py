@@ -10,8 +10,9 @@ trip. Then, only when some rank has something, the bytes: when they hold a comma
 gathers them at once (one round trip per command, never per step) and dispatches the same batch,
 in rank order, one turn after the exchange that carried it; when they hold only the steps ranks
 > 0 trained (for rank 0's stream, sent at most every STEPS_SECONDS), they are posted without
-waiting and collected a turn later. While bytes are out no new row is posted, so at most one
-exchange is in flight, and commands (which may make collectives of their own) run with none.
+waiting and collected a turn later. Whatever is in flight is collected at the next boundary in the
+order it was posted, before any command runs, so commands (which may make collectives of their own)
+run with nothing in flight.
 
 Short steps do not exchange at every boundary: rank 0 sets a cadence (every how many loop turns
 the ranks exchange) so that exchanges are about `EXCHANGE_SECONDS` apart, and every rank reads
@@ -229,7 +230,7 @@ class Lockstep:
             self._collect(worker, posted, run_commands=True)
             if worker._quit:
                 return
-        if self._posted is None and self._payload is None and self._turn >= self._next_exchange:
+        if self._posted is None and self._turn >= self._next_exchange:
             self._post(worker, block and self.rank == 0)
 
     def finish(self, worker: TrainingWorker) -> None:
