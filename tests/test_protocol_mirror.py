@@ -325,3 +325,14 @@ def test_the_gauges_show_a_row_per_rank_with_the_straggler_marked():
     assert "Ranks (3)" in shown and len(lines) == 3
     assert lines[2].startswith(" r2 step 40 9.5/s 180 ms") and "GPU 3.00 GiB" in lines[2] and lines[2].endswith("<- slowest")
     assert not lines[0].endswith("<- slowest")
+
+
+def test_steps_per_second_counts_only_the_window_and_zero_when_stopped() -> None:
+    from workbench.protocol.mirror import steps_per_second
+
+    times = tuple(100.0 + i * 0.1 for i in range(101))  # 10 steps a second for 10 s, the last at 110.0
+    assert steps_per_second(times, now=110.0) == pytest.approx(10.0)
+    slow_then_fast = tuple([100.0, 101.0, 102.0] + [108.0 + i * 0.05 for i in range(41)])  # 20/s over the last 2 s
+    assert steps_per_second(slow_then_fast, now=110.0) == pytest.approx(20.0)  # the 1/s steps fell out of the window
+    assert steps_per_second(times, now=114.0) == 0.0  # nothing for longer than the window: stopped or paused
+    assert steps_per_second((110.0,), now=110.0) == 0.0

@@ -34,7 +34,6 @@ import statistics
 import struct
 import time
 from array import array
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +75,6 @@ SUMMARY_SECONDS = 1.0  # how often rank 0 publishes every rank's summary (`ranks
 STRAGGLER_FACTOR = 1.2  # a rank whose last step took this many times the median is named the slowest
 STEPS_SECONDS = 0.25  # ranks > 0 send the steps they trained at most this often (the socket batches steps so too)
 MAX_UNSENT_STEPS = 4096  # ... or when this many are waiting
-RATE_SECONDS = 3.0  # the window of the steps/s each rank reports (the telemetry's own window)
 MAX_STEP_EVENTS_RANKS = 8  # beyond this many ranks, only rank 0's steps are streamed (each rank's own log has all)
 
 
@@ -202,7 +200,6 @@ class Lockstep:
         self._payload: PayloadExchange | None = None  # the bytes posted at the last boundary, collected at this one
         self._unsent_steps = array("d")  # ranks > 0: steps since the last exchange, for rank 0's stream
         self._steps_sent_at = 0.0  # monotonic time of this rank's last payload with steps
-        self._rates: deque[tuple[float, int]] = deque()  # (when, step) at this rank's recent posts: its steps/s
         self._prepared: dict[str, ChangeSet] = {}  # rank 0: what its reload thread prepared, by relative path
         self.rows: list[RankRow] = []  # every rank's last row, as of the last collected boundary
         self.idle_wait = 0.1  # rank 0 waits this long for a command while nothing runs
@@ -318,26 +315,13 @@ class Lockstep:
         row[STEP_TIME] = worker.last_step_time or 0.0
         if self.rank == 0:
             row[CADENCE] = float(self._wanted_cadence(worker))
-        row[STEPS_PER_SECOND] = self._steps_per_second(worker)
+        row[STEPS_PER_SECOND] = worker.telemetry.steps_per_second() if worker.state is RunState.RUNNING else 0.0
         memory = worker.telemetry.memory
         row[RSS] = float(memory.host.rss) if memory is not None else -1.0
         gpu = next((g for g in memory.gpus if g.index == worker._gpu_index), None) if memory is not None else None
         row[GPU_ALLOCATED] = float(gpu.allocated) if gpu is not None and gpu.allocated is not None else -1.0
         row[GPU_RESERVED] = float(gpu.reserved) if gpu is not None and gpu.reserved is not None else -1.0
         return row
-
-    def _steps_per_second(self, worker: TrainingWorker) -> float:
-        """Over about the last RATE_SECONDS of posts (O(1) per post: the whole step history would cost more than the
-        exchange); 0 while not training."""
-        if worker.state is not RunState.RUNNING:
-            self._rates.clear()
-            return 0.0
-        now = time.monotonic()
-        self._rates.append((now, worker.step))
-        while len(self._rates) > 2 and now - self._rates[1][0] >= RATE_SECONDS:
-            self._rates.popleft()
-        since, first_step = self._rates[0]
-        return (worker.step - first_step) / (now - since) if now > since else 0.0
 
     @staticmethod
     def _wanted_cadence(worker: TrainingWorker) -> int:

@@ -71,12 +71,8 @@ class Subscription(Generic[E]):
         if not self._items:
             self._wakeup.wait(timeout)
         if linger > 0 and self._items:
-            self.linger(linger)
+            self._urgent.wait(linger)  # returns at once when anything but routine telemetry is queued
         return self.drain()
-
-    def linger(self, seconds: float) -> None:
-        """Wait up to `seconds` while only routine telemetry is queued (returns at once for anything else)."""
-        self._urgent.wait(seconds)
 
     def recent(self) -> tuple[Event, ...]:
         """What is queued, oldest first, left in place: a ring of the latest events (a late client's replay)."""

@@ -8,7 +8,6 @@ documented in README.md ("Headless protocol").
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import time
@@ -33,11 +32,11 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"event": self.name}
-        for name in _field_names(type(self)):
-            value = getattr(self, name)
-            if value is None and name in self.omitted_when_none:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in self.omitted_when_none:
                 continue
-            data[name] = _jsonable(value)
+            data[f.name] = _jsonable(value)
         return data
 
     def to_json(self) -> str:
@@ -49,11 +48,6 @@ class Event:
             text = json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
             object.__setattr__(self, "_json", text)
             return text
-
-
-@functools.cache
-def _field_names(kind: type[Event]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(kind))
 
 
 def jsonable(value: Any) -> Any:

@@ -18,6 +18,7 @@ the widgets read it on that same thread (the app's pane clock).
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import time
@@ -251,10 +252,11 @@ def steps_per_second(times: tuple[float, ...], now: float, window: float = 3.0) 
     The engine's Telemetry and the client's mirror both count this way."""
     if len(times) < 2 or now - times[-1] > window:
         return 0.0
-    recent = [t for t in times if now - t <= window]
-    if len(recent) < 2 or recent[-1] <= recent[0]:
+    first = bisect.bisect_left(times, now - window)  # times are in order: a search, not a scan (rank exchanges ask)
+    count = len(times) - first
+    if count < 2 or times[-1] <= times[first]:
         return 0.0
-    return (len(recent) - 1) / (recent[-1] - recent[0])
+    return (count - 1) / (times[-1] - times[first])
 
 
 def samples_from_columns(memory: dict[str, Any]) -> list[MemorySample]:
