@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from array import array
 
-from workbench.engine.lockstep import STEP_FIELDS, pack_payload, unpack_payload
+import pytest
+
+from workbench.engine.lockstep import STEP_FIELDS, TurnPeriod, pack_payload, unpack_payload
 
 
 def test_nothing_to_say_is_no_bytes() -> None:
@@ -26,3 +28,26 @@ def test_commands_and_steps_come_back_as_sent() -> None:
 def test_only_commands_or_only_steps() -> None:
     assert unpack_payload(pack_payload([{"type": "Resume", "fields": {}}], array("d"))) == ([{"type": "Resume", "fields": {}}], [])
     assert unpack_payload(pack_payload([], array("d", [1, 2, 3, 4, 5]))) == ([], [(1.0, 2.0, 3.0, 4.0, 5.0)])
+
+
+def test_a_turn_is_timed_from_turns_and_time_between_exchanges() -> None:
+    """The cadence aims at EXCHANGE_SECONDS of wall time: a turn is the step plus all around it, not the step alone."""
+    period = TurnPeriod()
+    period.note(0, 10.0, running=True)
+    assert period.seconds is None  # one exchange is not a period yet
+    period.note(25, 10.05, running=True)
+    assert period.seconds == pytest.approx(0.002)
+    period.note(50, 10.15, running=True)  # turns slowed to 4 ms: the estimate moves halfway at once
+    assert period.seconds == pytest.approx(0.003)
+
+
+def test_a_pause_starts_the_turn_count_afresh() -> None:
+    """Paused turns wait for commands (tenths of a second each): they must not count as training turns."""
+    period = TurnPeriod()
+    period.note(0, 0.0, running=True)
+    period.note(10, 0.01, running=True)
+    period.note(11, 5.0, running=False)
+    period.note(12, 5.1, running=True)
+    assert period.seconds == pytest.approx(0.001)
+    period.note(22, 5.12, running=True)
+    assert period.seconds == pytest.approx(0.0015)
