@@ -112,6 +112,21 @@ def test_two_ranks_start_with_their_rank_and_stream_both_ranks_steps(ranks):
     assert exit_event["event"] == "exit" and exit_event["reason"] == "max steps"
 
 
+def test_with_an_exchange_every_turn_each_of_rank_1s_steps_is_streamed_once_as_it_ran(ranks, monkeypatch):
+    """Long steps exchange at every turn, and then a rank's one new step crosses in its row rather than as bytes:
+    every step of rank 1 reaches rank 0's stream once, in order, with the loss, code version and time it ran with."""
+    monkeypatch.setenv("VRAM_BENCH_EXCHANGE_MS", "0")  # every turn, as for steps longer than the exchange period
+    run = ranks("--max-steps", "30")
+    assert run.finish(timeout=90) == 0
+    streamed = [e for e in run.events if e["event"] == "step" and e.get("rank") == 1]
+    assert [e["step"] for e in streamed] == list(range(1, 31))
+    own = steps_of(rank_log(run), 1)
+    for event in streamed:
+        mine = own[event["step"]]
+        assert (event["loss"], event["code_version"]) == (pytest.approx(mine["loss"], rel=1e-12), mine["code_version"])
+        assert event["time"] == pytest.approx(mine["time"], abs=1e-3) and event["ms"] == pytest.approx(mine["ms"], abs=1e-3)
+
+
 def test_a_save_is_applied_at_the_same_step_on_both_ranks_and_parameters_stay_identical(ranks):
     run = ranks()
     run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=60, what="rank 1 at step 5")

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-ROW = 13  # numbers per rank in a boundary exchange
+ROW = 14  # numbers per rank in a boundary exchange
 # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single; vram-bench supports both.
 _gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 (PAYLOAD, STEP, LOSS, MS, VERSION, STATE, STEP_TIME, CADENCE, STEPS_PER_SECOND, RSS, GPU_ALLOCATED, GPU_RESERVED,
- COMMANDS) = range(ROW)
+ COMMANDS, CARRIED_VERSION) = range(ROW)
 MAX_PAYLOAD = 64 * 2**20  # a saved file's source, a traceback: a row claiming more is a bug, not data
 
 
@@ -61,6 +61,8 @@ class RankRow:
     gpu_allocated: int = -1
     gpu_reserved: int = -1
     commands: bool = False  # its bytes hold commands (not only steps): every rank gathers them at once
+    carried_version: int = -1  # >= 0: the row's step is the only one it trained since its last exchange, run on
+    # this code version, and is sent nowhere else (long steps exchange every turn: no bytes needed for one step)
 
 
 class BoundaryExchange:
@@ -86,7 +88,7 @@ class BoundaryExchange:
                 rank=r, payload_bytes=int(v[PAYLOAD]), step=int(v[STEP]), loss=v[LOSS], ms=v[MS],
                 code_version=int(v[VERSION]), state=int(v[STATE]), step_time=v[STEP_TIME], cadence=int(v[CADENCE]),
                 steps_per_second=v[STEPS_PER_SECOND], rss=int(v[RSS]), gpu_allocated=int(v[GPU_ALLOCATED]),
-                gpu_reserved=int(v[GPU_RESERVED]), commands=v[COMMANDS] > 0,
+                gpu_reserved=int(v[GPU_RESERVED]), commands=v[COMMANDS] > 0, carried_version=int(v[CARRIED_VERSION]),
             )
             for r, v in enumerate(rows)
         ]

@@ -10,7 +10,8 @@ trip. Then, only when some rank has something, the bytes: when they hold a comma
 gathers them at once (one round trip per command, never per step) and dispatches the same batch,
 in rank order, one turn after the exchange that carried it; when they hold only the steps ranks
 > 0 trained (for rank 0's stream, sent at most every STEPS_SECONDS), they are posted without
-waiting and collected a turn later. Whatever is in flight is collected at the next boundary in the
+waiting and collected a turn later. A rank with just one step since the last exchange (steps long
+enough that every turn exchanges) needs no bytes: its row already holds that step. Whatever is in flight is collected at the next boundary in the
 order it was posted, before any command runs, so commands (which may make collectives of their own)
 run with nothing in flight.
 
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.engine.commands.reload import ApplyChanges
 from workbench.engine.control_plane import (
     CADENCE,
+    CARRIED_VERSION,
     GPU_ALLOCATED,
     GPU_RESERVED,
     LOSS,
@@ -275,15 +277,19 @@ class Lockstep:
         local = self._drain(worker, block) if commands_too else []
         commands = [item for item in (encode(c, worker) for c in local) if item is not None]
         now = time.monotonic()
+        row = self._row(worker)
         steps = array("d")
-        if self._unsent_steps and (not commands_too or now - self._steps_sent_at >= STEPS_SECONDS
-                                   or len(self._unsent_steps) >= MAX_UNSENT_STEPS * STEP_FIELDS):
+        if len(self._unsent_steps) == STEP_FIELDS:  # one step since the last exchange: the row has it all
+            row[CARRIED_VERSION] = self._unsent_steps[3]
+            self._unsent_steps, self._steps_sent_at = array("d"), now
+        elif self._unsent_steps and (not commands_too or now - self._steps_sent_at >= STEPS_SECONDS
+                                     or len(self._unsent_steps) >= MAX_UNSENT_STEPS * STEP_FIELDS):
             steps, self._unsent_steps, self._steps_sent_at = self._unsent_steps, array("d"), now
         data = pack_payload(commands, steps)
         for command in local:  # rank 0 keeps its own prepared plan rather than planning again
             if isinstance(command, ApplyChanges) and isinstance(command.changeset, ChangeSet):
                 self._prepared[worker.project.relative(command.changeset.path)] = command.changeset
-        self._posted = self.plane.post(self._row(worker), data, commands=bool(commands))
+        self._posted = self.plane.post(row, data, commands=bool(commands))
         self._posted_turn, self._collect_at = self._turn, self._turn + 1
 
     def _collect(self, worker: TrainingWorker, posted: BoundaryExchange, run_commands: bool) -> None:
@@ -291,6 +297,10 @@ class Lockstep:
         posted when some rank has any."""
         self.rows = posted.collect()
         if self.rank == 0:
+            for row in self.rows:
+                if row.carried_version >= 0:
+                    worker.bus.publish(Step(step=row.step, loss=row.loss, ms=row.ms, code_version=row.carried_version,
+                                            rank=row.rank, time=row.step_time))
             self._summarize(worker)
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
         self._next_exchange = self._posted_turn + self.cadence
@@ -333,6 +343,7 @@ class Lockstep:
         row[VERSION] = float(worker.reloader.version)
         row[STATE] = float(STATE_CODES[worker.state])
         row[STEP_TIME] = worker.last_step_time or 0.0
+        row[CARRIED_VERSION] = -1.0
         if self.rank == 0:
             row[CADENCE] = float(self._wanted_cadence(worker))
         row[STEPS_PER_SECOND] = worker.telemetry.steps_per_second() if worker.state is RunState.RUNNING else 0.0
