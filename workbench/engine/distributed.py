@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.engine.control_plane import ControlPlane
+from workbench.engine.doorbell import Doorbell
 from workbench.errors import UserError
 
 DEFAULT_CONTROL_TIMEOUT = timedelta(minutes=30)  # a rank may spend minutes in a step or a snapshot
@@ -152,6 +153,12 @@ class ProcessGroups:
                                 timeout=self.collective_timeout, **self._device_id())
         self.control = dist.new_group(backend="gloo", timeout=self.control_timeout)
         return self.control
+
+    def doorbell(self) -> Doorbell:
+        """This generation's doorbell (workbench/engine/doorbell.py), on a prefix of the job's store of its own."""
+        store = dist.distributed_c10d._get_default_store() if self._store is None else self._store
+        prefixed = dist.PrefixStore(f"vram-bench/doorbell-{self.generation}", store)
+        return Doorbell(prefixed, self.info.rank, self.info.world_size, self.control_timeout)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[ProcessGroups]:

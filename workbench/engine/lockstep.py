@@ -17,8 +17,11 @@ run with nothing in flight.
 
 Short steps do not exchange at every boundary: rank 0 sets a cadence (every how many loop turns
 the ranks exchange) so that exchanges are about `EXCHANGE_SECONDS` apart, and every rank reads
-it from the same exchange, so all keep exchanging at the same turns. A command then waits for the
-next exchange (at most `EXCHANGE_SECONDS`) plus a turn; while paused the ranks exchange every turn.
+it from the same exchange, so all keep exchanging at the same turns. A command does not wait for
+that: rank 0's doorbell (workbench/engine/doorbell.py) has every rank exchange at a turn it proposes
+(the next boundary or two) and collect that exchange at once. Only when a rank cannot take part in
+time does the command wait for the cadence's exchange (at most `EXCHANGE_SECONDS`) plus a turn.
+While paused the ranks exchange every turn.
 
 A saved file crosses as its source text: every rank prepares the same plan from the same bytes,
 the ranks agree that all of them can apply it, and then all apply, or none does and the reload
@@ -59,6 +62,7 @@ from workbench.engine.control_plane import (
     RankRow,
 )
 from workbench.engine.dispatch import dispatch, handles
+from workbench.engine.doorbell import Doorbell
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.memory_guard import MemoryLimitNear
@@ -212,9 +216,10 @@ class TurnPeriod:
 class Lockstep:
     """The training thread's side of the control plane: one `boundary` call per loop turn."""
 
-    def __init__(self, plane: ControlPlane, groups: ProcessGroups | None = None) -> None:
+    def __init__(self, plane: ControlPlane, groups: ProcessGroups | None = None, doorbell: Doorbell | None = None) -> None:
         self.plane = plane
         self.groups = groups  # to make the groups again after a collective failed
+        self.doorbell = doorbell  # brings the next exchange forward when rank 0 has a command (doorbell.py)
         self.rank = plane.rank
         self.world_size = plane.world_size
         self._posted: BoundaryExchange | None = None  # the rows posted at an earlier boundary, collected at `_collect_at`
@@ -239,6 +244,7 @@ class Lockstep:
         Every rank makes the same calls at the same turns: the cadence each uses comes from the exchange it just
         collected, and every rank collected the same one."""
         self._turn += 1
+        now = self.doorbell is not None and self.doorbell.at_boundary(self._turn)  # every rank agreed on this turn
         if self._payload is not None:  # posted at the last boundary
             payload, self._payload = self._payload, None
             self._deliver(worker, payload.collect(), run_commands=True)
@@ -249,8 +255,13 @@ class Lockstep:
             self._collect(worker, posted, run_commands=True)
             if worker._quit:
                 return
-        if self._posted is None and self._turn >= self._next_exchange:
+        if self._posted is None and (now or self._turn >= self._next_exchange):
             self._post(worker, block and self.rank == 0)
+            if now:  # a command is waiting: collected at once rather than a turn later
+                posted, self._posted = self._posted, None
+                self._collect(worker, posted, run_commands=True)
+                if worker._quit:
+                    return
 
     def finish(self, worker: TrainingWorker) -> None:
         """After the loop (every rank leaves at the same turn): collect what is still posted, then one more exchange
@@ -258,6 +269,8 @@ class Lockstep:
         self._settle(worker)
         self._post(worker, block=False, commands_too=False)
         self._settle(worker)
+        if self.doorbell is not None:
+            self.doorbell.close()
 
     def _settle(self, worker: TrainingWorker) -> None:
         """Collect whatever is in flight, rows and then bytes, delivering steps but running no command."""
@@ -360,18 +373,27 @@ class Lockstep:
         step's own time alone, exchanges came 30-160% further apart than meant, and a save waited that much longer."""
         running = worker.state is RunState.RUNNING
         self.turn_period.note(self._turn, time.monotonic(), running)
+        if self.doorbell is not None:
+            self.doorbell.wanted = running
         if not running or not worker.step_ms_history:
             return 1
         seconds = self.turn_period.seconds
         if seconds is None:  # the first exchanges: the step's own time is all there is
             seconds = sorted(worker.step_ms_history)[len(worker.step_ms_history) // 2] / 1000
+        if self.doorbell is not None:
+            self.doorbell.set_turn_seconds(seconds)
         return max(1, min(MAX_CADENCE, int(EXCHANGE_SECONDS / max(seconds, 1e-6))))
 
     def renew_groups(self) -> None:
         """Every rank at once (a batch's handler): new default and control groups on a fresh store prefix."""
         if self.groups is None:
             raise RuntimeError("this session does not own its process groups")
+        if self.doorbell is not None:
+            self.doorbell.close()
         self.plane.group = self.groups.renew()
+        if self.doorbell is not None:
+            self.doorbell = self.groups.doorbell()
+            self.doorbell.wanted = self.rank == 0
 
     def _summarize(self, worker: TrainingWorker) -> None:
         """Rank 0, at most once a second: every rank's numbers as a `ranks` event, the straggler named."""

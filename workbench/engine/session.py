@@ -165,7 +165,9 @@ class Session:
             nice=config.training_nice,
         )
         if ranks is not None:
-            self.worker.lockstep = Lockstep(ranks.plane, ranks.groups)
+            doorbell = ranks.groups.doorbell()
+            self.worker.lockstep = Lockstep(ranks.plane, ranks.groups, doorbell)
+            self.worker.commands.on_put = self._ring_doorbell
         self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
         self.watcher = (
             SourceWatcher(
@@ -401,6 +403,12 @@ class Session:
         from workbench.engine.tensorboard_log import TensorBoardLog
 
         return TensorBoardLog(self.bus, self.run_dir, resumed_from=self.config.resume)
+
+    def _ring_doorbell(self) -> None:
+        """Rank 0: a command was queued; the ranks exchange soon rather than at the cadence's turn."""
+        lockstep = self.worker.lockstep
+        if lockstep is not None and lockstep.doorbell is not None:
+            lockstep.doorbell.ring()
 
     def _submit_changes(self, prepared) -> None:  # type: ignore[no-untyped-def]
         self.worker.commands.put(ApplyChanges(prepared))

@@ -18,6 +18,7 @@ import time
 import traceback
 from collections import deque
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import workbench
@@ -109,6 +110,18 @@ def _scalar(value: Any, name: str) -> float:
         raise StepOutputError(f"step() returned {exc}") from None
 
 
+class CommandQueue(queue.SimpleQueue):  # type: ignore[type-arg]
+    """The training thread's commands. `on_put` hears of each as it is queued, on the queuing thread: under
+    torchrun, rank 0's doorbell (workbench/engine/doorbell.py), so the ranks exchange sooner than the cadence."""
+
+    on_put: Callable[[], None] | None = None
+
+    def put(self, item: Command, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        if self.on_put is not None:
+            self.on_put()
+
+
 class TrainingWorker(threading.Thread):
     def __init__(
         self,
@@ -144,7 +157,7 @@ class TrainingWorker(threading.Thread):
         self.telemetry = telemetry
         self.probe = probe
         self.router = router
-        self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self.commands = CommandQueue()
         self.max_steps = max_steps
         self.exit_at_max_steps = exit_at_max_steps
         self.exit_on_setup_failure = exit_on_setup_failure

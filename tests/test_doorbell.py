@@ -1,0 +1,123 @@
+"""The doorbell (workbench/engine/doorbell.py): rank 0 and rank 1 as two objects on one real TCPStore.
+
+Each test drives the ranks' turns by hand, so every interleaving that matters is reached on purpose: a rank
+that hears in time and agrees, one already past the proposed turn, one that never answers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from workbench.engine.doorbell import ANSWER_WAIT, Doorbell
+
+TIMEOUT = timedelta(seconds=10)
+
+
+@pytest.fixture
+def bells():
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=TIMEOUT, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, 2, False, timeout=TIMEOUT)
+    zero = Doorbell(dist.PrefixStore("t", server), 0, 2, TIMEOUT)
+    one = Doorbell(dist.PrefixStore("t", client), 1, 2, TIMEOUT)
+    zero.wanted = True
+    zero.set_turn_seconds(0.1)  # long turns: the proposal is for rank 0's next boundary
+    yield zero, one
+    zero.close()
+    one.close()
+
+
+def heard(bell: Doorbell) -> tuple[int, int]:
+    deadline = time.monotonic() + 5
+    while bell._proposal is None:
+        assert time.monotonic() < deadline, "rank 1 never heard the proposal"
+        time.sleep(0.001)
+    return bell._proposal
+
+
+def in_thread(fn, *args):  # type: ignore[no-untyped-def]
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(fn(*args)))
+    thread.start()
+    return thread, out
+
+
+def test_a_rank_that_hears_in_time_exchanges_with_rank_0_at_the_proposed_turn(bells):
+    zero, one = bells
+    assert zero.at_boundary(10) is False and one.at_boundary(10) is False  # nothing rung: nothing happens
+    zero.ring()
+    assert heard(one) == (1, 11)
+    thread, got = in_thread(one.at_boundary, 11)  # rank 1 agrees, then waits for rank 0's decision
+    assert zero.at_boundary(11) is True
+    thread.join(5)
+    assert got == [True]
+    zero.ring()  # the next command: a new proposal, heard as the next one
+    assert heard(one) == (2, 12)
+
+
+def test_a_rank_past_the_proposed_turn_says_no_and_neither_rank_exchanges_early(bells):
+    zero, one = bells
+    zero.at_boundary(10)
+    zero.ring()
+    heard(one)
+    assert one.at_boundary(12) is False  # it heard the proposal for turn 11 only at turn 12
+    assert zero.at_boundary(11) is False
+    zero.ring()
+    assert heard(one)[0] == 2  # the listener went on to the next proposal
+
+
+def test_rank_0_decides_no_when_an_answer_does_not_come_and_a_late_yes_learns_it(bells):
+    zero, one = bells
+    zero.at_boundary(10)
+    zero.ring()
+    heard(one)
+    started = time.monotonic()
+    assert zero.at_boundary(11) is False  # rank 1 has not reached a boundary: rank 0 waits ANSWER_WAIT at most
+    assert time.monotonic() - started < ANSWER_WAIT.total_seconds() + 1
+    assert one.at_boundary(11) is False  # it agreed, then read rank 0's decision: no
+
+
+def test_short_turns_propose_a_turn_further_ahead(bells):
+    zero, one = bells
+    zero.set_turn_seconds(0.0015)
+    zero.at_boundary(10)
+    zero.ring()
+    assert heard(one) == (1, 12)  # one turn of slack for a rank through its boundary before rank 0's
+    assert zero.at_boundary(11) is False and one.at_boundary(11) is False  # agreed, waiting for turn 12
+    thread, got = in_thread(one.at_boundary, 12)
+    assert zero.at_boundary(12) is True
+    thread.join(5)
+    assert got == [True]
+
+
+def test_only_one_proposal_is_open_and_none_while_not_training(bells):
+    zero, one = bells
+    zero.wanted = False
+    zero.ring()
+    time.sleep(0.05)
+    assert one._proposal is None and zero._proposal is None
+    zero.wanted = True
+    zero.ring()
+    zero.ring()  # a second command before the turn: the open proposal carries both
+    assert heard(one) == (1, 1)
+    assert zero._k == 1
+
+
+def test_closing_lets_the_listener_and_a_waiting_rank_go(bells):
+    zero, one = bells
+    zero.at_boundary(10)
+    zero.ring()
+    heard(one)
+    assert one.at_boundary(10) is False  # agreed to turn 11
+    thread, got = in_thread(one.at_boundary, 11)
+    zero.close()  # rank 0 ends before turn 11: its decision is no
+    thread.join(5)
+    assert got == [False]
+    listeners = [t for t in threading.enumerate() if t.name == "vram-bench-doorbell"]
+    one.close()
+    for listener in listeners:
+        listener.join(5)
+        assert not listener.is_alive()

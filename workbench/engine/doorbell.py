@@ -1,0 +1,185 @@
+"""Rank 0 brings the next exchange forward when a command arrives, so a save is not held for the cadence.
+
+While training, the ranks exchange about EXCHANGE_SECONDS apart (workbench/engine/lockstep.py), and an
+exchange's rows are collected a turn after they are posted; a command (a saved file, a key) waited for both.
+The doorbell makes it start at rank 0's next boundary or the one after, at no cost per step:
+
+1. When a command is queued on rank 0 (any thread), rank 0 proposes turn P: its next boundary, or a few ahead
+   when turns are shorter than the store's round trips (`propose/k = P`).
+2. Every other rank hears it on a thread of its own (blocked in the store, not polling it) and answers at its
+   next boundary: yes if it has not passed P (then it will exchange at P), no otherwise (`answer/k/rank`).
+3. Rank 0, at turn P, waits a few milliseconds at most for the answers and decides: yes only when every rank
+   said yes (`decision/k`). Each rank that said yes reads the decision at its turn P. On yes, every rank
+   exchanges at P and collects it at once, so the command runs at P everywhere; on no, nothing changed and
+   the cadence's exchange carries the command, as without the doorbell.
+
+No rank waits unboundedly on one that may be inside a step waiting for it: rank 0's wait for answers is
+capped (a rank already past P may be inside a collective waiting for rank 0), and a rank that said yes waits
+at P only for rank 0's decision, which rank 0 makes at its own turn P; rank 0 can reach P, since the waiting
+rank has trained every step up to P.
+
+The messages go through the job's c10d store (torchrun's TCPStore): keys, not collectives, so no rank has to
+join anything to keep the others going. A command costs a few store round trips (0.1-0.3 ms each); between
+commands nothing happens.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from workbench.engine.control_plane import RanksLost
+
+MARGIN_SECONDS = 0.001  # P is at least this far ahead: the proposal's trip through the store to every rank
+SHORT_TURN_SECONDS = 0.01  # below this, a rank is often a turn ahead of rank 0 (done with its step's tail first)
+ANSWER_WAIT = timedelta(milliseconds=5)  # rank 0 at P: how long it waits for answers not in yet
+LISTEN_SECONDS = 1.0  # ranks > 0: one wait for a proposal, after which the listener checks it should stop
+
+
+class Doorbell:
+    """One rank's side of the doorbell, on a store of its own (a prefix per process-group generation)."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
+        # A store client answers one request at a time: each thread has its own (Store.clone), so the listener's
+        # long wait never holds up the training thread's, nor torch's own use of the job's store.
+        self.store = store.clone()  # the training thread's
+        self._ring_store = store.clone() if rank == 0 else None  # rank 0: the threads that queue commands'
+        self._listen_store = store.clone() if rank != 0 else None
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+        self.wanted = False  # rank 0, set by the training thread: exchanges are more than a turn apart (training)
+        self._turns_ahead = 1
+        self._lock = threading.Lock()  # rank 0: the open proposal and the turn
+        self._ring_lock = threading.Lock()  # rank 0: one ringing thread at a time on the ring store
+        self._turn = 0  # rank 0: the last boundary's turn
+        self._k = 0  # rank 0: proposals made
+        self._proposal: tuple[int, int] | None = None  # (k, P): rank 0's open one, or one this rank heard
+        self._accepted_at: int | None = None  # ranks > 0: the turn this rank agreed to exchange at
+        self._closed = threading.Event()
+        self._answered = threading.Event()  # ranks > 0: the proposal heard is answered; listen for the next
+        if rank != 0:
+            threading.Thread(target=self._listen, name="vram-bench-doorbell", daemon=True).start()
+
+    # Rank 0 -----------------------------------------------------------------------------
+    def set_turn_seconds(self, seconds: float) -> None:
+        """The training thread's measured turn: P is at least MARGIN_SECONDS away, and a turn further when turns
+        are short: a rank past P cannot take part (measured: with 1.5 ms turns, P one turn ahead missed 4 times in 8,
+        rank 1 being through its boundary before rank 0's)."""
+        self._turns_ahead = max(1, math.ceil(MARGIN_SECONDS / max(seconds, 1e-6))) + (seconds < SHORT_TURN_SECONDS)
+
+    def ring(self) -> None:
+        """Any thread, on rank 0: a command was queued; propose an exchange soon (once per open proposal)."""
+        if self.rank != 0 or not self.wanted or self._closed.is_set():
+            return
+        with self._lock:
+            if self._proposal is not None:
+                return
+            self._k += 1
+            k, at = self._k, self._turn + self._turns_ahead
+            self._proposal = (k, at)
+        try:
+            with self._ring_lock:
+                self._ring_store.set(f"propose/{k}", str(at))
+        except Exception:  # noqa: BLE001 - the store gone: at P nobody answered, so the cadence carries the command
+            pass
+
+    # Every rank, at each boundary -------------------------------------------------------
+    def at_boundary(self, turn: int) -> bool:
+        """True: every rank exchanges at this turn, and collects the exchange at once."""
+        if self.rank == 0:
+            with self._lock:
+                self._turn = turn
+                proposal = self._proposal
+                if proposal is None or turn < proposal[1]:
+                    return False
+                self._proposal = None
+            return self._decide(*proposal, turn)
+        if self._proposal is None:
+            return False
+        k, at = self._proposal
+        if self._accepted_at is None:  # heard by the listener since the last boundary: answer now
+            accept = turn <= at
+            self._set(f"answer/{k}/{self.rank}", "1" if accept else "0")
+            if not accept:
+                self._done_with_proposal()
+                return False
+            self._accepted_at = at
+        if turn < self._accepted_at:
+            return False
+        agreed = self._wait_get(f"decision/{k}", self.timeout) == b"1"
+        self._accepted_at = None
+        self._done_with_proposal()
+        return agreed
+
+    def _decide(self, k: int, at: int, turn: int) -> bool:
+        """Rank 0 at P: yes when every rank answered yes within ANSWER_WAIT."""
+        answers = [f"answer/{k}/{rank}" for rank in range(1, self.world_size)]
+        agreed = turn == at
+        if agreed and answers:
+            try:
+                self.store.wait(answers, ANSWER_WAIT)
+                agreed = all(bytes(v) == b"1" for v in self.store.multi_get(answers))
+            except Exception:  # noqa: BLE001 - not all in time (a rank past P, or slow): no; the cadence carries it
+                agreed = False
+        self._set(f"decision/{k}", "1" if agreed else "0")
+        return agreed
+
+    def close(self) -> None:
+        """This rank is done with these groups: its listener stops; rank 0 lets every listener, and any rank that
+        said yes to an open proposal, go."""
+        self._closed.set()
+        if self.rank != 0:
+            return
+        with self._lock:
+            proposal, self._proposal = self._proposal, None
+            last = self._k
+        try:
+            if proposal is not None:
+                self.store.set(f"decision/{proposal[0]}", "0")
+            self.store.set(f"propose/{last + 1}", "closed")
+        except Exception:  # noqa: BLE001 - the store is gone with the job: nobody is listening
+            pass
+
+    # Ranks > 0 ---------------------------------------------------------------------------
+    def _listen(self) -> None:
+        """Wait in the store for the next proposal; the training thread answers it at its next boundary."""
+        k = 1
+        while not self._closed.is_set():
+            key = f"propose/{k}"
+            started = time.monotonic()
+            try:
+                self._listen_store.wait([key], timedelta(seconds=LISTEN_SECONDS))
+                value = bytes(self._listen_store.get(key))
+            except Exception:  # noqa: BLE001 - nothing proposed yet (a timeout), or the store is gone: look again
+                if time.monotonic() - started < LISTEN_SECONDS / 2:  # not a timeout: the store failed; no busy loop
+                    self._closed.wait(LISTEN_SECONDS)
+                continue
+            if value == b"closed":
+                return
+            self._answered.clear()
+            self._proposal = (k, int(value))
+            k += 1
+            while not self._answered.wait(LISTEN_SECONDS) and not self._closed.is_set():
+                pass
+
+    def _done_with_proposal(self) -> None:
+        self._proposal = None
+        self._answered.set()
+
+    def _set(self, key: str, value: str) -> None:
+        try:
+            self.store.set(key, value)
+        except Exception as exc:  # noqa: BLE001 - the store is torchrun's: gone means the job is going
+            raise RanksLost(f"the job's store failed ({exc}): another rank or the launcher went away") from exc
+
+    def _wait_get(self, key: str, timeout: timedelta) -> bytes:
+        try:
+            self.store.wait([key], timeout)
+            return bytes(self.store.get(key))
+        except Exception as exc:  # noqa: BLE001
+            raise RanksLost(f"no decision from rank 0 ({exc}): it died or stopped answering") from exc
