@@ -117,6 +117,7 @@ class ProcessGroups:
         self.control: dist.ProcessGroup | None = None
         self.generation = 0  # how many times the groups were made again after a dead collective
         self._store = None  # the store the first default group was made from: renewals take a fresh prefix of it
+        self._doorbell: Doorbell | None = None  # the current generation's (closed with its groups)
 
     def start(self) -> None:
         """Before the project is imported: the default group (unless the user made it) and the control group."""
@@ -147,6 +148,8 @@ class ProcessGroups:
         if not self.can_renew:
             raise RuntimeError("the training group was made by the project's code, so vram-bench cannot make it again")
         self.generation += 1
+        if self._doorbell is not None:
+            self._doorbell.close()
         dist.destroy_process_group()  # every group: the default and the control group
         store = dist.PrefixStore(f"vram-bench/generation-{self.generation}", self._store)
         dist.init_process_group(backend=self._backend(), store=store, rank=self.info.rank, world_size=self.info.world_size,
@@ -156,9 +159,12 @@ class ProcessGroups:
 
     def doorbell(self) -> Doorbell:
         """This generation's doorbell (workbench/engine/doorbell.py), on a prefix of the job's store of its own."""
+        if self._doorbell is not None:
+            self._doorbell.close()
         store = dist.distributed_c10d._get_default_store() if self._store is None else self._store
         prefixed = dist.PrefixStore(f"vram-bench/doorbell-{self.generation}", store)
-        return Doorbell(prefixed, self.info.rank, self.info.world_size, self.control_timeout)
+        self._doorbell = Doorbell(prefixed, self.info.rank, self.info.world_size, self.control_timeout)
+        return self._doorbell
 
     @contextlib.contextmanager
     def running(self) -> Iterator[ProcessGroups]:
@@ -179,6 +185,8 @@ class ProcessGroups:
 
     def close(self) -> None:
         """Destroy what vram-bench created (the user's own default group is theirs to destroy)."""
+        if self._doorbell is not None:
+            self._doorbell.close()
         if not dist.is_initialized():
             return
         try:

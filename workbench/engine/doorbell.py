@@ -37,7 +37,7 @@ from workbench.engine.control_plane import RanksLost
 MARGIN_SECONDS = 0.001  # P is at least this far ahead: the proposal's trip through the store to every rank
 SHORT_TURN_SECONDS = 0.01  # below this, a rank is often a turn ahead of rank 0 (done with its step's tail first)
 ANSWER_WAIT = timedelta(milliseconds=5)  # rank 0 at P: how long it waits for answers not in yet
-LISTEN_SECONDS = 1.0  # ranks > 0: one wait for a proposal, after which the listener checks it should stop
+CLOSE_SECONDS = 2.0  # how long closing waits for the listener to end
 
 
 class Doorbell:
@@ -62,8 +62,11 @@ class Doorbell:
         self._accepted_at: int | None = None  # ranks > 0: the turn this rank agreed to exchange at
         self._closed = threading.Event()
         self._answered = threading.Event()  # ranks > 0: the proposal heard is answered; listen for the next
+        self._listen_k = 1  # ranks > 0: the proposal the listener waits for
+        self._listener: threading.Thread | None = None
         if rank != 0:
-            threading.Thread(target=self._listen, name="vram-bench-doorbell", daemon=True).start()
+            self._listener = threading.Thread(target=self._listen, name="vram-bench-doorbell", daemon=True)
+            self._listener.start()
 
     # Rank 0 -----------------------------------------------------------------------------
     def set_turn_seconds(self, seconds: float) -> None:
@@ -130,41 +133,45 @@ class Doorbell:
         return agreed
 
     def close(self) -> None:
-        """This rank is done with these groups: its listener stops; rank 0 lets every listener, and any rank that
-        said yes to an open proposal, go."""
-        self._closed.set()
-        if self.rank != 0:
+        """This rank is done with these groups (the end, or new groups): its listener stops, and rank 0 lets any
+        rank that said yes to an open proposal go. Idempotent."""
+        if self._closed.is_set():
             return
-        with self._lock:
-            proposal, self._proposal = self._proposal, None
-            last = self._k
+        self._closed.set()
         try:
-            if proposal is not None:
-                self.store.set(f"decision/{proposal[0]}", "0")
-            self.store.set(f"propose/{last + 1}", "closed")
-        except Exception:  # noqa: BLE001 - the store is gone with the job: nobody is listening
+            if self.rank == 0:
+                with self._lock:
+                    proposal, self._proposal = self._proposal, None
+                if proposal is not None:
+                    self.store.set(f"decision/{proposal[0]}", "0")
+                return
+            # The listener waits in the store: wake it with its own key (never overwriting a real proposal).
+            self.store.compare_set(f"propose/{self._listen_k}", "", "closed")
+        except Exception:  # noqa: BLE001 - the store is gone with the job: its waits have ended too
             pass
+        if self._listener is not None and self._listener is not threading.current_thread():
+            self._listener.join(CLOSE_SECONDS)
 
     # Ranks > 0 ---------------------------------------------------------------------------
     def _listen(self) -> None:
-        """Wait in the store for the next proposal; the training thread answers it at its next boundary."""
-        k = 1
+        """Wait in the store for the next proposal; the training thread answers it at its next boundary. The wait
+        has no short timeout (c10d warns at each one): `close` sets the awaited key to end it."""
         while not self._closed.is_set():
-            key = f"propose/{k}"
+            key = f"propose/{self._listen_k}"
             started = time.monotonic()
             try:
-                self._listen_store.wait([key], timedelta(seconds=LISTEN_SECONDS))
+                self._listen_store.wait([key], self.timeout)
                 value = bytes(self._listen_store.get(key))
-            except Exception:  # noqa: BLE001 - nothing proposed yet (a timeout), or the store is gone: look again
-                if time.monotonic() - started < LISTEN_SECONDS / 2:  # not a timeout: the store failed; no busy loop
-                    self._closed.wait(LISTEN_SECONDS)
+            except Exception:  # noqa: BLE001 - the store failed (its job is ending) or a very long quiet: look again
+                if time.monotonic() - started < 1.0:
+                    self._closed.wait(1.0)  # a store that fails at once: no busy loop
                 continue
             if value == b"closed":
                 return
             self._answered.clear()
-            self._proposal = (k, int(value))
-            k += 1
-            while not self._answered.wait(LISTEN_SECONDS) and not self._closed.is_set():
+            self._proposal = (self._listen_k, int(value))
+            self._listen_k += 1
+            while not self._answered.wait(CLOSE_SECONDS) and not self._closed.is_set():
                 pass
 
     def _done_with_proposal(self) -> None:

@@ -388,9 +388,7 @@ class Lockstep:
         """Every rank at once (a batch's handler): new default and control groups on a fresh store prefix."""
         if self.groups is None:
             raise RuntimeError("this session does not own its process groups")
-        if self.doorbell is not None:
-            self.doorbell.close()
-        self.plane.group = self.groups.renew()
+        self.plane.group = self.groups.renew()  # closes the old doorbell too
         if self.doorbell is not None:
             self.doorbell = self.groups.doorbell()
             self.doorbell.wanted = self.rank == 0
