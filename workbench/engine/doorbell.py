@@ -28,16 +28,22 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 import torch.distributed as dist
 
 from workbench.engine.control_plane import RanksLost
 
+T = TypeVar("T")
+
 MARGIN_SECONDS = 0.001  # P is at least this far ahead: the proposal's trip through the store to every rank
 SHORT_TURN_SECONDS = 0.01  # below this, a rank is often a turn ahead of rank 0 (done with its step's tail first)
 ANSWER_WAIT = timedelta(milliseconds=5)  # rank 0 at P: how long it waits for answers not in yet
+ANSWER_POLL_SECONDS = 0.0002
 CLOSE_SECONDS = 2.0  # how long closing waits for the listener to end
+LISTEN_TIMEOUT = timedelta(hours=24)  # one wait of the listener (c10d warns when a wait times out: rarely, then)
 
 
 class Doorbell:
@@ -124,13 +130,26 @@ class Doorbell:
         answers = [f"answer/{k}/{rank}" for rank in range(1, self.world_size)]
         agreed = turn == at
         if agreed and answers:
-            try:
-                self.store.wait(answers, ANSWER_WAIT)
-                agreed = all(bytes(v) == b"1" for v in self.store.multi_get(answers))
-            except Exception:  # noqa: BLE001 - not all in time (a rank past P, or slow): no; the cadence carries it
-                agreed = False
+            agreed = self._all_answered(answers) and all(bytes(v) == b"1" for v in self._store_call(
+                lambda: self.store.multi_get(answers)))
         self._set(f"decision/{k}", "1" if agreed else "0")
         return agreed
+
+    def _all_answered(self, keys: list[str]) -> bool:
+        """Whether every answer is in within ANSWER_WAIT. Checked, not waited for: c10d prints a warning for each
+        wait that times out, and a rank past the turn is an ordinary case, not one to print."""
+        deadline = time.monotonic() + ANSWER_WAIT.total_seconds()
+        while not self._store_call(lambda: self.store.check(keys)):
+            if time.monotonic() >= deadline:
+                return False  # a rank past P, or slow: no; the cadence's exchange carries the command
+            time.sleep(ANSWER_POLL_SECONDS)
+        return True
+
+    def _store_call(self, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - the store is torchrun's: gone means the job is going
+            raise RanksLost(f"the job's store failed ({exc}): another rank or the launcher went away") from exc
 
     def close(self) -> None:
         """This rank is done with these groups (the end, or new groups): its listener stops, and rank 0 lets any
@@ -160,7 +179,7 @@ class Doorbell:
             key = f"propose/{self._listen_k}"
             started = time.monotonic()
             try:
-                self._listen_store.wait([key], self.timeout)
+                self._listen_store.wait([key], LISTEN_TIMEOUT)
                 value = bytes(self._listen_store.get(key))
             except Exception:  # noqa: BLE001 - the store failed (its job is ending) or a very long quiet: look again
                 if time.monotonic() - started < 1.0:
@@ -179,10 +198,7 @@ class Doorbell:
         self._answered.set()
 
     def _set(self, key: str, value: str) -> None:
-        try:
-            self.store.set(key, value)
-        except Exception as exc:  # noqa: BLE001 - the store is torchrun's: gone means the job is going
-            raise RanksLost(f"the job's store failed ({exc}): another rank or the launcher went away") from exc
+        self._store_call(lambda: self.store.set(key, value))
 
     def _wait_get(self, key: str, timeout: timedelta) -> bytes:
         try:
