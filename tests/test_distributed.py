@@ -336,6 +336,46 @@ def test_a_rank_killed_with_sigkill_ends_the_run_with_a_report_and_rank_0s_final
     assert Path(snapshots[-1]["path"]).exists() or (run.entry.parent / snapshots[-1]["path"]).exists()
 
 
+def test_an_internal_error_on_rank_1_alone_ends_the_run_with_a_report_and_no_hang(tmp_path: Path):
+    """A bug in vram-bench itself on one rank (here: its bookkeeping after a step raises on rank 1): that rank
+    cannot take part in the ranks' last exchange, so it must not try (the others would wait on it); it exits, and
+    the others end as for a rank that died, rank 0 with its final snapshot."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    broken = PROJECT.replace("def setup(bench):\n", textwrap.dedent(
+        """
+        def _break_rank_1_after_step_5(bench):
+            from workbench.engine.lockstep import Lockstep
+            record = Lockstep.record_step
+
+            def failing(self, step, *args):
+                if bench.rank == 1 and step >= 5:
+                    raise RuntimeError("an internal error on rank 1 only")
+                return record(self, step, *args)
+
+            Lockstep.record_step = failing
+
+
+        def setup(bench):
+            _break_rank_1_after_step_5(bench)
+        """))
+    (project / "train.py").write_text(broken)
+    run = Headless(project / "train.py", "--nproc-per-node", "2")
+    try:
+        started = time.monotonic()
+        code = run.proc.wait(timeout=60)  # the deadline: nothing may hang on the rank that failed
+        assert time.monotonic() - started < 60
+        assert code == 1
+        run.wait_for(lambda e: e["event"] == "exit", timeout=10, what="rank 0's exit event")
+        errors = [e for e in run.events if e["event"] == "error"]
+        assert any("rank 1" in (e.get("message") or "") or "rank lost" in (e.get("message") or "") for e in errors) or \
+            "rank 1" in run.stderr, (errors, run.stderr[-2000:])
+        snapshots = [e for e in run.events if e["event"] == "snapshot"]
+        assert snapshots and snapshots[-1]["reason"] == "final", [e for e in run.events if e["event"] in ("error", "exit")]
+    finally:
+        run.close()
+
+
 def test_sigterm_to_the_launcher_ends_every_rank_cleanly_after_the_final_snapshot(ranks):
     import signal
 

@@ -219,6 +219,7 @@ class TrainingWorker(threading.Thread):
         self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
         self.broken: Broken | None = None  # under torchrun: the state must be rebuilt (maybe on new groups) to go on
         self._lost = False  # under torchrun: another rank is gone, so no collective can complete
+        self._left_alone = False  # under torchrun: this rank left the loop on an internal error, out of step
 
     def held_paths(self) -> list[Path]:
         """Files with saved changes held back until a rebuild (read from other threads: a copy)."""
@@ -257,11 +258,14 @@ class TrainingWorker(threading.Thread):
             self._ranks_lost(exc)
         except BaseException as exc:  # noqa: BLE001 - a bug in the workbench: say so, exit non-zero
             self.exit_code, self.exit_reason = 1, "internal error"
+            # Under torchrun the other ranks are not at this turn: the last exchange would pair with one of theirs
+            # and wait forever. This rank just ends; torchrun stops the others, which end as for a rank that died.
+            self._left_alone = True
             self.bus.publish(
                 Error(where="worker", message=f"vram-bench internal error: {exc!r}", traceback=traceback.format_exc())
             )
         finally:
-            if self.lockstep is not None and not self._lost:
+            if self.lockstep is not None and not self._lost and not self._left_alone:
                 self._finish_lockstep()
             if self._profile is not None:
                 self._profile.abort()
