@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 MARGIN_SECONDS = 0.001  # P is at least this far ahead: the proposal's trip through the store to every rank
 SHORT_TURN_SECONDS = 0.01  # below this, a rank is often a turn ahead of rank 0 (done with its step's tail first)
-ANSWER_WAIT = timedelta(milliseconds=5)  # rank 0 at P: how long it waits for answers not in yet
+ANSWER_WAIT_SECONDS = 0.005  # rank 0 at P: how long it waits for answers not in yet
 ANSWER_POLL_SECONDS = 0.0002
 CLOSE_SECONDS = 2.0  # how long closing waits for the listener to end
 LISTEN_TIMEOUT = timedelta(hours=24)  # one wait of the listener (c10d warns when a wait times out: rarely, then)
@@ -58,7 +58,7 @@ class Doorbell:
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
-        self.wanted = False  # rank 0, set by the training thread: exchanges are more than a turn apart (training)
+        self.wanted = False  # rank 0, set by the training thread at each exchange: it is training (else no ringing)
         self._turns_ahead = 1
         self._lock = threading.Lock()  # rank 0: the open proposal and the turn
         self._ring_lock = threading.Lock()  # rank 0: one ringing thread at a time on the ring store
@@ -120,13 +120,13 @@ class Doorbell:
             self._accepted_at = at
         if turn < self._accepted_at:
             return False
-        agreed = self._wait_get(f"decision/{k}", self.timeout) == b"1"
+        agreed = self._read_decision(k)
         self._accepted_at = None
         self._done_with_proposal()
         return agreed
 
     def _decide(self, k: int, at: int, turn: int) -> bool:
-        """Rank 0 at P: yes when every rank answered yes within ANSWER_WAIT."""
+        """Rank 0 at P: yes when every rank answered yes within ANSWER_WAIT_SECONDS."""
         answers = [f"answer/{k}/{rank}" for rank in range(1, self.world_size)]
         agreed = turn == at
         if agreed and answers:
@@ -136,9 +136,9 @@ class Doorbell:
         return agreed
 
     def _all_answered(self, keys: list[str]) -> bool:
-        """Whether every answer is in within ANSWER_WAIT. Checked, not waited for: c10d prints a warning for each
+        """Whether every answer is in within ANSWER_WAIT_SECONDS. Checked, not waited for: c10d prints a warning for each
         wait that times out, and a rank past the turn is an ordinary case, not one to print."""
-        deadline = time.monotonic() + ANSWER_WAIT.total_seconds()
+        deadline = time.monotonic() + ANSWER_WAIT_SECONDS
         while not self._store_call(lambda: self.store.check(keys)):
             if time.monotonic() >= deadline:
                 return False  # a rank past P, or slow: no; the cadence's exchange carries the command
@@ -197,12 +197,15 @@ class Doorbell:
         self._proposal = None
         self._answered.set()
 
+    def _read_decision(self, k: int) -> bool:
+        """Ranks > 0 at the agreed turn: rank 0's yes or no (it makes it at that turn; bounded by the control timeout)."""
+        key = f"decision/{k}"
+
+        def read() -> bytes:
+            self.store.wait([key], self.timeout)
+            return bytes(self.store.get(key))
+
+        return self._store_call(read) == b"1"
+
     def _set(self, key: str, value: str) -> None:
         self._store_call(lambda: self.store.set(key, value))
-
-    def _wait_get(self, key: str, timeout: timedelta) -> bytes:
-        try:
-            self.store.wait([key], timeout)
-            return bytes(self.store.get(key))
-        except Exception as exc:  # noqa: BLE001
-            raise RanksLost(f"no decision from rank 0 ({exc}): it died or stopped answering") from exc

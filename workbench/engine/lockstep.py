@@ -312,8 +312,7 @@ class Lockstep:
         if self.rank == 0:
             for row in self.rows:
                 if row.carried_version >= 0:
-                    worker.bus.publish(Step(step=row.step, loss=row.loss, ms=row.ms, code_version=row.carried_version,
-                                            rank=row.rank, time=row.step_time))
+                    self._publish_steps(worker, row.rank, [(row.step, row.loss, row.ms, row.carried_version, row.step_time)])
             self._summarize(worker)
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
         self._next_exchange = self._posted_turn + self.cadence
@@ -390,8 +389,7 @@ class Lockstep:
             raise RuntimeError("this session does not own its process groups")
         self.plane.group = self.groups.renew()  # closes the old doorbell too
         if self.doorbell is not None:
-            self.doorbell = self.groups.doorbell()
-            self.doorbell.wanted = self.rank == 0
+            self.doorbell = self.groups.doorbell()  # rings again once the next exchange sees training
 
     def _summarize(self, worker: TrainingWorker) -> None:
         """Rank 0, at most once a second: every rank's numbers as a `ranks` event, the straggler named."""

@@ -17,8 +17,8 @@ import threading
 import time
 import traceback
 from collections import deque
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import workbench
