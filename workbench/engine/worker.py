@@ -8,6 +8,7 @@ events leave through the bus. Nothing here ever waits for a front end.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import os
@@ -82,8 +83,11 @@ __all__ = ["AUTO_RESUME_REASONS", "ApplyChanges", "RunState", "TrainingWorker", 
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
-    import ctypes
+    """Raise `exc` in that thread at its next bytecode; None cancels one still pending.
 
+    Cancelling is done only when an interrupt is pending: on CPython 3.11, cancelling while a profiler is
+    active in that thread (cProfile inside the user's step) makes its next Python call spin forever.
+    """
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
 
 
@@ -184,6 +188,7 @@ class TrainingWorker(threading.Thread):
         self._first_step = 0  # the step setup() or the resume started from: no snapshot before a step has run
         self.activity: str | None = None  # a long action running between steps, for the status bar
         self._interrupt_lock = threading.Lock()
+        self._interrupt_pending = False  # sent to the running step and not seen raised yet (under the lock)
         self.exit_on_error_pause = False  # headless with stdin closed: nobody could resume
         self.last_profile: Profile | None = None
         self.step_started: float | None = None  # monotonic time the running step began (None between steps)
@@ -470,6 +475,9 @@ class TrainingWorker(threading.Thread):
                     out = step_fn(self.user_state, self.bench)
                 loss, scalars = split_step_output(out)
                 scalars.update(self.bench._take_logged())
+            except KeyboardInterrupt:
+                self._interrupt_raised()
+                raise
             finally:
                 self._step_ends()
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a failing step pauses; the model survives
@@ -581,12 +589,23 @@ class TrainingWorker(threading.Thread):
             if self.step_started is None or self.ident is None:
                 return False
             _set_async_exc(self.ident, KeyboardInterrupt)
+            self._interrupt_pending = True
             return True
+
+    def _interrupt_raised(self) -> None:
+        """The step raised KeyboardInterrupt: nothing is left to cancel."""
+        with self._interrupt_lock:
+            self._interrupt_pending = False
 
     def _step_ends(self) -> None:
         with self._interrupt_lock:
             self.step_started = None
-            _set_async_exc(threading.get_ident(), None)  # cancel an interrupt that arrived too late
+            if self._interrupt_pending:  # sent too late to land in the step: cancel it (never when none was sent)
+                self._interrupt_pending = False
+                if sys.getprofile() is None and sys.gettrace() is None:
+                    _set_async_exc(threading.get_ident(), None)
+                # else: a profiler runs in this thread and cancelling would hang it (see _set_async_exc); the
+                # interrupt lands in the bookkeeping after the step, which pauses as for an interrupted step.
 
     def _check_max_steps(self) -> None:
         if self.max_steps is None or self.step < self.max_steps:
