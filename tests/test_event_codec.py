@@ -156,3 +156,36 @@ def test_optional_fields_added_later_stay_off_the_line_while_unset():
         defaults = {f.name: f.default for f in dataclasses.fields(kind)}
         for field_name in kind.omitted_when_none:
             assert defaults.get(field_name, "missing") is None, f"{name}.{field_name} must be a field whose default is None"
+
+
+def _generic_json(event: Event) -> str:
+    """What every event type's encoder writes: the dict of its fields through json.dumps."""
+    return json.dumps(event.to_dict(), allow_nan=False, separators=(",", ":"))
+
+
+STEP_CASES = [
+    dict(step=1, loss=0.1, ms=1.0),
+    dict(step=12_345_678, loss=1e-300, ms=5e-324, code_version=7),
+    dict(step=3, loss=math.nan, ms=math.inf, scalars={"lr": -math.inf, "acc": 0.5}),
+    dict(step=3, loss=-0.0, ms=1e22, scalars={"n": 3}, peak_allocated=2**40, gpu=0),
+    dict(step=3, loss=2.0, ms=0.25, saved_bytes=0, rank=7),
+    dict(step=3, loss=2.0, ms=0.25, scalars={"ünï": 1.0, 'quote"d': 2.5}, rank=0),
+    dict(step=0, loss=1, ms=3, code_version=0),  # ints where floats are declared
+]
+
+
+@pytest.mark.parametrize("fields", STEP_CASES)
+def test_the_step_encoder_writes_what_the_generic_encoder_writes(fields):
+    step = ev.Step(**fields, time=T + 0.123456789)
+    assert step.to_json() == _generic_json(step)
+    assert event_from_json(step.to_json()) == event_from_json(_generic_json(step))
+
+
+def test_a_step_with_numbers_of_other_types_falls_back_to_the_generic_encoder():
+    class Loss(float):  # a float subclass (as NumPy's float64 is) may repr itself differently
+        def __repr__(self) -> str:
+            return "Loss(...)"
+
+    step = ev.Step(step=True, loss=Loss(0.5), ms=1.0, time=T)
+    assert step.to_json() == _generic_json(step)
+    assert '"loss":0.5' in step.to_json() and '"step":true' in step.to_json()

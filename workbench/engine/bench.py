@@ -45,7 +45,7 @@ def to_scalar(value: Any, name: str) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise TypeError(f"{name!r} is a tensor of shape {tuple(value.shape)}; log a scalar (e.g. .mean())")
-        return float(value.detach().item())
+        return float(value.item())  # no detach(): item() reads the value, autograd or not
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
             return float(value)

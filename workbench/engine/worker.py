@@ -287,6 +287,8 @@ class TrainingWorker(threading.Thread):
         if self.lockstep is not None:
             self.lockstep.boundary(self, block)  # the same batch on every rank (workbench/engine/lockstep.py)
             return
+        if not block and self.commands.empty():
+            return  # the common case between two steps: no queue.Empty raised and caught
         try:
             command = self.commands.get(timeout=0.5) if block else self.commands.get_nowait()
         except queue.Empty:

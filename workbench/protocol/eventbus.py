@@ -46,7 +46,10 @@ class Subscription(Generic[E]):
         if len(self._items) == self._items.maxlen:
             self.dropped += 1
         self._items.append(event)
-        self._wakeup.set()
+        # Set only when clear: Event.set takes a lock and notifies (a few us, per step and reader). No wakeup is
+        # lost: `drain` clears the flag before it empties the queue, and the item is queued before the check.
+        if not self._wakeup.is_set():
+            self._wakeup.set()
         if not isinstance(event, ROUTINE):
             self._urgent.set()
             if self._notify is not None:
