@@ -138,7 +138,7 @@ def serve(session: Session, name: str) -> int:
     server.start()
     print(f"vram-bench: session {name} (pid {os.getpid()}) serves {sock}; run folder {session.run_dir}", file=sys.stderr, flush=True)
     try:
-        return run_headless(session, _Discard(), None, flush=server.flush)
+        return run_headless(session, _Discard(), None, flush=server.flush, telemetry=False)
     finally:
         server.close()
         registry.remove(registry.SessionEntry(name, sock, facts))
@@ -149,7 +149,7 @@ def serve_nothing(session: Session) -> int:
     (its events go to its own events-rankN.jsonl)."""
     from workbench.frontends.headless import run_headless
 
-    return run_headless(session, _Discard(), None)
+    return run_headless(session, _Discard(), None, telemetry=False)
 
 
 def _time_limit_fact(session: Session) -> dict[str, object] | None:

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from typing import TextIO
 
 
-from workbench.protocol.events import CommandError, Error, Exit, Interrupt, Quit, parse_command
+from workbench.protocol.eventbus import ROUTINE
+from workbench.protocol.events import CommandError, Error, Event, Exit, Interrupt, Quit, parse_command
 from workbench.engine.quit_escalation import QuitEscalation, QuitTimeouts, end_child_processes
 from workbench.engine.session import Session
 from workbench.protocol.lines import read_lines
@@ -54,6 +55,10 @@ def _read_commands(session: Session, fd: int, on_quit: Callable[[], None]) -> No
     session.worker.exit_on_error_pause = True
 
 
+def _not_routine(event: Event) -> bool:
+    return not isinstance(event, ROUTINE)
+
+
 def run_headless(
     session: Session,
     stdout: TextIO,
@@ -61,11 +66,14 @@ def run_headless(
     timeouts: QuitTimeouts | None = None,
     *,
     flush: Callable[[float], object] | None = None,
+    telemetry: bool = True,
 ) -> int:
     """Run until the session exits (quit, --max-steps, setup failure); returns the exit code.
 
-    `flush(timeout)`: what else must have sent the `exit` event before a forced exit (a session's socket clients)."""
-    events = session.bus.subscribe(maxlen=1_000_000)
+    `flush(timeout)`: what else must have sent the `exit` event before a forced exit (a session's socket clients).
+    `telemetry=False`: `stdout` discards what it is given (a session process, a rank > 0), so steps, memory samples
+    and rank summaries are not queued for it at all: no wakeups beside the training loop for nothing."""
+    events = session.bus.subscribe(maxlen=1_000_000, accept=None if telemetry else _not_routine)
     exit_written = threading.Event()
 
     def all_written(timeout: float) -> None:
