@@ -122,3 +122,27 @@ def test_closing_lets_the_listener_and_a_waiting_rank_go(bells):
     for listener in listeners:
         listener.join(5)
         assert not listener.is_alive()
+
+
+def test_the_keys_of_proposals_every_rank_is_through_with_leave_the_store(bells):
+    """Each command used to leave its proposal, answers and decision in torchrun's store for the rest of the job."""
+    zero, one = bells
+
+    def agree() -> int:
+        zero.ring()
+        k, at = heard(one)
+        thread, got = in_thread(one.at_boundary, at)
+        assert zero.at_boundary(at) is True
+        thread.join(5)
+        assert got == [True]
+        return k
+
+    def kept(k: int) -> list[bool]:
+        return [zero.store.check([key]) for key in (f"propose/{k}", f"decision/{k}", f"answer/{k}/1")]
+
+    zero.at_boundary(10)
+    assert [agree(), agree()] == [1, 2]
+    assert kept(1) == [True, True, True]  # rank 0 learned at proposal 2 that rank 1 is through with 1 ...
+    assert agree() == 3  # ... and the next ring deletes its keys, off the training thread
+    assert kept(1) == [False, False, False]
+    assert kept(2) == [True, True, True] and kept(3) == [True, True, True]  # rank 1 may still be reading these

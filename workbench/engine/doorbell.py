@@ -64,6 +64,8 @@ class Doorbell:
         self._ring_lock = threading.Lock()  # rank 0: one ringing thread at a time on the ring store
         self._turn = 0  # rank 0: the last boundary's turn
         self._k = 0  # rank 0: proposals made
+        self._kept_from = 1  # rank 0: the oldest proposal whose keys are still in the store
+        self._forgotten: list[str] = []  # rank 0: keys of finished proposals, for the next ring to delete
         self._proposal: tuple[int, int] | None = None  # (k, P): rank 0's open one, or one this rank heard
         self._accepted_at: int | None = None  # ranks > 0: the turn this rank agreed to exchange at
         self._closed = threading.Event()
@@ -91,9 +93,12 @@ class Doorbell:
             self._k += 1
             k, at = self._k, self._turn + self._turns_ahead
             self._proposal = (k, at)
+            forgotten, self._forgotten = self._forgotten, []
         try:
             with self._ring_lock:
                 self._ring_store.set(f"propose/{k}", str(at))
+                for key in forgotten:
+                    self._ring_store.delete_key(key)
         except Exception:  # noqa: BLE001 - the store gone: at P nobody answered, so the cadence carries the command
             pass
 
@@ -129,11 +134,24 @@ class Doorbell:
         """Rank 0 at P: yes when every rank answered yes within ANSWER_WAIT_SECONDS."""
         answers = [f"answer/{k}/{rank}" for rank in range(1, self.world_size)]
         agreed = turn == at
+        all_in = False
         if agreed and answers:
-            agreed = self._all_answered(answers) and all(bytes(v) == b"1" for v in self._store_call(
-                lambda: self.store.multi_get(answers)))
+            all_in = self._all_answered(answers)
+            agreed = all_in and all(bytes(v) == b"1" for v in self._store_call(lambda: self.store.multi_get(answers)))
         self._set(f"decision/{k}", "1" if agreed else "0")
+        if all_in:
+            self._forget_before(k)
         return agreed
+
+    def _forget_before(self, k: int) -> None:
+        """Every rank answered proposal k: each is done with every earlier one (a rank takes proposals in order and
+        hears the next only once it is through with the last, its decision read), so their keys can go. Without
+        this, each command left a few keys in torchrun's store for the rest of the job."""
+        keys = [key for j in range(self._kept_from, k)
+                for key in (f"propose/{j}", f"decision/{j}", *(f"answer/{j}/{r}" for r in range(1, self.world_size)))]
+        self._kept_from = k
+        with self._lock:
+            self._forgotten.extend(keys)  # deleted by the next ring, off the training thread (a round trip each)
 
     def _all_answered(self, keys: list[str]) -> bool:
         """Whether every answer is in within ANSWER_WAIT_SECONDS. Checked, not waited for: c10d prints a warning for each
