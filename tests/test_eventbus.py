@@ -7,7 +7,7 @@ import threading
 import time
 
 from workbench.protocol.eventbus import EventBus
-from workbench.protocol.events import Error, Memory, Paused, Step
+from workbench.protocol.events import Error, Exit, Memory, Paused, Step
 
 
 def _step(n: int) -> Step:
@@ -92,3 +92,44 @@ def test_an_events_json_is_made_once_and_matches_its_dict() -> None:
     a.to_json()
     assert a == b  # the kept text is not a field: equality and the schema are unchanged
     assert "_json" not in a.to_dict()
+
+
+def _memory() -> Memory:
+    return Memory(rss_bytes=1, rss_anon_bytes=1, rss_file_bytes=0, system_total_bytes=2, system_available_bytes=1)
+
+
+def test_an_engines_bus_delivers_nothing_after_the_exit() -> None:
+    # The sampler can publish a memory sample while the session winds down: no reader may see it after `exit`.
+    bus = EventBus(ends_at_exit=True)
+    reader = bus.subscribe()
+    bus.publish(_step(1))
+    bus.publish(Exit(reason="max steps", step=1))
+    bus.publish(_memory())
+    bus.publish(Exit(reason="stuck", step=1, code=3))  # a forced exit racing the worker's: one exit only
+    assert [type(e).__name__ for e in reader.drain()] == ["Step", "Exit"]
+
+
+def test_a_clients_bus_goes_on_after_the_exit() -> None:
+    # The app's own bus says why a key did nothing once the session ended: that error comes after the exit.
+    bus = EventBus()
+    reader = bus.subscribe()
+    bus.publish(Exit(reason="quit", step=1))
+    bus.publish(Error(where="session", message="not sent (pause): the session ended"))
+    assert [type(e).__name__ for e in reader.drain()] == ["Exit", "Error"]
+
+
+def test_racing_exits_from_many_threads_publish_exactly_one() -> None:
+    bus = EventBus(ends_at_exit=True)
+    reader = bus.subscribe()
+    start = threading.Barrier(8)
+
+    def publish(n: int) -> None:
+        start.wait()
+        bus.publish(Exit(reason=f"thread {n}", step=n))
+
+    threads = [threading.Thread(target=publish, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(reader.drain()) == 1

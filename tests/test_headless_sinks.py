@@ -50,3 +50,34 @@ def test_without_telemetry_the_loop_writes_no_steps_but_the_event_log_has_them(t
 def test_with_telemetry_the_loop_writes_every_step(tmp_path):
     written, _ = _run(tmp_path, telemetry=True)
     assert [e["step"] for e in written if e["event"] == "step"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_exit_is_the_last_line_of_the_stream_and_of_the_event_log(tmp_path):
+    # Events queued behind the exit (a memory sample taken while the session closes) are not written after it:
+    # a reader stops at `exit`, and a script checking `lines[-1]` sees why the run ended.
+    from workbench.engine.eventlog import EventLogWriter
+    from workbench.frontends.headless import _write_until_exit
+    from workbench.protocol.eventbus import EventBus
+    from workbench.protocol.events import Exit, Step
+
+    late = Step(step=3, loss=1.0, ms=1.0)
+    out = Recording()
+    assert not _write_until_exit([Step(step=1, loss=1.0, ms=1.0)], out)
+    assert _write_until_exit([Step(step=2, loss=1.0, ms=1.0), Exit(reason="max steps", step=2), late], out)
+    assert [e["event"] for e in out.lines] == ["step", "step", "exit"]
+
+    bus = EventBus()  # a plain bus: the writer itself must stop at the exit
+    writer = EventLogWriter(bus, tmp_path / "events.jsonl")
+    for event in (Step(step=1, loss=1.0, ms=1.0), Exit(reason="max steps", step=1), late):
+        bus.publish(event)
+    writer.start()
+    writer.join(5)
+    assert not writer.is_alive()
+    logged = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert logged == ["step", "exit"]
+
+
+def test_a_real_runs_stream_ends_with_its_exit(tmp_path):
+    written, logged = _run(tmp_path, telemetry=True)
+    assert written[-1]["event"] == "exit" and logged[-1]["event"] == "exit"
+    assert sum(e["event"] == "exit" for e in written) == 1

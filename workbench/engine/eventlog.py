@@ -25,10 +25,14 @@ class EventLogWriter(threading.Thread):
         with self._path.open("a", encoding="utf-8") as out:
             while True:
                 batch = self._events.wait(timeout=0.5, linger=STEP_BATCH_SECONDS)
+                ended = False
                 for event in batch:
                     out.write(event.to_json() + "\n")
+                    if isinstance(event, Exit):
+                        ended = True  # the log's last line
+                        break
                 out.flush()
-                if any(isinstance(e, Exit) for e in batch) or (self._stop_event.is_set() and not batch):
+                if ended or (self._stop_event.is_set() and not batch):
                     break
         self._events.close()
 

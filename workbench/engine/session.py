@@ -124,7 +124,7 @@ class Session:
         self.ranks = ranks  # under torchrun: this rank and the control plane; rank 0 alone watches and serves
         self._early_output = early_output  # what the project printed while it was imported
         self.config = config
-        self.bus = EventBus()
+        self.bus = EventBus(ends_at_exit=True)
         self.telemetry = Telemetry(memory_history=int(config.memory_window / max(config.memory_interval, 0.01)) + 1)
         self.probe: DeviceProbe = probe or TorchNvmlProbe()
         # The project's state folder (a UserError before anything starts), and this session's own run folder in it.

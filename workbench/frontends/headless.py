@@ -92,21 +92,16 @@ def run_headless(
             threading.Thread(
                 target=_read_commands, args=(session, fd, escalation.begin), name="vram-bench-stdin", daemon=True
             ).start()
-        while True:
-            done = False
-            for event in events.wait(timeout=0.2, linger=STEP_BATCH_SECONDS):
-                stdout.write(event.to_json() + "\n")
-                done = done or isinstance(event, Exit)
-            stdout.flush()
-            if done:
-                exit_written.set()  # a forced exit waits for this before ending the process
-                break
+        while not _write_until_exit(events.wait(timeout=0.2, linger=STEP_BATCH_SECONDS), stdout):
+            pass
+        exit_written.set()  # a forced exit waits for this before ending the process
     finally:
         try:
             session.close()
-            for event in events.drain():
-                if not isinstance(event, Exit):
-                    stdout.write(event.to_json() + "\n")
+            if not exit_written.is_set():  # left early (an exception): what was queued, still without the exit
+                for event in events.drain():
+                    if not isinstance(event, Exit):
+                        stdout.write(event.to_json() + "\n")
             stdout.flush()
         finally:
             escalation.stop()
@@ -117,6 +112,17 @@ def run_headless(
                 devnull.close()
             end_child_processes(escalation.timeouts.children)  # DataLoader workers a state still holds, a step's subprocesses
     return session.exit_code
+
+
+def _write_until_exit(batch: list[Event], stdout: TextIO) -> bool:
+    """Write a batch of events; True once the `exit` event is written, which is the stream's last line."""
+    for event in batch:
+        stdout.write(event.to_json() + "\n")
+        if isinstance(event, Exit):
+            stdout.flush()
+            return True
+    stdout.flush()
+    return False
 
 
 def _all_written(session: Session, exit_written: threading.Event, timeout: float) -> None:

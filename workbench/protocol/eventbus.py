@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from workbench.protocol.events import Event, Memory, Ranks, Step
+from workbench.protocol.events import Event, Exit, Memory, Ranks, Step
 
 ROUTINE = (Step, Memory, Ranks)  # telemetry at the step or sampler rate: a lingering reader batches these
 
@@ -89,11 +89,17 @@ class Subscription(Generic[E]):
 
 
 class EventBus:
-    """Publish/subscribe for engine events; `publish` is non-blocking and thread-safe."""
+    """Publish/subscribe for engine events; `publish` is non-blocking and thread-safe.
 
-    def __init__(self) -> None:
+    `ends_at_exit`: the first `exit` event is the last one any reader gets. An engine's bus sets it: the sampler, a
+    watchdog or a forced exit can still publish while the session winds down, and a stream's reader (stdout, the
+    event log, a socket client) must be able to stop at `exit` without having lost anything that happened."""
+
+    def __init__(self, *, ends_at_exit: bool = False) -> None:
         self._subscribers: tuple[Subscription, ...] = ()
         self._lock = threading.Lock()
+        self._ends_at_exit = ends_at_exit
+        self._ended = False
 
     def subscribe(
         self, maxlen: int = 50_000, accept: Callable[[Event], bool] | None = None, notify: threading.Event | None = None
@@ -110,6 +116,13 @@ class EventBus:
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
 
     def publish(self, event: Event) -> None:
+        if self._ended:
+            return
+        if self._ends_at_exit and type(event) is Exit:
+            with self._lock:  # two exits (the worker's, a forced one) racing: one of them is published
+                if self._ended:
+                    return
+                self._ended = True
         # Reading the tuple is atomic; subscribers only swap it under the lock.
         for sub in self._subscribers:
             sub._offer(event)
