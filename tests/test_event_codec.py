@@ -174,6 +174,12 @@ STEP_CASES = [
 ]
 
 
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_every_event_type_is_written_as_json_dumps_writes_its_dict(name):
+    event = SAMPLES[name]
+    assert event.to_json() == _generic_json(event)
+
+
 @pytest.mark.parametrize("fields", STEP_CASES)
 def test_the_step_encoder_writes_what_the_generic_encoder_writes(fields):
     step = ev.Step(**fields, time=T + 0.123456789)
@@ -181,7 +187,7 @@ def test_the_step_encoder_writes_what_the_generic_encoder_writes(fields):
     assert event_from_json(step.to_json()) == event_from_json(_generic_json(step))
 
 
-def test_a_step_with_numbers_of_other_types_falls_back_to_the_generic_encoder():
+def test_a_step_with_numbers_of_other_types_is_written_as_json_dumps_writes_them():
     class Loss(float):  # a float subclass (as NumPy's float64 is) may repr itself differently
         def __repr__(self) -> str:
             return "Loss(...)"
@@ -189,3 +195,9 @@ def test_a_step_with_numbers_of_other_types_falls_back_to_the_generic_encoder():
     step = ev.Step(step=True, loss=Loss(0.5), ms=1.0, time=T)
     assert step.to_json() == _generic_json(step)
     assert '"loss":0.5' in step.to_json() and '"step":true' in step.to_json()
+
+
+def test_nulls_and_escaped_strings_are_written_as_json_dumps_writes_them():
+    error = ev.Error(where="step", message='caf\u00e9 "quoted"\n\ttab \\ back', time=T)  # file, line, traceback: None
+    assert error.to_json() == _generic_json(error)
+    assert '"file":null' in error.to_json()

@@ -50,24 +50,49 @@ class Event:
             return text
 
     def _encode(self) -> str:
-        return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+        """`to_dict` as JSON, written field by field: numbers, strings and None directly, anything else through
+        json.dumps. The same text as `json.dumps(self.to_dict())`, about 3x faster for a step: every rank's every
+        step is encoded once for its readers, beside a training loop that any CPU taken from it slows."""
+        parts = ['{"event":', _string(self.name)]
+        for name, key, omitted in _json_fields(type(self)):
+            value = getattr(self, name)
+            kind = type(value)
+            if kind is float:
+                text = float.__repr__(value) if math.isfinite(value) else f'"{_jsonable(value)}"'
+            elif kind is int:
+                text = int.__repr__(value)
+            elif kind is str:
+                text = _string(value)
+            elif value is None:
+                if omitted:
+                    continue
+                text = "null"
+            elif not value and (kind is dict or kind is tuple or kind is list):
+                text = "{}" if kind is dict else "[]"
+            else:  # containers, bools, subclasses of float or int (NumPy's): as json.dumps writes them
+                text = json.dumps(_jsonable(value), allow_nan=False, separators=(",", ":"))
+            parts += (key, text)
+        parts.append("}")
+        return "".join(parts)
+
+
+_string = json.JSONEncoder().encode  # a str as json.dumps writes it (ASCII, escaped)
+_JSON_FIELDS: dict[type, tuple[tuple[str, str, bool], ...]] = {}
+
+
+def _json_fields(kind: type) -> tuple[tuple[str, str, bool], ...]:
+    """An event type's fields as (name, its `,"name":` prefix, left out while None), worked out once per type."""
+    try:
+        return _JSON_FIELDS[kind]
+    except KeyError:
+        found = tuple((f.name, f',"{f.name}":', f.name in kind.omitted_when_none) for f in dataclasses.fields(kind))
+        _JSON_FIELDS[kind] = found
+        return found
 
 
 def jsonable(value: Any) -> Any:
     """A value as `to_dict` writes it: tuples become lists, NaN/Inf become "nan"/"inf"/"-inf"."""
     return _jsonable(value)
-
-
-def _number(value: Any) -> str:
-    """A plain int or float as json.dumps writes it (NaN/Inf as strings, as `_jsonable` has them); TypeError else."""
-    kind = type(value)
-    if kind is float:
-        if math.isfinite(value):
-            return float.__repr__(value)
-        return '"nan"' if math.isnan(value) else ('"inf"' if value > 0 else '"-inf"')
-    if kind is int:
-        return int.__repr__(value)
-    raise TypeError(f"not a plain number: {kind.__name__}")
 
 
 def _jsonable(value: Any) -> Any:
@@ -120,24 +145,6 @@ class Step(Event):
     gpu: int | None = None
     saved_bytes: int | None = None
     rank: int | None = None  # under torchrun: which rank trained this step (rank 0 streams every rank's, up to 8)
-
-    def _encode(self) -> str:
-        """The same text as the generic encoder, about 3.5x faster: every step of every rank is encoded once
-        for its readers, on their threads, beside a training loop that any CPU taken from it slows.
-        Anything but plain ints and floats (a NumPy number, a bool) takes the generic path."""
-        try:
-            parts = ['{"event":"step","time":', _number(self.time), ',"step":', _number(self.step), ',"loss":',
-                     _number(self.loss), ',"ms":', _number(self.ms), ',"scalars":',
-                     "{}" if not self.scalars else json.dumps(_jsonable(self.scalars), allow_nan=False, separators=(",", ":")),
-                     ',"code_version":', _number(self.code_version)]
-            for name, value in (("peak_allocated", self.peak_allocated), ("gpu", self.gpu),
-                                ("saved_bytes", self.saved_bytes), ("rank", self.rank)):
-                if value is not None:
-                    parts += [',"', name, '":', _number(value)]
-        except TypeError:
-            return super()._encode()
-        parts.append("}")
-        return "".join(parts)
 
 
 @dataclass(frozen=True)
