@@ -344,7 +344,7 @@ def _session_process(entry: Path, args: argparse.Namespace, config) -> int:  # t
     ranks = rank_info_from_env()
     with _process_groups(ranks, config.device, args.collective_timeout) as groups:
         project, early, resume = _load_as_a_script(entry, args)
-        session = Session(project, replace(config, resume=resume, write_event_log=True, memory_event_interval=0.5),
+        session = Session(project, replace(config, resume=resume, write_event_log=True, memory_event_interval=1.0),
                           stdout_passthrough=sys.stderr, early_output=early, ranks=groups.role() if groups else None)
         if session.is_main:  # rank 0 (or the only process) hosts the socket; the other ranks have no front end
             code = serve(session, args.session_name)

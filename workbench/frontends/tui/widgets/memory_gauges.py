@@ -61,7 +61,9 @@ class MemoryGauges(Static, can_focus=True):
 
     def on_mount(self) -> None:
         self.redraw()
-        on_beat(self, 0.5, self.redraw)
+        # Once a second, on the chart's beat: the pane sits beside the chart, and a frame redraws every line of
+        # the screen between its changes, so a memory redraw on its own beat re-rendered the chart's lines too.
+        on_beat(self, 1.0, self.redraw)
 
     def redraw(self) -> None:
         sample = self._telemetry.memory
