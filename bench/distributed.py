@@ -11,8 +11,13 @@
 - Save -> applied: from writing the file to the `reload` event (the event's own time: after every rank
   applied), 2 ranks against 1 process (`vram-bench run --headless`) on the same project, median of N
   saves each (target <= 1.5x). The reload event's `ms` (the watcher's sighting -> applied) is shown too.
+  A change applies at the next step boundary, so a save waits half a step on average: the 1-process
+  baseline runs twice, with every core (its steps are shorter than a rank's here, where 2 ranks share
+  2 cores) and with one intra-op thread, as torchrun runs each rank (OMP_NUM_THREADS=1): the same step
+  as a rank's, so the ratio is what the lockstep adds. Each run's median step (ms) is shown.
 
     python bench/distributed.py [--rounds 5] [--steps 3000] [--model small] [--saves 10] [--exchange-ms 50]
+    python bench/distributed.py --rounds 0 --model medium --saves 8     # save -> applied only
 
 `--exchange-ms` sets VRAM_BENCH_EXCHANGE_MS for the vram-bench runs: how far apart the ranks' control exchanges
 are while training (shorter: a save applies sooner, at more CPU per second).
@@ -166,10 +171,13 @@ def vram_bench_round(folder: Path, steps: int) -> tuple[float, float]:
     return steps_per_second(times), (children_cpu() - cpu) / steps * 1000
 
 
-def save_latencies(folder: Path, nproc: int, saves: int) -> tuple[list[float], list[float]]:
+def save_latencies(folder: Path, nproc: int, saves: int, threads: int | None = None) -> tuple[list[float], list[float], float]:
     """Start a session, save `saves` edits to LR: for each, ms from the write to the reload event (applied everywhere),
-    and the event's own `ms` (the watcher's sighting -> applied)."""
+    and the event's own `ms` (the watcher's sighting -> applied); then the median step's ms while saving.
+    `threads`: OMP_NUM_THREADS for a single process (torchrun sets 1 for each of several ranks)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     extra = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "run", "train.py", "--headless", *extra], cwd=folder, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -206,7 +214,8 @@ def save_latencies(folder: Path, nproc: int, saves: int) -> tuple[list[float], l
             latencies.append((reload["time"] - written) * 1000)
             seen_to_applied.append(reload["ms"])
             time.sleep(0.3)
-        return latencies, seen_to_applied
+        step_ms = statistics.median(e["ms"] for e in events if e["event"] == "step" and e["step"] > 50)
+        return latencies, seen_to_applied, step_ms
     finally:
         proc.stdin.write("quit\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
@@ -253,25 +262,29 @@ def main() -> None:
             ratios.append(our_rate / rate)
             print(f"  round {i + 1}: plain {rate:.1f}, vram-bench {our_rate:.1f} steps/s ({our_rate / rate:.3f})", flush=True)
         if args.saves:
-            one, one_seen = save_latencies(project(root, "one", args.model), 1, args.saves)
-            two, two_seen = save_latencies(project(root, "two", args.model), 2, args.saves)
+            one, one_seen, one_step = save_latencies(project(root, "one", args.model), 1, args.saves)
+            rank, rank_seen, rank_step = save_latencies(project(root, "rank", args.model), 1, args.saves, threads=1)
+            two, two_seen, two_step = save_latencies(project(root, "two", args.model), 2, args.saves)
     exchange = os.environ.get("VRAM_BENCH_EXCHANGE_MS", "50 (default)")
     widths, batch = MODELS[args.model]
     print(f"2-rank DDP MLP ({' -> '.join(map(str, widths))}, batch {batch}, gloo), {args.rounds} interleaved rounds of "
           f"{args.steps} steps; exchanges every {exchange} ms")
-    print(f"  plain torchrun: median {statistics.median(plain):.1f} steps/s  {[round(x, 1) for x in plain]}")
-    print(f"  vram-bench:     median {statistics.median(ours):.1f} steps/s  {[round(x, 1) for x in ours]}")
-    print(f"  vram-bench / plain: median of per-round ratios {statistics.median(ratios):.3f}  "
-          f"{[round(x, 3) for x in ratios]}  (target >= 0.98)")
-    print(f"  CPU per step, every process of the run (start-up included): plain {statistics.median(plain_cpu):.2f} ms, "
-          f"vram-bench {statistics.median(our_cpu):.2f} ms")
+    if args.rounds:
+        print(f"  plain torchrun: median {statistics.median(plain):.1f} steps/s  {[round(x, 1) for x in plain]}")
+        print(f"  vram-bench:     median {statistics.median(ours):.1f} steps/s  {[round(x, 1) for x in ours]}")
+        print(f"  vram-bench / plain: median of per-round ratios {statistics.median(ratios):.3f}  "
+              f"{[round(x, 3) for x in ratios]}  (target >= 0.98)")
+        print(f"  CPU per step, every process of the run (start-up included): plain {statistics.median(plain_cpu):.2f} ms, "
+              f"vram-bench {statistics.median(our_cpu):.2f} ms")
     if args.saves:
-        print(f"save -> applied (the write -> the reload event), {args.saves} saves each")
-        print(f"  1 process: median {statistics.median(one):.1f} ms  {[round(x, 1) for x in one]}")
-        print(f"  2 ranks:   median {statistics.median(two):.1f} ms  {[round(x, 1) for x in two]}")
-        print(f"  2 ranks / 1 process: {statistics.median(two) / statistics.median(one):.2f}x  (target <= 1.5x)")
-        print(f"  the reload event's ms (the watcher's sighting -> applied): 1 process {statistics.median(one_seen):.1f}, "
-              f"2 ranks {statistics.median(two_seen):.1f}")
+        print(f"save -> applied (the write -> the reload event), {args.saves} saves each; median step beside each")
+        for label, got, seen, step_ms in (("1 process, every core", one, one_seen, one_step),
+                                          ("1 process, 1 thread (a rank's)", rank, rank_seen, rank_step),
+                                          ("2 ranks", two, two_seen, two_step)):
+            print(f"  {label:31} median {statistics.median(got):6.1f} ms  (sighting -> applied {statistics.median(seen):5.1f} ms; "
+                  f"step {step_ms:.1f} ms)  {[round(x, 1) for x in got]}")
+        print(f"  2 ranks / 1 process with a rank's thread: {statistics.median(two) / statistics.median(rank):.2f}x  (target <= 1.5x); "
+              f"/ 1 process on every core: {statistics.median(two) / statistics.median(one):.2f}x")
     print(f"  {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}, "
           f"load {os.getloadavg()[0]:.1f}")
 
