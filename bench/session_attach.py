@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import queue
@@ -681,32 +682,38 @@ def _window(seconds: float, log: StepLog | None = None) -> tuple[float, float]:
 
 
 def part_throughput(tmp: Path, env: dict[str, str], session: Detached, entry: Path, rounds: int, window: float,
-                    settle: float) -> dict[str, Any]:
+                    settle: float, with_inprocess: bool = True) -> dict[str, Any]:
     """Rounds of three windows in a rotating order; the app processes stay (imports and setup done once): the
-    remote one attaches before its window and leaves after it, the in-process one is paused outside its own."""
+    remote one attaches before its window and leaves after it, the in-process one is paused outside its own.
+    Without the in-process arm, rounds are pairs in alternating order (no client first, then attached first)."""
     log = StepLog(session.events_file())
     rates: dict[str, list[float]] = {"detached": [], "attached": [], "inprocess": []}
     app_cpu: list[float] = []
     session_cpu: dict[str, list[float]] = {"detached": [], "attached": []}
     idle_inprocess_cpu: list[float] = []
     orders = [("detached", "attached", "inprocess"), ("attached", "inprocess", "detached"), ("inprocess", "detached", "attached")]
+    if not with_inprocess:
+        orders = [("detached", "attached"), ("attached", "detached")]
     loads = [load()]
     remote = Child(env, tmp / "attached.log", "remote", str(session.socket))
-    inprocess = Child(env, tmp / "inprocess.log", "inprocess", str(entry))
+    inprocess = Child(env, tmp / "inprocess.log", "inprocess", str(entry)) if with_inprocess else None
     try:
         remote.expect("imported", 120)
-        ready = inprocess.expect("ready", 300)
-        inprocess_log = StepLog(Path(ready["run_dir"]) / "events.jsonl")
-        inprocess.tell("pause")
-        inprocess.expect("pause", 60)
+        if inprocess is not None:
+            ready = inprocess.expect("ready", 300)
+            inprocess_log = StepLog(Path(ready["run_dir"]) / "events.jsonl")
+            inprocess.tell("pause")
+            inprocess.expect("pause", 60)
         for i in range(rounds):
             for what in orders[i % len(orders)]:
                 if what == "detached":
                     time.sleep(settle)
-                    before, before_other = cpu_seconds(session.pid), cpu_seconds(inprocess.process.pid)
+                    other = inprocess.process.pid if inprocess is not None else None
+                    before, before_other = cpu_seconds(session.pid), cpu_seconds(other) if other else 0.0
                     t0, t1 = _window(window, log)
                     session_cpu["detached"].append((cpu_seconds(session.pid) - before) / (t1 - t0) * 100)
-                    idle_inprocess_cpu.append((cpu_seconds(inprocess.process.pid) - before_other) / (t1 - t0) * 100)
+                    if other:
+                        idle_inprocess_cpu.append((cpu_seconds(other) - before_other) / (t1 - t0) * 100)
                     rate, _ = log.rate(t0, t1)
                 elif what == "attached":
                     remote.tell("attach")
@@ -720,6 +727,7 @@ def part_throughput(tmp: Path, env: dict[str, str], session: Detached, entry: Pa
                     remote.expect("detached", 60)
                     rate, _ = log.rate(t0, t1)
                 else:
+                    assert inprocess is not None
                     session.pause()
                     inprocess.tell("resume")
                     inprocess.expect("resume", 60)
@@ -730,26 +738,37 @@ def part_throughput(tmp: Path, env: dict[str, str], session: Detached, entry: Pa
                     session.resume()
                     rate, _ = inprocess_log.rate(t0, t1)
                 rates[what].append(rate)
+            in_process = f", in-process app {rates['inprocess'][-1]:.2f}" if inprocess is not None else ""
             progress(f"throughput round {i + 1}/{rounds}: no client {rates['detached'][-1]:.2f}, app attached "
-                     f"{rates['attached'][-1]:.2f}, in-process app {rates['inprocess'][-1]:.2f} steps/s (load {load()[0]})")
+                     f"{rates['attached'][-1]:.2f}{in_process} steps/s (load {load()[0]})")
             loads.append(load())
     finally:
         remote.close()
-        inprocess.close()
+        if inprocess is not None:
+            inprocess.close()
     pairs = [a / d for a, d in zip(rates["attached"], rates["detached"])]
     versus = [a / p for a, p in zip(rates["attached"], rates["inprocess"])]
-    ratio, vs_inproc = statistics.median(pairs), statistics.median(versus)
+    ratio = statistics.median(pairs)
+    vs_inproc = statistics.median(versus) if versus else math.nan
+    # This VM's step rate moves 5-7 % between windows of any length from 1 to 8 s, and adjacent windows do not
+    # move together: a median of a dozen pairs cannot tell 0.99 from 0.97. Many short pairs can: the mean ratio's
+    # 95 % interval says what the figure is within.
+    spread = statistics.stdev(pairs) if len(pairs) > 1 else math.nan
+    half = 1.96 * spread / math.sqrt(len(pairs)) if len(pairs) > 1 else math.nan
+    mean = statistics.fmean(pairs)
     return {
+        "mean_ratio": round(mean, 4), "mean_ratio_95": [round(mean - half, 4), round(mean + half, 4)],
+        "with_inprocess": inprocess is not None,
         "steps_per_s": {k: [round(r, 3) for r in v] for k, v in rates.items()},
-        "median_steps_per_s": {k: round(statistics.median(v), 3) for k, v in rates.items()},
+        "median_steps_per_s": {k: round(statistics.median(v), 3) for k, v in rates.items() if v},
         "attached_over_detached": [round(r, 4) for r in pairs], "ratio": round(ratio, 4),
         "attached_over_inprocess": [round(r, 4) for r in versus], "ratio_vs_inprocess": round(vs_inproc, 4),
         "app_cpu_pct_attached": round(statistics.median(app_cpu), 1),
         "session_cpu_pct": {k: round(statistics.median(v), 1) for k, v in session_cpu.items()},
-        "paused_inprocess_app_cpu_pct": round(statistics.median(idle_inprocess_cpu), 1),
+        "paused_inprocess_app_cpu_pct": round(statistics.median(idle_inprocess_cpu), 1) if idle_inprocess_cpu else None,
         "load": loads, "window_s": window, "rounds": rounds,
         "target_ratio": TARGET_ATTACHED_RATIO, "target_vs_inprocess": TARGET_VS_INPROCESS,
-        "pass": ratio >= TARGET_ATTACHED_RATIO and vs_inproc >= TARGET_VS_INPROCESS,
+        "pass": ratio >= TARGET_ATTACHED_RATIO and (not versus or vs_inproc >= TARGET_VS_INPROCESS),
     }
 
 
@@ -901,6 +920,13 @@ def machine() -> dict[str, Any]:
             "load_average_at_start": load(), "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
+def interval_verdict(low: float, high: float, target: float) -> str:
+    """PASS when the whole interval is at or above the target, MISS when it is all below, else not settled."""
+    if math.isnan(low) or math.isnan(high):
+        return "-"
+    return "PASS" if low >= target else ("MISS" if high < target else "NOT SETTLED")
+
+
 def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
     """(figure, baseline, measured, ratio or value, target, verdict)"""
     out = []
@@ -910,9 +936,13 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
         m = t["median_steps_per_s"]
         out.append(("steps/s, app attached vs no client", f"{m['detached']:.2f}", f"{m['attached']:.2f}",
                     f"{t['ratio']:.3f}", f">= {TARGET_ATTACHED_RATIO}", verdict(t["ratio"] >= TARGET_ATTACHED_RATIO)))
-        out.append(("steps/s, attached vs in-process app", f"{m['inprocess']:.2f}", f"{m['attached']:.2f}",
-                    f"{t['ratio_vs_inprocess']:.3f}", f">= {TARGET_VS_INPROCESS}",
-                    verdict(t["ratio_vs_inprocess"] >= TARGET_VS_INPROCESS)))
+        low, high = t["mean_ratio_95"]
+        out.append(("  the same, mean of the pairs (95% interval)", "", "", f"{t['mean_ratio']:.3f} ({low:.3f}-{high:.3f})",
+                    f">= {TARGET_ATTACHED_RATIO}", interval_verdict(low, high, TARGET_ATTACHED_RATIO)))
+        if t["with_inprocess"]:
+            out.append(("steps/s, attached vs in-process app", f"{m['inprocess']:.2f}", f"{m['attached']:.2f}",
+                        f"{t['ratio_vs_inprocess']:.3f}", f">= {TARGET_VS_INPROCESS}",
+                        verdict(t["ratio_vs_inprocess"] >= TARGET_VS_INPROCESS)))
     if "history" in result:
         h = result["history"]
         b = h["baseline_first_frame"]
@@ -985,6 +1015,8 @@ def main() -> None:
     parser.add_argument("--project", type=Path, default=SAMPLE, help="throughput/latency/idle project (default tiny_gpt)")
     parser.add_argument("--rounds", type=int, help="throughput rounds (default 12; quick 2)")
     parser.add_argument("--window", type=float, help="throughput window, seconds (default 4; quick 1.5)")
+    parser.add_argument("--no-inprocess", action="store_true",
+                        help="throughput: pairs only, without the old in-process app's arm (more pairs in the same time)")
     parser.add_argument("--history-steps", type=int, help="steps before attaching (default 100,000; quick 3,000)")
     parser.add_argument("--attaches", type=int, help="attach repetitions (default 20; quick 3)")
     parser.add_argument("--presses", type=int, help="presses per key and app (default 30; quick 4)")
@@ -1023,7 +1055,8 @@ def main() -> None:
             session = Detached(entry, env)
             session.wait_state("running", 300, min_step=20)
             if "throughput" in parts:
-                result["throughput"] = part_throughput(tmp, env, session, inproc_entry, rounds, window, settle)
+                result["throughput"] = part_throughput(tmp, env, session, inproc_entry, rounds, window, settle,
+                                                       with_inprocess=not args.no_inprocess)
             if "latency" in parts:
                 result["latency"] = part_latency(tmp, env, session, inproc_entry, presses, blocks)
             if "idle" in parts:

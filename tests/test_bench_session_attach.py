@@ -49,3 +49,19 @@ def test_quick_pass_produces_every_figure(tmp_path: Path) -> None:
     for label in ("app attached vs no client", "attached vs in-process app", "full frame", "space -> PAUSING",
                   "? -> help", "paused session, no client", "attached app (tmux)"):
         assert label in done.stdout, (label, done.stdout)
+
+
+def test_pairs_only_throughput_gives_a_mean_with_its_interval(tmp_path: Path) -> None:
+    project = make_project(tmp_path, {"train.py": TRAIN_PY})
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "session_attach.py"), "--quick", "--only", "throughput",
+                           "--no-inprocess", "--project", str(project), "--rounds", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=170, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    throughput = json.loads(out.read_text())["throughput"]
+    assert not throughput["with_inprocess"] and throughput["steps_per_s"]["inprocess"] == []
+    pairs = throughput["attached_over_detached"]
+    assert len(pairs) == 3 and all(finite(r) and r > 0 for r in pairs)
+    low, high = throughput["mean_ratio_95"]
+    assert low <= throughput["mean_ratio"] <= high
+    assert "mean of the pairs (95% interval)" in done.stdout and "in-process app" not in done.stdout
