@@ -12,13 +12,16 @@ change was handed to the driver.
 1. Throughput (the default sample tiny_gpt, copied to a tmp dir). One detached session trains flat out;
    each round measures, in a rotating order, a window of W seconds (a) with no client at all, (b) with the
    app attached (a child process, its imports done once, attaches before the window: connect, the app shown
-   RUNNING, 1 s to settle; it leaves after the window and idles unconnected until the next), and (c) "today's
+   RUNNING, 2.5 s to settle past its one-off history draw and gc freeze; it leaves after the window, unfreezes
+   and collects as a fresh process would start, and idles unconnected until the next), and (c) "today's
    in-process app", the old architecture: `make_app(Session(...))` in `run_test` in a child process on its own
    copy of the project, resumed for its window while the detached session is paused (and paused outside it:
    its idle cost, shown, lands on the other two windows alike). Steps/s comes from each session's own
    `events.jsonl` (step events' times, first to last step in the window; a window is stretched until it holds
    3 steps). Figures: the median of the per-round ratios attached / no client (target >= 0.99) and attached /
-   in-process (target >= 1.0).
+   in-process (target >= 1.0), and the mean of the per-round ratios with its 95% interval. On a 2-core VM the
+   rate moves 5-7% between windows of any length, independently: many short pairs (`--no-inprocess`: no (c),
+   pairs in alternating order) settle a 1% question where a dozen long rounds cannot.
 2. Attach with a long history: a session with a trivial step (Linear(4,1) on CPU, no sleep) runs until it
    has N >= 100,000 steps, and keeps training; R times a fresh child process (imports done first) times
    `RemoteSession.connect()` (socket connect, hello sent, the hello with its history read and parsed),
@@ -38,6 +41,7 @@ change was handed to the driver.
     python bench/session_attach.py --out result.json     # the full run (about 10 minutes on 2 cores)
     python bench/session_attach.py --quick               # a smoke pass: every figure, small samples
     python bench/session_attach.py --only latency --presses 50
+    python bench/session_attach.py --only throughput --no-inprocess --rounds 100 --window 2   # ~14 minutes
 
 Needs tmux for the idle figure. Run it on a quiet machine; the ratios are measured interleaved so that a
 steady background load hits both sides alike, and the load average is recorded with each part.
