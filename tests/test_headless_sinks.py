@@ -56,14 +56,13 @@ def test_the_exit_is_the_last_line_of_the_stream_and_of_the_event_log(tmp_path):
     # Events queued behind the exit (a memory sample taken while the session closes) are not written after it:
     # a reader stops at `exit`, and a script checking `lines[-1]` sees why the run ended.
     from workbench.engine.eventlog import EventLogWriter
-    from workbench.frontends.headless import _write_until_exit
-    from workbench.protocol.eventbus import EventBus
+    from workbench.protocol.eventbus import EventBus, write_until_exit
     from workbench.protocol.events import Exit, Step
 
     late = Step(step=3, loss=1.0, ms=1.0)
     out = Recording()
-    assert not _write_until_exit([Step(step=1, loss=1.0, ms=1.0)], out)
-    assert _write_until_exit([Step(step=2, loss=1.0, ms=1.0), Exit(reason="max steps", step=2), late], out)
+    assert not write_until_exit([Step(step=1, loss=1.0, ms=1.0)], out)
+    assert write_until_exit([Step(step=2, loss=1.0, ms=1.0), Exit(reason="max steps", step=2), late], out)
     assert [e["event"] for e in out.lines] == ["step", "step", "exit"]
 
     bus = EventBus()  # a plain bus: the writer itself must stop at the exit

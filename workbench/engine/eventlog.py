@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from workbench.protocol.eventbus import EventBus
-from workbench.protocol.events import Exit
+from workbench.protocol.eventbus import EventBus, write_until_exit
 
 # Steps and memory samples are written in batches at most this far apart (anything else at once): one wakeup per step
 # would take the GIL from the training thread at every step (workbench/protocol/eventbus.py).
@@ -25,14 +24,7 @@ class EventLogWriter(threading.Thread):
         with self._path.open("a", encoding="utf-8") as out:
             while True:
                 batch = self._events.wait(timeout=0.5, linger=STEP_BATCH_SECONDS)
-                ended = False
-                for event in batch:
-                    out.write(event.to_json() + "\n")
-                    if isinstance(event, Exit):
-                        ended = True  # the log's last line
-                        break
-                out.flush()
-                if ended or (self._stop_event.is_set() and not batch):
+                if write_until_exit(batch, out) or (self._stop_event.is_set() and not batch):
                     break
         self._events.close()
 

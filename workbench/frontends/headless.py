@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 
-from workbench.protocol.eventbus import ROUTINE
+from workbench.protocol.eventbus import ROUTINE, write_until_exit
 from workbench.protocol.events import CommandError, Error, Event, Exit, Interrupt, Quit, parse_command
 from workbench.engine.quit_escalation import QuitEscalation, QuitTimeouts, end_child_processes
 from workbench.engine.session import Session
@@ -92,7 +92,7 @@ def run_headless(
             threading.Thread(
                 target=_read_commands, args=(session, fd, escalation.begin), name="vram-bench-stdin", daemon=True
             ).start()
-        while not _write_until_exit(events.wait(timeout=0.2, linger=STEP_BATCH_SECONDS), stdout):
+        while not write_until_exit(events.wait(timeout=0.2, linger=STEP_BATCH_SECONDS), stdout):
             pass
         exit_written.set()  # a forced exit waits for this before ending the process
     finally:
@@ -112,17 +112,6 @@ def run_headless(
                 devnull.close()
             end_child_processes(escalation.timeouts.children)  # DataLoader workers a state still holds, a step's subprocesses
     return session.exit_code
-
-
-def _write_until_exit(batch: list[Event], stdout: TextIO) -> bool:
-    """Write a batch of events; True once the `exit` event is written, which is the stream's last line."""
-    for event in batch:
-        stdout.write(event.to_json() + "\n")
-        if isinstance(event, Exit):
-            stdout.flush()
-            return True
-    stdout.flush()
-    return False
 
 
 def _all_written(session: Session, exit_written: threading.Event, timeout: float) -> None:

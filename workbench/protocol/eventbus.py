@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, TextIO, TypeVar
 
 from workbench.protocol.events import Event, Exit, Memory, Ranks, Step
 
@@ -126,3 +126,15 @@ class EventBus:
         # Reading the tuple is atomic; subscribers only swap it under the lock.
         for sub in self._subscribers:
             sub._offer(event)
+
+
+def write_until_exit(batch: list[Event], out: TextIO) -> bool:
+    """Write a batch of events as JSON lines and flush; True once the `exit` event is written: a stream's last line
+    (stdout, events.jsonl), whatever was queued behind it."""
+    for event in batch:
+        out.write(event.to_json() + "\n")
+        if isinstance(event, Exit):
+            out.flush()
+            return True
+    out.flush()
+    return False
