@@ -9,6 +9,7 @@ from __future__ import annotations
 from textual.app import App, ComposeResult
 from textual.widget import Widget
 
+from workbench.frontends.tui.format import short_number
 from workbench.frontends.tui.widgets.loss_chart import LossChart
 from workbench.protocol.events import Step
 from workbench.protocol.mirror import TelemetryMirror
@@ -49,3 +50,40 @@ async def test_a_redraw_refreshes_each_canvas_once_and_leaves_nothing_to_draw_in
         assert 1 <= drawn_in_redraw <= len(canvases), refreshes
         assert len(refreshes) == drawn_in_redraw, f"the frame drew the plot again: {refreshes[drawn_in_redraw:]}"
         assert "plot" in refreshes
+
+
+async def test_the_plot_is_drawn_again_when_a_bucket_finishes_and_catches_up_when_steps_stop(monkeypatch) -> None:
+    """Training: steps inside a bucket that is still filling update the rows, not the plot; a finished bucket
+    draws it; once steps stop (paused), one more drawing brings in the latest point, then nothing."""
+    from workbench.frontends.tui.widgets import loss_chart
+
+    telemetry = TelemetryMirror()
+    telemetry.apply_all(Step(step=n, loss=2.0 / n, ms=1.0) for n in range(1, 5_001))
+    app = ChartOnly(telemetry)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        chart = app.query_one(LossChart)
+        drawn: list[int] = []
+        original = loss_chart._Plot.draw_now
+        monkeypatch.setattr(loss_chart._Plot, "draw_now", lambda self: (drawn.append(telemetry.step), original(self))[1])
+        rows = app.query_one("#series-rows")
+
+        def beat(last: int) -> None:
+            telemetry.apply_all(Step(step=n, loss=1.0 / n, ms=1.0) for n in range(telemetry.step + 1, last + 1))
+            chart.redraw()
+
+        beat(5_003)  # the bucket of steps 4992-5023 (stride 32 for 200 points) is still filling
+        assert drawn == []
+        assert short_number(1.0 / 5_003) in str(rows.render())  # the rows have step 5003's loss
+        beat(5_010)
+        assert drawn == [] and short_number(1.0 / 5_010) in str(rows.render())
+        beat(5_030)  # 5024 finished it
+        assert drawn == [5_030]
+        beat(5_035)
+        assert drawn == [5_030]
+        chart.redraw()  # paused: nothing new since the last beat, so the plot catches up to step 5035
+        assert drawn == [5_030, 5_035]
+        chart.redraw()
+        chart.redraw()
+        assert drawn == [5_030, 5_035]
+        await pilot.pause()

@@ -12,7 +12,8 @@ from collections import deque
 
 from workbench.engine.memory.sampler import MemorySample
 from workbench.engine.versions import VersionTable
-from workbench.protocol.mirror import Series, steps_per_second  # one series type and one steps/s rule on both sides
+from workbench.protocol.downsample import every_nth
+from workbench.protocol.mirror import Series, chart_series, steps_per_second  # one series type, one chart rule, one steps/s rule on both sides
 
 SERIES_POINTS = 20_000
 
@@ -67,12 +68,12 @@ class Telemetry:
         """Every series, downsampled to at most `max_points` points (the last point is always kept)."""
         out = []
         for name, points in list(self._series.items()):
-            copy = tuple(points)
-            if max_points and len(copy) > max_points:
-                stride = len(copy) / max_points
-                copy = tuple(copy[int(i * stride)] for i in range(max_points - 1)) + (copy[-1],)
+            copy = every_nth(points, max_points)
             out.append(Series(name, tuple(p[0] for p in copy), tuple(p[1] for p in copy)))
         return out
+
+    def chart_series(self, max_points: int) -> list[Series]:
+        return chart_series(self._series, max_points)
 
     def latest(self, name: str) -> float | None:
         series = self._series.get(name)

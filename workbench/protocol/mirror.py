@@ -39,6 +39,7 @@ from workbench.protocol.events import (
     Step,
     float_from_json,
 )
+from workbench.protocol.downsample import every_nth, steady
 from workbench.protocol.history import HISTORY_FORMAT
 from workbench.protocol.payloads import GPU_FIELDS, HOST_FIELDS, GpuMemory, HostMemory, MemorySample, sample_from_event
 
@@ -221,12 +222,12 @@ class TelemetryMirror:
         """Every series, downsampled to at most `max_points` points (the last point is always kept)."""
         out = []
         for name, points in self._series.items():
-            copy = tuple(points)
-            if max_points and len(copy) > max_points:
-                stride = len(copy) / max_points
-                copy = tuple(copy[int(i * stride)] for i in range(max_points - 1)) + (copy[-1],)
+            copy = every_nth(points, max_points)
             out.append(Series(name, tuple(p[0] for p in copy), tuple(p[1] for p in copy)))
         return out
+
+    def chart_series(self, max_points: int) -> list[Series]:
+        return chart_series(self._series, max_points)
 
     def latest(self, name: str) -> float | None:
         series = self._series.get(name)
@@ -245,6 +246,21 @@ class TelemetryMirror:
 
     def steps_per_second(self, window: float = 3.0) -> float:
         return steps_per_second(tuple(self._step_times), self._clock(), window)
+
+
+def chart_series(series: dict[str, deque[tuple[int, float]]], max_points: int) -> list[Series]:
+    """Every series as a chart draws it: points that stay put while the run grows (`steady`), then the latest
+    point. All but the last point change only when a bucket of steps finishes, so a chart can leave the screen
+    alone in between (workbench/protocol/downsample.py says why). The engine's Telemetry reads the same."""
+    copies = {name: tuple(points) for name, points in list(series.items())}
+    now = max((points[-1][0] for points in copies.values() if points), default=0)
+    out = []
+    for name, points in copies.items():
+        kept = steady(points, max_points, now)
+        if points and (not kept or kept[-1] is not points[-1]):  # identity: a NaN loss is not equal to itself
+            kept = (*kept, points[-1])
+        out.append(Series(name, tuple(p[0] for p in kept), tuple(p[1] for p in kept)))
+    return out
 
 
 def steps_per_second(times: tuple[float, ...], now: float, window: float = 3.0) -> float:

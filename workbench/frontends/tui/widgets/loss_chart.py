@@ -57,7 +57,9 @@ class LossChart(Vertical):
     def __init__(self, telemetry: Telemetry, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._telemetry = telemetry
-        self._drawn: tuple[object, ...] | None = None
+        self._drawn: tuple[object, ...] | None = None  # the picture's steady part when the plot was last drawn
+        self._plotted_latest: tuple[object, ...] = ()  # and the latest point of each loss series then
+        self._caught_up = False  # the plot shows the latest points too
         self._rows_shown = ShownText()
         self._seen: tuple[object, ...] = ()
         self._rows_height = ""
@@ -79,13 +81,20 @@ class LossChart(Vertical):
         self.redraw()
 
     def redraw(self) -> None:
+        """Once a second: the rows' latest values, and the plot when its picture changed.
+
+        While training, the plot is drawn again only when a bucket of steps finished (`chart_series`: about every
+        second early in a run, every few seconds after an hour): redrawing it every second for a line that moved by
+        less than a pixel was most of what the attached app cost a CPU-bound run. Its latest points follow with
+        each drawing, and once the data stops moving (paused, or between slow steps) the plot catches up to them."""
         seen = (self._telemetry.updates, self.size, self.app.theme)
-        if seen == self._seen:
-            return  # paused: nothing new to draw
+        settled = seen == self._seen  # nothing new since the last beat
+        if settled and self._caught_up:
+            return  # paused, and the plot already shows every point
         self._seen = seen
         plot = self.query_one(_Plot)
         width = max(self.size.width, 20)
-        series = self._telemetry.series(max_points=width)
+        series = self._telemetry.chart_series(max_points=2 * width)  # braille: two dots a cell across
         losses = [s for s in series if "loss" in s.name]
         others = [s for s in series if "loss" not in s.name]
         # Too short for a plot with axes (80x24): every series becomes a sparkline row instead.
@@ -93,14 +102,15 @@ class LossChart(Vertical):
         plot.display = not compact
         self.set_class(compact, "-compact")
         if compact:
-            self._drawn = None  # the plot missed updates while hidden
+            self._drawn, self._caught_up = None, True  # the plot misses updates while hidden; the rows have them
             self._draw_rows([], losses + others, width, roles(self.app).series[0])
             return
-        signature = (sum(len(s.steps) for s in series), series[0].steps[-1] if series and series[0].steps else 0)
         palette = roles(self.app)
-        signature = (*signature, self.app.theme)
-        if signature != self._drawn:
-            self._drawn = signature
+        steady = (tuple((s.name, s.steps[:-1], s.values[:-1]) for s in losses), self._telemetry.version_starts(),
+                  self.app.theme, width)
+        latest = tuple((s.name, s.steps[-1:]) for s in losses)
+        if steady != self._drawn or (settled and latest != self._plotted_latest):
+            self._drawn, self._plotted_latest = steady, latest
             plot.clear()
             for i, s in enumerate(losses):
                 colour = palette.series[i % len(palette.series)]
@@ -109,6 +119,7 @@ class LossChart(Vertical):
                 plot.add_v_line(step, palette.neutral, f"v{version}")
             plot.show_legend(is_visible=len(losses) > 1)
             plot.draw_now()
+        self._caught_up = latest == self._plotted_latest
         self._draw_rows(losses, others, width, palette.ok)
 
     def _draw_rows(self, losses: list[Series], others: list[Series], width: int, spark_style: str) -> None:
