@@ -584,12 +584,11 @@ async def _child_attach_time(target: str, history: str, say: Callable[[dict[str,
 
     def full() -> bool:
         chart = app.query_one(LossChart)
-        drawn = chart._drawn
         plot = chart.query_one(_Plot)
         running = "RUNNING" in str(app.query_one(StatusBar).render())
         if history == "none":
             return running and not plot._needs_rerender
-        return running and drawn is not None and drawn[0] > 0 and not plot._needs_rerender
+        return running and chart.plotted_points > 0 and not plot._needs_rerender
 
     shown = frames.arm(full, next_frame=True)
     async with app.run_test(size=SIZE):

@@ -60,6 +60,7 @@ class LossChart(Vertical):
         self._drawn: tuple[object, ...] | None = None  # the picture's steady part when the plot was last drawn
         self._plotted_latest: tuple[object, ...] = ()  # and the latest point of each loss series then
         self._caught_up = False  # the plot shows the latest points too
+        self.plotted_points = 0  # points in the plot as last drawn (benchmarks wait for a chart with its history)
         self._rows_shown = ShownText()
         self._seen: tuple[object, ...] = ()
         self._rows_height = ""
@@ -111,6 +112,7 @@ class LossChart(Vertical):
         latest = tuple((s.name, s.steps[-1:]) for s in losses)
         if steady != self._drawn or (settled and latest != self._plotted_latest):
             self._drawn, self._plotted_latest = steady, latest
+            self.plotted_points = sum(len(s.steps) for s in losses)
             plot.clear()
             for i, s in enumerate(losses):
                 colour = palette.series[i % len(palette.series)]
