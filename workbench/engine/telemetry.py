@@ -12,8 +12,7 @@ from collections import deque
 
 from workbench.engine.memory.sampler import MemorySample
 from workbench.engine.versions import VersionTable
-from workbench.protocol.downsample import every_nth
-from workbench.protocol.mirror import Series, chart_series, steps_per_second  # one series type, one chart rule, one steps/s rule on both sides
+from workbench.protocol.mirror import Series, chart_series, replay_series, steps_per_second  # one of each rule on both sides
 
 SERIES_POINTS = 20_000
 
@@ -66,11 +65,7 @@ class Telemetry:
     # Reader side (UI timers) -------------------------------------------------------------
     def series(self, max_points: int | None = None) -> list[Series]:
         """Every series, downsampled to at most `max_points` points (the last point is always kept)."""
-        out = []
-        for name, points in list(self._series.items()):
-            copy = every_nth(points, max_points)
-            out.append(Series(name, tuple(p[0] for p in copy), tuple(p[1] for p in copy)))
-        return out
+        return replay_series(self._series, max_points)
 
     def chart_series(self, max_points: int) -> list[Series]:
         return chart_series(self._series, max_points)

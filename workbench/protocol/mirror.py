@@ -220,11 +220,7 @@ class TelemetryMirror:
     # Readers (as on Telemetry) --------------------------------------------------------------------
     def series(self, max_points: int | None = None) -> list[Series]:
         """Every series, downsampled to at most `max_points` points (the last point is always kept)."""
-        out = []
-        for name, points in self._series.items():
-            copy = every_nth(points, max_points)
-            out.append(Series(name, tuple(p[0] for p in copy), tuple(p[1] for p in copy)))
-        return out
+        return replay_series(self._series, max_points)
 
     def chart_series(self, max_points: int) -> list[Series]:
         return chart_series(self._series, max_points)
@@ -246,6 +242,16 @@ class TelemetryMirror:
 
     def steps_per_second(self, window: float = 3.0) -> float:
         return steps_per_second(tuple(self._step_times), self._clock(), window)
+
+
+def replay_series(series: dict[str, deque[tuple[int, float]]], max_points: int | None) -> list[Series]:
+    """Every series thinned by position (`every_nth`), as the history replay sends them; the engine's Telemetry
+    reads the same, so a client's mirror and the session agree point for point."""
+    out = []
+    for name, points in list(series.items()):
+        kept = every_nth(points, max_points)
+        out.append(Series(name, tuple(p[0] for p in kept), tuple(p[1] for p in kept)))
+    return out
 
 
 def chart_series(series: dict[str, deque[tuple[int, float]]], max_points: int) -> list[Series]:
