@@ -16,7 +16,7 @@
   2 cores) and with one intra-op thread, as torchrun runs each rank (OMP_NUM_THREADS=1): the same step
   as a rank's, so the ratio is what the lockstep adds. Each run's median step (ms) is shown.
 
-    python bench/distributed.py [--rounds 5] [--steps 3000] [--model small] [--saves 10] [--exchange-ms 50]
+    python bench/distributed.py [--rounds 5] [--steps 3000] [--model small] [--saves 10] [--exchange-ms 250]
     python bench/distributed.py --rounds 0 --model medium --saves 8     # save -> applied only
 
 `--exchange-ms` sets VRAM_BENCH_EXCHANGE_MS for the vram-bench runs: how far apart the ranks' control exchanges
@@ -42,6 +42,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from workbench.engine.lockstep import DEFAULT_EXCHANGE_MS  # noqa: E402  (the default the runs below get)
 
 MODEL = textwrap.dedent(
     """
@@ -265,7 +268,7 @@ def main() -> None:
             one, one_seen, one_step = save_latencies(project(root, "one", args.model), 1, args.saves)
             rank, rank_seen, rank_step = save_latencies(project(root, "rank", args.model), 1, args.saves, threads=1)
             two, two_seen, two_step = save_latencies(project(root, "two", args.model), 2, args.saves)
-    exchange = os.environ.get("VRAM_BENCH_EXCHANGE_MS", "50 (default)")
+    exchange = os.environ.get("VRAM_BENCH_EXCHANGE_MS", f"{DEFAULT_EXCHANGE_MS} (default)")
     widths, batch = MODELS[args.model]
     print(f"2-rank DDP MLP ({' -> '.join(map(str, widths))}, batch {batch}, gloo), {args.rounds} interleaved rounds of "
           f"{args.steps} steps; exchanges every {exchange} ms")

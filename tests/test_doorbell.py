@@ -69,6 +69,25 @@ def test_a_rank_past_the_proposed_turn_says_no_and_neither_rank_exchanges_early(
     assert heard(one)[0] == 2  # the listener went on to the next proposal
 
 
+def test_a_declined_proposal_is_retried_further_ahead_and_agreed_there(bells):
+    zero, one = bells
+    zero.at_boundary(10)
+    zero.ring()
+    heard(one)
+    assert one.at_boundary(12) is False  # past turn 11: no
+    assert zero.at_boundary(11) is False and zero.declined  # the command is still queued on rank 0
+    zero.retry()  # what the lockstep does at that boundary
+    assert not zero.declined
+    assert heard(one) == (2, 13)  # twice as far ahead as the first proposal (turn 11 + 2)
+    thread, got = in_thread(one.at_boundary, 13)
+    assert zero.at_boundary(12) is False and zero.at_boundary(13) is True
+    thread.join(5)
+    assert got == [True]
+    assert not zero.declined and zero._misses == 0  # agreed: the next command starts one turn ahead again
+    zero.ring()
+    assert heard(one) == (3, 14)
+
+
 def test_rank_0_decides_no_when_an_answer_does_not_come_and_a_late_yes_learns_it(bells, capfd):
     zero, one = bells
     zero.at_boundary(10)

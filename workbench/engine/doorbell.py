@@ -10,8 +10,9 @@ The doorbell makes it start at rank 0's next boundary or the one after, at no co
    next boundary: yes if it has not passed P (then it will exchange at P), no otherwise (`answer/k/rank`).
 3. Rank 0, at turn P, waits a few milliseconds at most for the answers and decides: yes only when every rank
    said yes (`decision/k`). Each rank that said yes reads the decision at its turn P. On yes, every rank
-   exchanges at P and collects it at once, so the command runs at P everywhere; on no, nothing changed and
-   the cadence's exchange carries the command, as without the doorbell.
+   exchanges at P and collects it at once, so the command runs at P everywhere; on no, nothing changed, and
+   rank 0 proposes again, twice as far ahead each time a proposal misses (`retry`), so a command is not left
+   to the cadence's exchange, which is a quarter of a second apart.
 
 No rank waits unboundedly on one that may be inside a step waiting for it: rank 0's wait for answers is
 capped (a rank already past P may be inside a collective waiting for rank 0), and a rank that said yes waits
@@ -42,6 +43,7 @@ MARGIN_SECONDS = 0.001  # P is at least this far ahead: the proposal's trip thro
 SHORT_TURN_SECONDS = 0.01  # below this, a rank is often a turn ahead of rank 0 (done with its step's tail first)
 ANSWER_WAIT_SECONDS = 0.005  # rank 0 at P: how long it waits for answers not in yet
 ANSWER_POLL_SECONDS = 0.0002
+MAX_RETRY_DOUBLINGS = 4  # a retried proposal looks at most 16x further ahead than the first
 CLOSE_SECONDS = 2.0  # how long closing waits for the listener to end
 LISTEN_TIMEOUT = timedelta(hours=24)  # one wait of the listener (c10d warns when a wait times out: rarely, then)
 
@@ -60,6 +62,8 @@ class Doorbell:
         self.timeout = timeout
         self.wanted = False  # rank 0, set by the training thread at each exchange: it is training (else no ringing)
         self._turns_ahead = 1
+        self._misses = 0  # rank 0: proposals in a row that some rank could not take (each retry looks further ahead)
+        self.declined = False  # rank 0: the last decision was no; the command it was for may still be queued
         self._lock = threading.Lock()  # rank 0: the open proposal and the turn
         self._ring_lock = threading.Lock()  # rank 0: one ringing thread at a time on the ring store
         self._turn = 0  # rank 0: the last boundary's turn
@@ -91,7 +95,7 @@ class Doorbell:
             if self._proposal is not None:
                 return
             self._k += 1
-            k, at = self._k, self._turn + self._turns_ahead
+            k, at = self._k, self._turn + self._turns_ahead * 2 ** min(self._misses, MAX_RETRY_DOUBLINGS)
             self._proposal = (k, at)
             forgotten, self._forgotten = self._forgotten, []
         try:
@@ -101,6 +105,11 @@ class Doorbell:
                     self._ring_store.delete_key(key)
         except Exception:  # noqa: BLE001 - the store gone: at P nobody answered, so the cadence carries the command
             pass
+
+    def retry(self) -> None:
+        """Rank 0, at a boundary where its proposal was declined and a command is still queued: propose again."""
+        self.declined = False
+        self.ring()
 
     # Every rank, at each boundary -------------------------------------------------------
     def at_boundary(self, turn: int) -> bool:
@@ -141,6 +150,8 @@ class Doorbell:
         self._set(f"decision/{k}", "1" if agreed else "0")
         if all_in:
             self._forget_before(k)
+        self._misses = 0 if agreed else self._misses + 1
+        self.declined = not agreed
         return agreed
 
     def _forget_before(self, k: int) -> None:

@@ -19,8 +19,8 @@ Short steps do not exchange at every boundary: rank 0 sets a cadence (every how 
 the ranks exchange) so that exchanges are about `EXCHANGE_SECONDS` apart, and every rank reads
 it from the same exchange, so all keep exchanging at the same turns. A command does not wait for
 that: rank 0's doorbell (workbench/engine/doorbell.py) has every rank exchange at a turn it proposes
-(the next boundary or two) and collect that exchange at once. Only when a rank cannot take part in
-time does the command wait for the cadence's exchange (at most `EXCHANGE_SECONDS`) plus a turn.
+(the next boundary or two) and collect that exchange at once; when a rank cannot take part in time,
+rank 0 proposes a later turn.
 While paused the ranks exchange every turn.
 
 A saved file crosses as its source text: every rank prepares the same plan from the same bytes,
@@ -73,9 +73,11 @@ if TYPE_CHECKING:
     from workbench.engine.distributed import ProcessGroups
     from workbench.engine.worker import TrainingWorker
 
-# How far apart exchanges are while training (each costs ~0.3-1 ms of CPU on gloo): a save or a command waits up
-# to this long. VRAM_BENCH_EXCHANGE_MS tunes it (bench/distributed.py measures both sides of the trade).
-EXCHANGE_SECONDS = float(os.environ.get("VRAM_BENCH_EXCHANGE_MS", "50")) / 1000
+# How far apart exchanges are while training (each costs ~0.3-1 ms of CPU on gloo, on every rank). Commands do not
+# wait for it (the doorbell), so it only sets how fresh the ranks' rows are (rank 0's `ranks` summary, once a second)
+# and how soon a pause decided on a rank > 0 (its step failed) reaches the others. VRAM_BENCH_EXCHANGE_MS tunes it.
+DEFAULT_EXCHANGE_MS = 250
+EXCHANGE_SECONDS = float(os.environ.get("VRAM_BENCH_EXCHANGE_MS", DEFAULT_EXCHANGE_MS)) / 1000
 MAX_CADENCE = 1000
 SUMMARY_SECONDS = 1.0  # how often rank 0 publishes every rank's summary (`ranks` event)
 STRAGGLER_FACTOR = 1.2  # a rank whose last step took this many times the median is named the slowest
@@ -245,6 +247,8 @@ class Lockstep:
         collected, and every rank collected the same one."""
         self._turn += 1
         now = self.doorbell is not None and self.doorbell.at_boundary(self._turn)  # every rank agreed on this turn
+        if not now and self.doorbell is not None and self.doorbell.declined and not worker.commands.empty():
+            self.doorbell.retry()  # rank 0: some rank was past the proposed turn; a later one, not the cadence's
         if self._payload is not None:  # posted at the last boundary
             payload, self._payload = self._payload, None
             self._deliver(worker, payload.collect(), run_commands=True)
