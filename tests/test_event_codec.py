@@ -201,3 +201,20 @@ def test_nulls_and_escaped_strings_are_written_as_json_dumps_writes_them():
     error = ev.Error(where="step", message='caf\u00e9 "quoted"\n\ttab \\ back', time=T)  # file, line, traceback: None
     assert error.to_json() == _generic_json(error)
     assert '"file":null' in error.to_json()
+
+
+def test_a_quick_step_is_the_step_the_dataclass_makes():
+    """Step.quick sets the fields itself: a field added to Step and not to quick() fails here (and the sample's
+    fields all differ from their defaults, so a field quick() swapped or dropped fails too)."""
+    made = SAMPLES["step"]
+    assert isinstance(made, ev.Step)
+    quick = ev.Step.quick(made.step, made.loss, made.ms, made.scalars, made.code_version,
+                          peak_allocated=made.peak_allocated, gpu=made.gpu, saved_bytes=made.saved_bytes, rank=made.rank,
+                          time=made.time)
+    assert set(vars(quick)) == {f.name for f in dataclasses.fields(ev.Step)}
+    assert quick == made and quick.to_json() == made.to_json()
+    plain = ev.Step.quick(3, 0.5, 1.0, {}, 0)
+    assert plain == ev.Step(step=3, loss=0.5, ms=1.0, time=plain.time) and plain.to_json() == json.dumps(
+        plain.to_dict(), separators=(",", ":"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        quick.loss = 1.0  # type: ignore[misc]

@@ -500,9 +500,9 @@ class TrainingWorker(threading.Thread):
         self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
         self.telemetry.versions.record_step(ms, loss, scalars, self.telemetry.step_peaks.get(gpu) if gpu is not None else None)
         peak = self.telemetry.step_peaks.get(gpu) if gpu is not None else None
-        self.bus.publish(Step(step=self.step, loss=loss, ms=ms, scalars=scalars, code_version=self.reloader.version,
-                              gpu=gpu if peak is not None else None, peak_allocated=peak, saved_bytes=saved_bytes,
-                              rank=self.lockstep.rank if self.lockstep is not None else None))
+        self.bus.publish(Step.quick(self.step, loss, ms, scalars, self.reloader.version,
+                                    gpu=gpu if peak is not None else None, peak_allocated=peak, saved_bytes=saved_bytes,
+                                    rank=self.lockstep.rank if self.lockstep is not None else None))
         if self._pending_optimizers is not None:
             self._load_pending_optimizers()
         if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:

@@ -146,6 +146,19 @@ class Step(Event):
     saved_bytes: int | None = None
     rank: int | None = None  # under torchrun: which rank trained this step (rank 0 streams every rank's, up to 8)
 
+    @classmethod
+    def quick(cls, step: int, loss: float, ms: float, scalars: dict[str, float], code_version: int, *,
+              peak_allocated: int | None = None, gpu: int | None = None, saved_bytes: int | None = None,
+              rank: int | None = None, time: float | None = None) -> Step:
+        """The same event as `Step(...)`, made in a third of the time: a frozen dataclass sets each field through
+        object.__setattr__, and every rank makes one of these per step on its training thread (rank 0 one more for
+        each other rank's), beside a loop that any CPU taken from it slows."""
+        event = object.__new__(cls)
+        event.__dict__.update(time=_now() if time is None else time, step=step, loss=loss, ms=ms, scalars=scalars,
+                              code_version=code_version, peak_allocated=peak_allocated, gpu=gpu,
+                              saved_bytes=saved_bytes, rank=rank)
+        return event
+
 
 @dataclass(frozen=True)
 class Evaluation(Event):
