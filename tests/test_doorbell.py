@@ -88,6 +88,24 @@ def test_a_declined_proposal_is_retried_further_ahead_and_agreed_there(bells):
     assert heard(one) == (3, 14)
 
 
+def test_a_command_queued_on_rank_1_has_rank_0_propose_a_turn(bells):
+    """Rank 1's own commands (its pause after a failed step, its memory guard) do not wait for the cadence either."""
+    zero, one = bells
+    zero.at_boundary(10)
+    one.ring()  # rank 1 asks through the store; rank 0's listener hears it and proposes rank 0's next boundary
+    assert heard(one) == (1, 11)
+    thread, got = in_thread(one.at_boundary, 11)
+    assert zero.at_boundary(11) is True
+    thread.join(5)
+    assert got == [True]
+    deadline = time.monotonic() + 5
+    while zero.store.check(["request/1"]):  # the request's key is deleted once heard
+        assert time.monotonic() < deadline, "the request's key stayed in the store"
+        time.sleep(0.01)
+    one.ring()
+    assert heard(one) == (2, 12)  # the next request: the next proposal
+
+
 def test_rank_0_decides_no_when_an_answer_does_not_come_and_a_late_yes_learns_it(bells, capfd):
     zero, one = bells
     zero.at_boundary(10)

@@ -5,14 +5,16 @@ exchange's rows are collected a turn after they are posted; a command (a saved f
 The doorbell makes it start at rank 0's next boundary or the one after, at no cost per step:
 
 1. When a command is queued on rank 0 (any thread), rank 0 proposes turn P: its next boundary, or a few ahead
-   when turns are shorter than the store's round trips (`propose/k = P`).
+   when turns are shorter than the store's round trips (`propose/k = P`). A command queued on another rank (its
+   pause after a failed step, its memory guard, a signal) asks rank 0 to do so (`request/m`, heard by a thread of
+   rank 0's that waits in the store).
 2. Every other rank hears it on a thread of its own (blocked in the store, not polling it) and answers at its
    next boundary: yes if it has not passed P (then it will exchange at P), no otherwise (`answer/k/rank`).
 3. Rank 0, at turn P, waits a few milliseconds at most for the answers and decides: yes only when every rank
    said yes (`decision/k`). Each rank that said yes reads the decision at its turn P. On yes, every rank
    exchanges at P and collects it at once, so the command runs at P everywhere; on no, nothing changed, and
    rank 0 proposes again, twice as far ahead each time a proposal misses (`retry`), so a command is not left
-   to the cadence's exchange, which is a quarter of a second apart.
+   to the cadence's exchange, which is a second apart.
 
 No rank waits unboundedly on one that may be inside a step waiting for it: rank 0's wait for answers is
 capped (a rank already past P may be inside a collective waiting for rank 0), and a rank that said yes waits
@@ -55,8 +57,8 @@ class Doorbell:
         # A store client answers one request at a time: each thread has its own (Store.clone), so the listener's
         # long wait never holds up the training thread's, nor torch's own use of the job's store.
         self.store = store.clone()  # the training thread's
-        self._ring_store = store.clone() if rank == 0 else None  # rank 0: the threads that queue commands'
-        self._listen_store = store.clone() if rank != 0 else None
+        self._ring_store = store.clone()  # the threads that queue commands' (rank 0 proposes; ranks > 0 ask it to)
+        self._listen_store = store.clone()  # the listener's: proposals (ranks > 0), other ranks' requests (rank 0)
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
@@ -74,11 +76,11 @@ class Doorbell:
         self._accepted_at: int | None = None  # ranks > 0: the turn this rank agreed to exchange at
         self._closed = threading.Event()
         self._answered = threading.Event()  # ranks > 0: the proposal heard is answered; listen for the next
-        self._listen_k = 1  # ranks > 0: the proposal the listener waits for
-        self._listener: threading.Thread | None = None
-        if rank != 0:
-            self._listener = threading.Thread(target=self._listen, name="vram-bench-doorbell", daemon=True)
-            self._listener.start()
+        self._listen_k = 1  # ranks > 0: the proposal the listener waits for; rank 0: the request it waits for
+        self._listen_lock = threading.Lock()  # the listener's key, read by `close` to wake it
+        self._listener = threading.Thread(target=self._listen if rank != 0 else self._hear_requests,
+                                          name="vram-bench-doorbell", daemon=True)
+        self._listener.start()
 
     # Rank 0 -----------------------------------------------------------------------------
     def set_turn_seconds(self, seconds: float) -> None:
@@ -88,8 +90,12 @@ class Doorbell:
         self._turns_ahead = max(1, math.ceil(MARGIN_SECONDS / max(seconds, 1e-6))) + (seconds < SHORT_TURN_SECONDS)
 
     def ring(self) -> None:
-        """Any thread, on rank 0: a command was queued; propose an exchange soon (once per open proposal)."""
-        if self.rank != 0 or not self.wanted or self._closed.is_set():
+        """Any thread: a command was queued. Rank 0 proposes an exchange soon (once per open proposal); another rank
+        asks rank 0 to (its own pause after a failed step, its memory guard, a signal)."""
+        if self.rank != 0:
+            self._request()
+            return
+        if not self.wanted or self._closed.is_set():
             return
         with self._lock:
             if self._proposal is not None:
@@ -110,6 +116,26 @@ class Doorbell:
         """Rank 0, at a boundary where its proposal was declined and a command is still queued: propose again."""
         self.declined = False
         self.ring()
+
+    def _hear_requests(self) -> None:
+        """Rank 0's listener: each request a rank > 0 makes (`request/m`, numbered by a counter in the store) rings."""
+        while True:
+            with self._listen_lock:
+                if self._closed.is_set():
+                    return
+                m = self._listen_k
+            value = self._wait_for(f"request/{m}")
+            if value is None:
+                continue
+            with self._listen_lock:
+                self._listen_k = m + 1
+            if value == b"closed":
+                return
+            try:
+                self._listen_store.delete_key(f"request/{m}")
+            except Exception:  # noqa: BLE001 - the store going with the job: nothing to clean
+                pass
+            self.ring()
 
     # Every rank, at each boundary -------------------------------------------------------
     def at_boundary(self, turn: int) -> bool:
@@ -192,9 +218,11 @@ class Doorbell:
                     proposal, self._proposal = self._proposal, None
                 if proposal is not None:
                     self.store.set(f"decision/{proposal[0]}", "0")
-                return
-            # The listener waits in the store: wake it with its own key (never overwriting a real proposal).
-            self.store.compare_set(f"propose/{self._listen_k}", "", "closed")
+            # The listener waits in the store: wake it with its own key (never overwriting a real proposal or request;
+            # a listener woken by one of those sees `_closed` before it waits again).
+            with self._listen_lock:
+                key = f"propose/{self._listen_k}" if self.rank != 0 else f"request/{self._listen_k}"
+            self.store.compare_set(key, "", "closed")
         except Exception:  # noqa: BLE001 - the store is gone with the job: its waits have ended too
             pass
         if self._listener is not None and self._listener is not threading.current_thread():
@@ -205,14 +233,8 @@ class Doorbell:
         """Wait in the store for the next proposal; the training thread answers it at its next boundary. The wait
         has no short timeout (c10d warns at each one): `close` sets the awaited key to end it."""
         while not self._closed.is_set():
-            key = f"propose/{self._listen_k}"
-            started = time.monotonic()
-            try:
-                self._listen_store.wait([key], LISTEN_TIMEOUT)
-                value = bytes(self._listen_store.get(key))
-            except Exception:  # noqa: BLE001 - the store failed (its job is ending) or a very long quiet: look again
-                if time.monotonic() - started < 1.0:
-                    self._closed.wait(1.0)  # a store that fails at once: no busy loop
+            value = self._wait_for(f"propose/{self._listen_k}")
+            if value is None:
                 continue
             if value == b"closed":
                 return
@@ -221,6 +243,30 @@ class Doorbell:
             self._listen_k += 1
             while not self._answered.wait(CLOSE_SECONDS) and not self._closed.is_set():
                 pass
+
+    def _wait_for(self, key: str) -> bytes | None:
+        """A listener's wait for `key` in the store, and its value; None when the store failed (the job is ending)
+        or after a very long quiet: the listener looks again."""
+        started = time.monotonic()
+        try:
+            self._listen_store.wait([key], LISTEN_TIMEOUT)
+            return bytes(self._listen_store.get(key))
+        except Exception:  # noqa: BLE001 - see above
+            if time.monotonic() - started < 1.0:
+                self._closed.wait(1.0)  # a store that fails at once: no busy loop
+            return None
+
+    def _request(self) -> None:
+        """Ranks > 0, any thread: ask rank 0 to propose a turn (`request/m`, m from a counter every rank adds to), so
+        a command queued here does not wait for the cadence's exchange either."""
+        if self._closed.is_set():
+            return
+        try:
+            with self._ring_lock:
+                m = self._ring_store.add("requests", 1)
+                self._ring_store.set(f"request/{m}", str(self.rank))
+        except Exception:  # noqa: BLE001 - the store gone: the job is ending; the cadence's exchange carries it
+            pass
 
     def _done_with_proposal(self) -> None:
         self._proposal = None

@@ -20,7 +20,7 @@ the ranks exchange) so that exchanges are about `EXCHANGE_SECONDS` apart, and ev
 it from the same exchange, so all keep exchanging at the same turns. A command does not wait for
 that: rank 0's doorbell (workbench/engine/doorbell.py) has every rank exchange at a turn it proposes
 (the next boundary or two) and collect that exchange at once; when a rank cannot take part in time,
-rank 0 proposes a later turn.
+rank 0 proposes a later turn. A rank > 0 with a command of its own asks rank 0, through the store, to propose.
 While paused the ranks exchange every turn.
 
 A saved file crosses as its source text: every rank prepares the same plan from the same bytes,
@@ -73,10 +73,12 @@ if TYPE_CHECKING:
     from workbench.engine.distributed import ProcessGroups
     from workbench.engine.worker import TrainingWorker
 
-# How far apart exchanges are while training (each costs ~0.3-1 ms of CPU on gloo, on every rank). Commands do not
-# wait for it (the doorbell), so it only sets how fresh the ranks' rows are (rank 0's `ranks` summary, once a second)
-# and how soon a pause decided on a rank > 0 (its step failed) reaches the others. VRAM_BENCH_EXCHANGE_MS tunes it.
-DEFAULT_EXCHANGE_MS = 250
+# How far apart exchanges are while training. Commands do not wait for it (the doorbell, rung from any rank), so it
+# sets how fresh the ranks' rows are (rank 0's `ranks` summary, once a second) and how late rank 0 streams the other
+# ranks' steps. Each exchange is a gloo collective on every rank beside the training's own: measured on 2 cores with
+# 1.5 ms steps (bench/RESULTS.md), steps/s against plain torchrun was 0.81 with exchanges 50 ms apart, 0.96 at 250 ms
+# and 1.00 at 1 s. VRAM_BENCH_EXCHANGE_MS tunes it.
+DEFAULT_EXCHANGE_MS = 1000
 EXCHANGE_SECONDS = float(os.environ.get("VRAM_BENCH_EXCHANGE_MS", DEFAULT_EXCHANGE_MS)) / 1000
 MAX_CADENCE = 1000
 SUMMARY_SECONDS = 1.0  # how often rank 0 publishes every rank's summary (`ranks` event)
