@@ -405,7 +405,8 @@ class Session:
         return TensorBoardLog(self.bus, self.run_dir, resumed_from=self.config.resume)
 
     def _ring_doorbell(self) -> None:
-        """Rank 0: a command was queued; the ranks exchange soon rather than at the cadence's turn."""
+        """Any rank: a command was queued; the ranks exchange soon rather than at the cadence's turn (a rank > 0 asks
+        rank 0 to propose the turn)."""
         lockstep = self.worker.lockstep
         if lockstep is not None and lockstep.doorbell is not None:
             lockstep.doorbell.ring()

@@ -116,7 +116,7 @@ def _scalar(value: Any, name: str) -> float:
 
 class CommandQueue(queue.SimpleQueue):  # type: ignore[type-arg]
     """The training thread's commands. `on_put` hears of each as it is queued, on the queuing thread: under
-    torchrun, rank 0's doorbell (workbench/engine/doorbell.py), so the ranks exchange sooner than the cadence."""
+    torchrun, the rank's doorbell (workbench/engine/doorbell.py), so the ranks exchange sooner than the cadence."""
 
     on_put: Callable[[], None] | None = None
 
