@@ -14,7 +14,7 @@ The doorbell makes it start at rank 0's next boundary or the one after, at no co
    said yes (`decision/k`). Each rank that said yes reads the decision at its turn P. On yes, every rank
    exchanges at P and collects it at once, so the command runs at P everywhere; on no, nothing changed, and
    rank 0 proposes again, twice as far ahead each time a proposal misses (`retry`), so a command is not left
-   to the cadence's exchange, which is a second apart.
+   to the cadence's exchange, which is a quarter of a second apart.
 
 No rank waits unboundedly on one that may be inside a step waiting for it: rank 0's wait for answers is
 capped (a rank already past P may be inside a collective waiting for rank 0), and a rank that said yes waits
