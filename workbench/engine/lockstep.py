@@ -425,7 +425,8 @@ class Lockstep:
     def _publish_steps(worker: TrainingWorker, rank: int, rows: list[tuple[float, ...]]) -> None:
         """On rank 0: another rank's steps as `step` events carrying its rank (an exchange late)."""
         for step, loss, ms, code_version, at in rows:
-            worker.bus.publish(Step.quick(int(step), float(loss), float(ms), {}, int(code_version), rank=rank, time=float(at)))
+            worker.bus.publish(Step.quick(int(step), float(loss), float(ms), {}, int(code_version), rank=rank,
+                                          time=float(at)))
 
     # A rank's own failure --------------------------------------------------------------------
     def announce_pause(self, worker: TrainingWorker, reason: str, failure: StepFailure) -> None:
