@@ -574,6 +574,24 @@ def test_a_non_finite_loss_on_one_rank_pauses_every_rank(ranks):
     assert run.finish(timeout=60) == 0
 
 
+def test_a_paused_rank_1_stops_rank_0_long_before_the_regular_exchange(ranks, monkeypatch):
+    """A rank > 0 that pauses for its own failure races through its paused turns (they take no time). It must still
+    take the turn rank 0 proposes for its request, not reach the regular exchange first and wait there: with exchanges a
+    minute apart, rank 0 pauses within seconds or not at all."""
+    monkeypatch.setenv("VRAM_BENCH_EXCHANGE_MS", "60000")
+    run = ranks("--", "--no-ddp")
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 0 and e["step"] >= 3, timeout=60, what="step 3")
+    save(run.entry, "    loss.backward()\n",
+         "    loss.backward()\n    __import__('time').sleep(0.02)\n    if bench.rank == 1 and bench.step > 20:\n"
+         "        loss = loss * float('nan')\n")
+    run.wait_for(lambda e: e["event"] == "reload" and e["ok"], timeout=30, what="the edit applied")
+    error = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step", timeout=15, what="rank 1's NaN on rank 0")
+    assert error["message"].startswith("rank 1: loss is nan"), error
+    assert any(e["event"] == "paused" and e["reason"] == "non-finite loss" for e in run.events), "rank 0 paused too"
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+
+
 def test_the_straggler_is_the_rank_clearly_slower_than_the_median():
     from workbench.engine.control_plane import RankRow
     from workbench.engine.lockstep import straggler

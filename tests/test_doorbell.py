@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from workbench.engine import doorbell
 from workbench.engine.doorbell import ANSWER_WAIT_SECONDS, Doorbell
 
 TIMEOUT = timedelta(seconds=10)
@@ -104,6 +105,59 @@ def test_a_command_queued_on_rank_1_has_rank_0_propose_a_turn(bells):
         time.sleep(0.01)
     one.ring()
     assert heard(one) == (2, 12)  # the next request: the next proposal
+
+
+def test_a_rank_that_asked_holds_at_its_boundary_for_a_proposal_at_its_own_turn(bells):
+    """A paused rank's turns take no time: before the hold it raced past any turn rank 0 proposed, and its pause waited
+    for the cadence's exchange. Now it takes no turn past the one it named before it hears the proposal."""
+    zero, one = bells
+    zero.wanted = False  # rank 0 paused: its own commands do not ring, but another rank's request still does
+    zero.at_boundary(10)
+    assert one.at_boundary(50) is False  # rank 1 races ahead: 40 turns ahead of rank 0
+    thread, got = in_thread(lambda: (one.ring(), one.at_boundary(51))[1])  # it asks, then reaches its next boundary
+    deadline = time.monotonic() + 5
+    while zero._proposal is None:  # the proposal is for rank 1's turn, not rank 0's next one
+        assert time.monotonic() < deadline, "rank 0 never proposed"
+        time.sleep(0.001)
+    assert zero._proposal == (1, 51)
+    for turn in range(11, 51):
+        assert zero.at_boundary(turn) is False
+    assert zero.at_boundary(51) is True
+    thread.join(5)
+    assert got == [True]
+    assert not one._asked and one.at_boundary(52) is False  # served: no more holding
+
+
+def test_a_request_an_open_proposal_cannot_serve_gets_a_proposal_of_its_own(bells):
+    zero, one = bells
+    zero.at_boundary(10)
+    zero.ring()  # rank 0's own command: turn 11
+    heard(one)
+    assert one.at_boundary(20) is False  # rank 1 is past it: no
+    one.ring()  # rank 1 now asks for a turn (it holds at 21) while rank 0's proposal is still open
+    time.sleep(0.1)  # rank 0's listener heard it: one proposal open at a time, so it waits for the decision
+    assert zero.at_boundary(11) is False  # declined; rank 0's own command aside, the request still wants a turn
+    assert heard(one) == (2, 21)
+    thread, got = in_thread(one.at_boundary, 21)
+    for turn in range(12, 21):
+        assert zero.at_boundary(turn) is False
+    assert zero.at_boundary(21) is True
+    thread.join(5)
+    assert got == [True]
+
+
+def test_a_rank_that_asked_holds_no_longer_than_hold_seconds(bells, monkeypatch):
+    """Rank 0 gone (its listener closed): the asking rank goes on after HOLD_SECONDS, and holds only once."""
+    monkeypatch.setattr(doorbell, "HOLD_SECONDS", 0.3)
+    zero, one = bells
+    zero.close()
+    one.ring()
+    started = time.monotonic()
+    assert one.at_boundary(1) is False
+    assert 0.25 <= time.monotonic() - started < 3
+    started = time.monotonic()
+    assert one.at_boundary(2) is False and one.at_boundary(3) is False
+    assert time.monotonic() - started < 0.1
 
 
 def test_rank_0_decides_no_when_an_answer_does_not_come_and_a_late_yes_learns_it(bells, capfd):

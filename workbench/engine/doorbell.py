@@ -6,15 +6,19 @@ The doorbell makes it start at rank 0's next boundary or the one after, at no co
 
 1. When a command is queued on rank 0 (any thread), rank 0 proposes turn P: its next boundary, or a few ahead
    when turns are shorter than the store's round trips (`propose/k = P`). A command queued on another rank (its
-   pause after a failed step, its memory guard, a signal) asks rank 0 to do so (`request/m`, heard by a thread of
-   rank 0's that waits in the store).
+   pause after a failed step, its memory guard, a signal) asks rank 0 to do so (`request/m = "rank:turn"`, heard by
+   a thread of rank 0's that waits in the store), and that rank holds at its next boundary until it hears the
+   proposal (HOLD_SECONDS at most), which is for a turn no earlier than the one it holds at. Without the hold, a
+   paused rank, whose turns take no time, raced past any turn rank 0 could propose and its pause waited for the
+   cadence's exchange.
 2. Every other rank hears it on a thread of its own (blocked in the store, not polling it) and answers at its
    next boundary: yes if it has not passed P (then it will exchange at P), no otherwise (`answer/k/rank`).
 3. Rank 0, at turn P, waits a few milliseconds at most for the answers and decides: yes only when every rank
    said yes (`decision/k`). Each rank that said yes reads the decision at its turn P. On yes, every rank
    exchanges at P and collects it at once, so the command runs at P everywhere; on no, nothing changed, and
-   rank 0 proposes again, twice as far ahead each time a proposal misses (`retry`), so a command is not left
-   to the cadence's exchange, which is a quarter of a second apart.
+   rank 0 proposes again, twice as far ahead each time a proposal misses (`retry`; for another rank's request,
+   until a proposal made after it is agreed), so a command is not left to the cadence's exchange, which is a
+   quarter of a second apart.
 
 No rank waits unboundedly on one that may be inside a step waiting for it: rank 0's wait for answers is
 capped (a rank already past P may be inside a collective waiting for rank 0), and a rank that said yes waits
@@ -46,6 +50,7 @@ SHORT_TURN_SECONDS = 0.01  # below this, a rank is often a turn ahead of rank 0 
 ANSWER_WAIT_SECONDS = 0.005  # rank 0 at P: how long it waits for answers not in yet
 ANSWER_POLL_SECONDS = 0.0002
 MAX_RETRY_DOUBLINGS = 4  # a retried proposal looks at most 16x further ahead than the first
+HOLD_SECONDS = 1.0  # ranks > 0: how long a rank that asked for a turn waits at its boundary to hear it (normally ms)
 CLOSE_SECONDS = 2.0  # how long closing waits for the listener to end
 LISTEN_TIMEOUT = timedelta(hours=24)  # one wait of the listener (c10d warns when a wait times out: rarely, then)
 
@@ -68,7 +73,14 @@ class Doorbell:
         self.declined = False  # rank 0: the last decision was no; the command it was for may still be queued
         self._lock = threading.Lock()  # rank 0: the open proposal and the turn
         self._ring_lock = threading.Lock()  # rank 0: one ringing thread at a time on the ring store
-        self._turn = 0  # rank 0: the last boundary's turn
+        self._turn = 0  # the last boundary's turn
+        self._requests_heard = 0  # rank 0: requests from other ranks so far
+        self._requests_served = 0  # rank 0: requests heard before the last agreed proposal was made
+        self._requests_in_proposal = 0  # rank 0: requests heard when the open proposal was made
+        self._request_turn = 0  # rank 0: the latest turn a requesting rank holds at (a proposal is for no earlier one)
+        self._asked = False  # ranks > 0: this rank asked for a turn and has not exchanged at an agreed one since
+        self._hold_until = 0.0  # ranks > 0: monotonic time until which this rank holds for the proposal it asked for
+        self._heard = threading.Event()  # ranks > 0: the listener has a proposal for the training thread
         self._k = 0  # rank 0: proposals made
         self._kept_from = 1  # rank 0: the oldest proposal whose keys are still in the store
         self._forgotten: list[str] = []  # rank 0: keys of finished proposals, for the next ring to delete
@@ -95,14 +107,17 @@ class Doorbell:
         if self.rank != 0:
             self._request()
             return
-        if not self.wanted or self._closed.is_set():
+        if self._closed.is_set():
             return
         with self._lock:
-            if self._proposal is not None:
-                return
+            requested = self._requests_heard > self._requests_served
+            if self._proposal is not None or not (self.wanted or requested):
+                return  # one open at a time; rank 0's own commands only while training (else every turn exchanges)
             self._k += 1
-            k, at = self._k, self._turn + self._turns_ahead * 2 ** min(self._misses, MAX_RETRY_DOUBLINGS)
+            ahead = self._turns_ahead * 2 ** min(self._misses, MAX_RETRY_DOUBLINGS)
+            k, at = self._k, max(self._turn + ahead, self._request_turn)  # a requesting rank holds at its turn
             self._proposal = (k, at)
+            self._requests_in_proposal = self._requests_heard
             forgotten, self._forgotten = self._forgotten, []
         try:
             with self._ring_lock:
@@ -118,7 +133,8 @@ class Doorbell:
         self.ring()
 
     def _hear_requests(self) -> None:
-        """Rank 0's listener: each request a rank > 0 makes (`request/m`, numbered by a counter in the store) rings."""
+        """Rank 0's listener: each request a rank > 0 makes (`request/m`, numbered by a counter in the store) rings,
+        for a turn no earlier than the one the rank holds at."""
         while True:
             with self._listen_lock:
                 if self._closed.is_set():
@@ -135,6 +151,10 @@ class Doorbell:
                 self._listen_store.delete_key(f"request/{m}")
             except Exception:  # noqa: BLE001 - the store going with the job: nothing to clean
                 pass
+            _, _, turn = value.decode(errors="replace").partition(":")
+            with self._lock:
+                self._requests_heard += 1
+                self._request_turn = max(self._request_turn, int(turn) if turn.isdigit() else 0)
             self.ring()
 
     # Every rank, at each boundary -------------------------------------------------------
@@ -147,7 +167,15 @@ class Doorbell:
                 if proposal is None or turn < proposal[1]:
                     return False
                 self._proposal = None
-            return self._decide(*proposal, turn)
+            agreed = self._decide(*proposal, turn)
+            if self._requests_heard > self._requests_served:
+                self.ring()  # another rank's request that this proposal did not serve: a turn for it
+            return agreed
+        self._turn = turn
+        if self._proposal is None and self._accepted_at is None:
+            wait = self._hold_until - time.monotonic()
+            if wait > 0:  # this rank asked for a turn: it takes no step past it before it hears the proposal
+                self._heard.wait(wait)
         if self._proposal is None:
             return False
         k, at = self._proposal
@@ -163,6 +191,10 @@ class Doorbell:
         agreed = self._read_decision(k)
         self._accepted_at = None
         self._done_with_proposal()
+        if agreed:
+            self._asked, self._hold_until = False, 0.0  # this exchange carries what was queued when this rank asked
+        elif self._asked:
+            self._hold_until = time.monotonic() + HOLD_SECONDS  # rank 0 proposes again for the request
         return agreed
 
     def _decide(self, k: int, at: int, turn: int) -> bool:
@@ -174,6 +206,9 @@ class Doorbell:
             all_in = self._all_answered(answers)
             agreed = all_in and all(bytes(v) == b"1" for v in self._store_call(lambda: self.store.multi_get(answers)))
         self._set(f"decision/{k}", "1" if agreed else "0")
+        if agreed:
+            with self._lock:
+                self._requests_served = max(self._requests_served, self._requests_in_proposal)
         if all_in:
             self._forget_before(k)
         self._misses = 0 if agreed else self._misses + 1
@@ -212,6 +247,8 @@ class Doorbell:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._asked, self._hold_until = False, 0.0
+        self._heard.set()  # a training thread holding for a proposal goes on
         try:
             if self.rank == 0:
                 with self._lock:
@@ -240,6 +277,7 @@ class Doorbell:
                 return
             self._answered.clear()
             self._proposal = (self._listen_k, int(value))
+            self._heard.set()
             self._listen_k += 1
             while not self._answered.wait(CLOSE_SECONDS) and not self._closed.is_set():
                 pass
@@ -258,18 +296,22 @@ class Doorbell:
 
     def _request(self) -> None:
         """Ranks > 0, any thread: ask rank 0 to propose a turn (`request/m`, m from a counter every rank adds to), so
-        a command queued here does not wait for the cadence's exchange either."""
+        a command queued here does not wait for the cadence's exchange either. The hold starts before the turn is
+        read: the training thread holds at that turn's next boundary at the latest, and the request names it."""
         if self._closed.is_set():
             return
         try:
             with self._ring_lock:
+                self._asked, self._hold_until = True, time.monotonic() + HOLD_SECONDS
+                holds_at = self._turn + 1
                 m = self._ring_store.add("requests", 1)
-                self._ring_store.set(f"request/{m}", str(self.rank))
+                self._ring_store.set(f"request/{m}", f"{self.rank}:{holds_at}")
         except Exception:  # noqa: BLE001 - the store gone: the job is ending; the cadence's exchange carries it
             pass
 
     def _done_with_proposal(self) -> None:
         self._proposal = None
+        self._heard.clear()
         self._answered.set()
 
     def _read_decision(self, k: int) -> bool:

@@ -74,11 +74,10 @@ if TYPE_CHECKING:
     from workbench.engine.worker import TrainingWorker
 
 # How far apart exchanges are while training. Commands do not wait for it when the doorbell gets every rank to an
-# earlier turn; it sets how fresh the ranks' rows are (rank 0's `ranks` summary, once a second), how late rank 0 streams
-# the other ranks' steps, and how soon a rank > 0's own pause reaches the others when its request for a turn misses (a
-# paused rank races through its turns to this exchange). Each exchange is a gloo collective on every rank beside the
-# training's own: measured on 2 cores with 1.5 ms steps (bench/RESULTS.md), steps/s against plain torchrun was 0.81
-# with exchanges 50 ms apart and 0.94-1.00 at 250 ms or 1 s. VRAM_BENCH_EXCHANGE_MS tunes it.
+# earlier turn; it sets how fresh the ranks' rows are (rank 0's `ranks` summary, once a second) and how late rank 0
+# streams the other ranks' steps. Each exchange is a gloo collective on every rank beside the training's own: measured
+# on 2 cores with 1.5 ms steps (bench/RESULTS.md), steps/s against plain torchrun was 0.81 with exchanges 50 ms apart
+# and 0.94-1.00 at 250 ms or 1 s. VRAM_BENCH_EXCHANGE_MS tunes it.
 DEFAULT_EXCHANGE_MS = 250
 EXCHANGE_SECONDS = float(os.environ.get("VRAM_BENCH_EXCHANGE_MS", DEFAULT_EXCHANGE_MS)) / 1000
 MAX_CADENCE = 1000
