@@ -7,7 +7,9 @@
   Two step sizes: `--model small` (64 -> 256 -> 1, batch 64: about 1.5-2 ms a step on 2 cores, the
   worst case for any per-step cost) and `--model medium` (512 -> 2048 -> 2048 -> 1, batch 256: tens
   of ms, a step shaped like real training). The CPU both sides used per step (every process of the
-  run, from getrusage) is shown beside it.
+  run, from getrusage) is shown beside it, and the time between two steps on rank 0 (from one step's
+  return to the next one's start, timed inside the step function on both sides): what vram-bench adds
+  to every step, whatever the step's size, so the ratio for other step sizes can be read off it.
 - Save -> applied: from writing the file to the `reload` event (the event's own time: after every rank
   applied), 2 ranks against 1 process (`vram-bench run --headless`) on the same project, median of N
   saves each (target <= 1.5x). The reload event's `ms` (the watcher's sighting -> applied) is shown too.
@@ -48,6 +50,9 @@ from workbench.engine.lockstep import DEFAULT_EXCHANGE_MS  # noqa: E402  (the de
 
 MODEL = textwrap.dedent(
     """
+    import json
+    import time
+
     import torch
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -86,13 +91,29 @@ MODEL = textwrap.dedent(
         loss.backward()
         state["opt"].step()
         return loss
+
+
+    ENTERED, LEFT = [], []
+
+
+    def timed_step(state, steps, name, rank):
+        # train_step, keeping the time from the last step's return to this one's start: what runs between two steps
+        # (the harness, and for vram-bench its bookkeeping and the exchanges), written to NAME-RANK.json at the end.
+        ENTERED.append(time.perf_counter())
+        loss = train_step(state)
+        LEFT.append(time.perf_counter())
+        if len(LEFT) == steps:
+            gaps = sorted(ENTERED[i] - LEFT[i - 1] for i in range(max(1, steps // 5), steps))
+            with open(f"{name}-{rank}.json", "w") as out:
+                json.dump({"median_us": gaps[len(gaps) // 2] * 1e6, "mean_us": sum(gaps) / len(gaps) * 1e6}, out)
+        return loss
     """
 )
 
 UNDER_VRAM_BENCH = textwrap.dedent(
     """
-    import sys
-    from model import build, train_step
+    import os
+    from model import build, timed_step, train_step
 
 
     def setup(bench):
@@ -100,6 +121,8 @@ UNDER_VRAM_BENCH = textwrap.dedent(
 
 
     def step(state, bench):
+        if "BENCH_STEPS" in os.environ:
+            return timed_step(state, int(os.environ["BENCH_STEPS"]), "gaps-vram-bench", bench.rank)
         return train_step(state)
     """
 )
@@ -109,14 +132,14 @@ PLAIN = textwrap.dedent(
     import os, sys, time, json
     import torch
     import torch.distributed as dist
-    from model import build, train_step
+    from model import build, timed_step
 
     dist.init_process_group("gloo")
     state = build(dist.get_rank())
     steps = int(sys.argv[1])
     times = []
     for _ in range(steps):
-        loss = train_step(state)
+        loss = timed_step(state, steps, "gaps-plain", dist.get_rank())
         float(loss)  # vram-bench reads the loss every step: the baseline does too
         times.append(time.time())
     if dist.get_rank() == 0:
@@ -148,18 +171,25 @@ def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def plain_round(folder: Path, steps: int) -> tuple[float, float]:
-    """(steps/s, CPU ms per step) of the loop under plain torchrun."""
+def between_steps(folder: Path, name: str) -> float:
+    """Rank 0's median microseconds between one step's return and the next one's start (see `timed_step`)."""
+    return json.loads((folder / f"{name}-0.json").read_text())["median_us"]
+
+
+def plain_round(folder: Path, steps: int) -> tuple[float, float, float]:
+    """(steps/s, CPU ms per step, us between steps) of the loop under plain torchrun."""
     cpu = children_cpu()
     done = torchrun(["plain.py", str(steps)], folder)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
-    return steps_per_second(json.loads(done.stdout.strip().splitlines()[-1])), (children_cpu() - cpu) / steps * 1000
+    rate = steps_per_second(json.loads(done.stdout.strip().splitlines()[-1]))
+    return rate, (children_cpu() - cpu) / steps * 1000, between_steps(folder, "gaps-plain")
 
 
-def vram_bench_round(folder: Path, steps: int) -> tuple[float, float]:
-    """(steps/s, CPU ms per step) of the same loop under vram-bench (events to a file, as a script would keep them)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def vram_bench_round(folder: Path, steps: int) -> tuple[float, float, float]:
+    """(steps/s, CPU ms per step, us between steps) of the same loop under vram-bench (events to a file, as a script
+    would keep them)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BENCH_STEPS": str(steps)}
     cpu = children_cpu()
     with (folder / "events.out").open("w") as out:
         done = subprocess.run(
@@ -171,7 +201,7 @@ def vram_bench_round(folder: Path, steps: int) -> tuple[float, float]:
         raise RuntimeError(done.stderr[-2000:])
     events = map(json.loads, (folder / "events.out").read_text().splitlines())
     times = [e["time"] for e in events if e["event"] == "step" and e.get("rank") == 0]
-    return steps_per_second(times), (children_cpu() - cpu) / steps * 1000
+    return steps_per_second(times), (children_cpu() - cpu) / steps * 1000, between_steps(folder, "gaps-vram-bench")
 
 
 def save_latencies(folder: Path, nproc: int, saves: int, threads: int | None = None) -> tuple[list[float], list[float], float]:
@@ -253,15 +283,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         folder = project(root, "throughput", args.model)
-        ratios, plain, ours, plain_cpu, our_cpu = [], [], [], [], []
+        ratios, plain, ours, plain_cpu, our_cpu, plain_gap, our_gap = [], [], [], [], [], [], []
         for i in range(args.rounds):
             order = (plain_round, vram_bench_round) if i % 2 == 0 else (vram_bench_round, plain_round)
             got = {fn.__name__: fn(folder, args.steps) for fn in order}
-            (rate, cpu), (our_rate, our_cpu_ms) = got["plain_round"], got["vram_bench_round"]
+            (rate, cpu, gap), (our_rate, our_cpu_ms, our_gap_us) = got["plain_round"], got["vram_bench_round"]
             plain.append(rate)
             ours.append(our_rate)
             plain_cpu.append(cpu)
             our_cpu.append(our_cpu_ms)
+            plain_gap.append(gap)
+            our_gap.append(our_gap_us)
             ratios.append(our_rate / rate)
             print(f"  round {i + 1}: plain {rate:.1f}, vram-bench {our_rate:.1f} steps/s ({our_rate / rate:.3f})", flush=True)
         if args.saves:
@@ -279,6 +311,10 @@ def main() -> None:
               f"{[round(x, 3) for x in ratios]}  (target >= 0.98)")
         print(f"  CPU per step, every process of the run (start-up included): plain {statistics.median(plain_cpu):.2f} ms, "
               f"vram-bench {statistics.median(our_cpu):.2f} ms")
+        step_us = 1e6 / statistics.median(plain)
+        print(f"  between two steps on rank 0 (median us): plain {statistics.median(plain_gap):.1f}, vram-bench "
+              f"{statistics.median(our_gap):.1f}  {[round(x) for x in our_gap]}; the difference is "
+              f"{(statistics.median(our_gap) - statistics.median(plain_gap)) / step_us:.1%} of a plain step ({step_us:.0f} us)")
     if args.saves:
         print(f"save -> applied (the write -> the reload event), {args.saves} saves each; median step beside each")
         for label, got, seen, step_ms in (("1 process, every core", one, one_seen, one_step),
