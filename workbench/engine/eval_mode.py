@@ -44,6 +44,9 @@ class EvalModeWatch:
 
     def after_step(self, started_in_eval: frozenset[str], step: int) -> Error | None:
         """A warning for modules that started and ended the step in eval mode, once per relapse."""
+        if not started_in_eval:  # the usual step: every module trained at its start (no second look: it runs every step)
+            self._warned.clear()
+            return None
         ran_in_eval = started_in_eval & self.in_eval()
         self._warned &= ran_in_eval  # seen training at either end: a relapse warns again
         new = sorted(ran_in_eval - self._warned)
