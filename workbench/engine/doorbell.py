@@ -167,7 +167,11 @@ class Doorbell:
                 if proposal is None or turn < proposal[1]:
                     return False
                 self._proposal = None
+                requests = self._requests_in_proposal  # read with the proposal: a listener may make the next one now
             agreed = self._decide(*proposal, turn)
+            if agreed:
+                with self._lock:
+                    self._requests_served = max(self._requests_served, requests)
             if self._requests_heard > self._requests_served:
                 self.ring()  # another rank's request that this proposal did not serve: a turn for it
             return agreed
@@ -206,9 +210,6 @@ class Doorbell:
             all_in = self._all_answered(answers)
             agreed = all_in and all(bytes(v) == b"1" for v in self._store_call(lambda: self.store.multi_get(answers)))
         self._set(f"decision/{k}", "1" if agreed else "0")
-        if agreed:
-            with self._lock:
-                self._requests_served = max(self._requests_served, self._requests_in_proposal)
         if all_in:
             self._forget_before(k)
         self._misses = 0 if agreed else self._misses + 1
