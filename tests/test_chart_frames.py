@@ -87,3 +87,32 @@ async def test_the_plot_is_drawn_again_when_a_bucket_finishes_and_catches_up_whe
         chart.redraw()
         assert drawn == [5_030, 5_035]
         await pilot.pause()
+
+
+async def test_non_finite_values_are_drawn_as_gaps_in_the_plot_and_marks_in_the_sparklines() -> None:
+    """A NaN on one rank (DDP then averages NaN gradients everywhere) reaches the chart as a NaN loss and NaN scalars:
+    the app once died on it (`int(nan)` in a sparkline) while the session trained on."""
+    telemetry = TelemetryMirror()
+    telemetry.apply_all(Step(step=n, loss=2.0 / n, ms=1.0, scalars={"grad_norm": 1.0 + n % 3, "lr": 0.1})
+                        for n in range(1, 60))
+    app = ChartOnly(telemetry)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        telemetry.apply_all([Step(step=60, loss=float("nan"), ms=1.0, scalars={"grad_norm": float("nan"), "lr": 0.1}),
+                             Step(step=61, loss=float("inf"), ms=1.0, scalars={"grad_norm": float("-inf"), "lr": 0.1})])
+        chart = app.query_one(LossChart)
+        chart.redraw()
+        await pilot.pause()
+        rows = str(app.query_one("#series-rows").render())
+        assert "grad_norm" in rows and rows.count("×") == 2, rows  # the NaN and the -inf, marked
+    assert app.return_code in (None, 0), "the chart's redraw raised"
+
+
+def test_a_sparkline_marks_non_finite_values_and_scales_the_rest() -> None:
+    from workbench.frontends.tui.widgets.loss_chart import NON_FINITE_MARK, sparkline
+
+    line = sparkline((1.0, 2.0, float("nan"), 3.0, float("inf")), 10)
+    assert len(line) == 5
+    assert line[2] == line[4] == NON_FINITE_MARK
+    assert line[0] < line[1] < line[3]  # the finite values keep their scale (block characters sort by height)
+    assert sparkline((float("nan"),), 10) == NON_FINITE_MARK

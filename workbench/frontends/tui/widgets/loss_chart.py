@@ -7,6 +7,7 @@ are marked on the chart where they started.
 
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 
 from rich.text import Text
@@ -39,15 +40,24 @@ class _Plot(PlotWidget, can_focus=False):
             self.render()  # draws when something changed since the last draw, else returns at once
 
 
+NON_FINITE_MARK = "×"  # a NaN or infinite value in a sparkline (a NaN on one rank reaches every rank's gradients)
+
+
 def sparkline(values: tuple[float, ...], width: int) -> str:
+    """The last `width` values as block characters, scaled to the finite ones; a non-finite value is a mark."""
     if not values or width <= 0:
         return ""
     values = values[-width:]
-    lo, hi = min(values), max(values)
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return NON_FINITE_MARK * len(values)
+    lo, hi = min(finite), max(finite)
     span = hi - lo
-    if span <= 0:
-        return _SPARK[3] * len(values)
-    return "".join(_SPARK[min(int((v - lo) / span * (len(_SPARK) - 1)), len(_SPARK) - 1)] for v in values)
+    top = len(_SPARK) - 1
+    return "".join(
+        NON_FINITE_MARK if not math.isfinite(v) else _SPARK[3] if span <= 0 else _SPARK[min(int((v - lo) / span * top), top)]
+        for v in values
+    )
 
 
 COMPACT_BELOW_ROWS = 12
