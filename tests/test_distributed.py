@@ -574,6 +574,24 @@ def test_a_non_finite_loss_on_one_rank_pauses_every_rank(ranks):
     assert run.finish(timeout=60) == 0
 
 
+def test_a_non_finite_loss_on_one_ddp_rank_pauses_every_rank_without_a_stuck_collective(ranks):
+    """Under DDP the other ranks are inside the next step's all-reduce when rank 1 sees its NaN: rank 1 trains on to the
+    agreed boundary instead of pausing alone, which left rank 0 waiting in that collective for the collective timeout."""
+    run = ranks()
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    save(run.entry, "    loss.backward()\n", "    loss.backward()\n    if bench.rank == 1 and bench.step > 20:\n"
+         "        loss = loss * float('nan')\n")
+    run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step" and e["message"].startswith("rank 1: loss is nan"),
+                 timeout=30, what="rank 1's NaN on rank 0")
+    run.wait_for(lambda e: e["event"] == "ranks" and all(r["state"] == "paused" for r in e["ranks"]), timeout=15,
+                 what="every rank paused")
+    assert not any(e["event"] == "error" and e.get("where") == "slow step" for e in run.events), "a rank was stuck"
+    steps = {e["step"] for e in rank_log(run) if e["event"] == "paused"}
+    assert steps == {e["step"] for e in run.events if e["event"] == "paused"}, "both ranks paused at the same step"
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+
+
 def test_a_paused_rank_1_stops_rank_0_long_before_the_regular_exchange(ranks, monkeypatch):
     """A rank > 0 that pauses for its own failure races through its paused turns (they take no time). It must still
     take the turn rank 0 proposes for its request, not reach the regular exchange first and wait there: with exchanges a

@@ -222,6 +222,7 @@ class TrainingWorker(threading.Thread):
         self.last_loss: float | None = None
         self.last_step_time: float | None = None  # when the last step ended (Unix seconds)
         self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
+        self._pause_announced = False  # under torchrun: this rank's non-finite loss is on its way to every rank
         self.broken: Broken | None = None  # under torchrun: the state must be rebuilt (maybe on new groups) to go on
         self._lost = False  # under torchrun: another rank is gone, so no collective can complete
         self._left_alone = False  # under torchrun: this rank left the loop on an internal error, out of step
@@ -517,7 +518,7 @@ class TrainingWorker(threading.Thread):
                 return self.last_profile
 
             self._publish_or_report("profile", finish)
-        if not math.isfinite(loss):
+        if not math.isfinite(loss) and not self._pause_announced:
             try:
                 culprits = describe_non_finite(self.user_state)
             except Exception as exc:  # noqa: BLE001 - the diagnosis must not turn into a second failure
@@ -526,7 +527,14 @@ class TrainingWorker(threading.Thread):
                        "Training paused: fix the code and save, or resume to continue anyway.")
             self._failure = StepFailure(message)
             self.bus.publish(Error(where="step", message=message))
-            self._pause("non-finite loss")
+            if self.lockstep is not None and self.lockstep.world_size > 1:
+                # Every rank pauses at the boundary the ranks agree on, this one included: the step itself finished, so
+                # this rank trains on until then. Pausing alone would leave DDP peers inside the next step's
+                # collective, waiting for it until the collective timeout.
+                self._pause_announced = True
+                self.lockstep.announce_pause(self, "non-finite loss", self._failure)
+            else:
+                self._pause("non-finite loss")
 
     def _track_new_modules(self) -> None:
         """A module the step imported lazily is tracked for reloads (an O(1) check per step)."""
@@ -789,6 +797,7 @@ class TrainingWorker(threading.Thread):
     # Helpers -----------------------------------------------------------------------------
     def _pause(self, reason: str, announce: bool = True) -> None:
         self.state, self.pause_reason = RunState.PAUSED, reason
+        self._pause_announced = False
         self.bus.publish(Paused(reason=reason, step=self.step))
         if self.lockstep is not None:
             if announce and is_error_pause(reason):
