@@ -176,7 +176,7 @@ class Doorbell:
                 self.ring()  # another rank's request that this proposal did not serve: a turn for it
             return agreed
         self._turn = turn
-        if self._proposal is None and self._accepted_at is None:
+        if self._asked and self._proposal is None and self._accepted_at is None:
             wait = self._hold_until - time.monotonic()
             if wait > 0:  # this rank asked for a turn: it takes no step past it before it hears the proposal
                 self._heard.wait(wait)

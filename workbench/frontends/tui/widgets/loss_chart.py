@@ -51,13 +51,14 @@ def sparkline(values: tuple[float, ...], width: int) -> str:
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return NON_FINITE_MARK * len(values)
-    lo, hi = min(finite), max(finite)
-    span = hi - lo
-    top = len(_SPARK) - 1
-    return "".join(
-        NON_FINITE_MARK if not math.isfinite(v) else _SPARK[3] if span <= 0 else _SPARK[min(int((v - lo) / span * top), top)]
-        for v in values
-    )
+    lo, span, top = min(finite), max(finite) - min(finite), len(_SPARK) - 1
+
+    def bar(v: float) -> str:
+        if not math.isfinite(v):
+            return NON_FINITE_MARK
+        return _SPARK[3] if span <= 0 else _SPARK[min(int((v - lo) / span * top), top)]
+
+    return "".join(map(bar, values))
 
 
 COMPACT_BELOW_ROWS = 12
