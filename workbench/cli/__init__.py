@@ -299,7 +299,8 @@ def _process_groups(ranks, device, collective_timeout: float):  # type: ignore[n
 
 
 def _start_session_process(entry: Path, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Start the project's session process (refused if one runs already); its registry entry."""
+    """Start the project's session process (refused if one runs already); its registry entry, or None where this node
+    trains ranks only (several machines, rank 0 on another)."""
     from workbench.protocol import registry
     from workbench.cli.session_process import refuse_second_session, start_detached
 
@@ -322,12 +323,16 @@ def _start_and_attach(entry: Path, args: argparse.Namespace, tui_settings: dict)
         _say(f"vram-bench: the sample's session {running.name} is already running: attaching to it")
         return attach_app(running, mouse=not args.no_mouse, settings=tui_settings)
     started = _start_session_process(entry, args)
+    if started is None:  # several machines: this node trains ranks only, and the session is on rank 0's (said)
+        return 0
     return attach_app(started, mouse=not args.no_mouse, settings=tui_settings)
 
 
 def _start_detached(entry: Path, args: argparse.Namespace) -> int:
     """`run --detach`: start the session process, say how to reach it, return."""
     started = _start_session_process(entry, args)
+    if started is None:  # several machines: this node trains ranks only, and the session is on rank 0's (said)
+        return 0
     name = started.name
     pid = started.facts.pid if started.facts else "?"
     _say(f"vram-bench: session {name} runs in the background (pid {pid}); attach: vram-bench attach {name}; "

@@ -22,10 +22,15 @@ from workbench.errors import UserError
 from workbench.protocol import registry
 
 if TYPE_CHECKING:
+    from workbench.engine.distributed import RankInfo
     from workbench.engine.session import Session
 
 START_TIMEOUT = 600.0  # importing a project may load a model at import time: minutes, not hours
 SESSION_NAME_OPTION = "--session-name"
+# The first line of what the first rank of a node without rank 0 says (several machines: `--nnodes`). The session's
+# app, socket and events.jsonl are on rank 0's node; a `run` on this node reads this line in the session process's log
+# and says it instead of waiting for a socket that this node never opens.
+NO_SESSION_HERE = "vram-bench: no session on this node:"
 
 
 def session_of(project_root: Path, say: Callable[[str], None]) -> registry.SessionEntry | None:
@@ -58,13 +63,18 @@ def session_argv(argv: list[str], name: str) -> list[str]:
     return [*argv, SESSION_NAME_OPTION, name]
 
 
-def start_detached(argv: list[str], name: str, say: Callable[[str], None], timeout: float = START_TIMEOUT) -> registry.SessionEntry:
-    """Start the session process and wait until its socket answers (or it fails to start: its error, exit 2)."""
+def start_detached(argv: list[str], name: str, say: Callable[[str], None], timeout: float = START_TIMEOUT
+                   ) -> registry.SessionEntry | None:
+    """Start the session process and wait until its socket answers (or it fails to start: its error, exit 2).
+
+    None: this node trains ranks only (several machines, rank 0 on another): the session process said so in its log,
+    this says it, and the ranks go on in the background."""
     folder = registry.runtime_folder()
     sock = registry.socket_path(name, folder)
     log = sock.with_suffix(".log")
     with open(log, "ab", buffering=0) as out:
         os.chmod(log, 0o600)
+        news = _LogTail(log, out.tell())  # the log is appended to: only this start's lines count
         process = subprocess.Popen(
             [sys.executable, "-m", "workbench", *session_argv(argv, name)],
             stdin=subprocess.DEVNULL,
@@ -81,12 +91,41 @@ def start_detached(argv: list[str], name: str, say: Callable[[str], None], timeo
             raise _start_failed(log, code)
         if sock.exists() and registry.answers(sock, 0.5):
             return registry.SessionEntry(name, sock, registry.read_facts(sock.with_suffix(".json")))
+        if (line := news.line_starting(NO_SESSION_HERE)) is not None:
+            say(line)
+            say(f"vram-bench: this node's ranks run in the background (launcher pid {process.pid}; its output: {log})")
+            return None
         if not told and time.monotonic() > deadline - timeout + 3.0:
             say(f"vram-bench: starting session {name} (importing the project; its output: {log})")
             told = True
         time.sleep(0.05)
     raise UserError(f"session {name} did not open its socket within {timeout:.0f} s (pid {process.pid} goes on).",
                     hint=f"See {log}; end it with: kill {process.pid}")
+
+
+class _LogTail:
+    """The lines added to a log file since an offset, read as they come."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self._path = path
+        self._offset = offset
+        self._partial = b""
+
+    def line_starting(self, prefix: str) -> str | None:
+        """The first whole new line that starts with `prefix`, if one came since the last call."""
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return None
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", errors="replace").rstrip("\r")
+            if line.startswith(prefix):
+                return line
+        return None
 
 
 def _start_failed(log: Path, code: int) -> UserError:
@@ -146,10 +185,28 @@ def serve(session: Session, name: str) -> int:
 
 def serve_nothing(session: Session) -> int:
     """A rank other than 0 under torchrun: the session runs as headless does, with no socket and no printer
-    (its events go to its own events-rankN.jsonl)."""
+    (its events go to its own events-rankN.jsonl). The first rank of a node without rank 0 says where the session is."""
     from workbench.frontends.headless import run_headless
 
+    if session.ranks is not None and (note := ranks_only_note(session.ranks.info, session.run_dir)) is not None:
+        print(note, file=sys.stderr, flush=True)
     return run_headless(session, _Discard(), None, telemetry=False)
+
+
+def ranks_only_note(info: RankInfo, run_dir: Path, master: str | None = None) -> str | None:
+    """What the first rank of a node without rank 0 tells its user (None for every other rank): nothing of the session
+    is on this node, so its user knows where to go instead of waiting for an app here."""
+    first = info.rank - info.local_rank
+    if info.local_rank != 0 or first == 0:
+        return None
+    last = first + info.local_world_size - 1
+    of = f"(of {info.world_size})"
+    ranks = f"rank {first} {of} trains here and stops" if first == last else f"ranks {first}-{last} {of} train here and stop"
+    host = master if master is not None else os.environ.get("MASTER_ADDR", "")
+    where = f"rank 0's node ({host})" if host else "rank 0's node"
+    return (f"{NO_SESSION_HERE} {ranks} with the session. Its app, socket and "
+            f"events.jsonl are on {where}: attach there (vram-bench attach). This node's events: "
+            f"{run_dir}/events-rankN.jsonl")
 
 
 def _time_limit_fact(session: Session) -> dict[str, object] | None:

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The GPU checks a session lent a device machine runs first, as one command (see README "GPU checks").
+# Run from the repository root on the device machine, with the wheels it lacks in .whl/ (see
+# ../.library/device/README.md); every log lands in $OUT (or /tmp/device-out).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/device-out}; mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  # a .pth file, not PYTHONPATH: the benchmarks give their child processes an environment of their own
+  printf "/tmp/site\n%s\n" "$PWD" > "$(python3 -c "import site; print(site.getsitepackages()[0])")/vram-bench-device.pth"
+fi
+date -u; nproc; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/nvidia-smi.txt"
+[ -z "$SKIP_CHECKS" ] && timeout 120 python3 -m pytest -m cuda tests/test_cuda.py tests/test_device_seam.py -o addopts="" -q -p no:cacheprovider 2>&1 | tee "$out/pytest-cuda.txt"
+[ -z "$SKIP_CHECKS" ] && timeout 180 python3 bench/gpu_checks.py --out /tmp/gpu-checks 2>&1 | tee "$out/gpu-checks.txt"
+# Issue 17's steps/s target on a machine with free cores (gloo on CPU, 2 ranks), small and medium steps.
+CUDA_VISIBLE_DEVICES= timeout ${SMALL_S:-150} python3 bench/distributed.py --rounds ${SMALL_ROUNDS:-5} --saves 0 2>&1 | tee "$out/distributed-small.txt"
+CUDA_VISIBLE_DEVICES= timeout ${MEDIUM_S:-150} python3 bench/distributed.py --model medium --steps 150 --rounds ${MEDIUM_ROUNDS:-4} --saves 0 2>&1 | tee "$out/distributed-medium.txt"
