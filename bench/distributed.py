@@ -295,7 +295,8 @@ def main() -> None:
             plain_gap.append(gap)
             our_gap.append(our_gap_us)
             ratios.append(our_rate / rate)
-            print(f"  round {i + 1}: plain {rate:.1f}, vram-bench {our_rate:.1f} steps/s ({our_rate / rate:.3f})", flush=True)
+            print(f"  round {i + 1}: plain {rate:.1f}, vram-bench {our_rate:.1f} steps/s ({our_rate / rate:.3f}); between "
+                  f"steps plain {gap:.1f}, vram-bench {our_gap_us:.1f} us", flush=True)  # a run cut short still says it
         if args.saves:
             one, one_seen, one_step = save_latencies(project(root, "one", args.model), 1, args.saves)
             rank, rank_seen, rank_step = save_latencies(project(root, "rank", args.model), 1, args.saves, threads=1)
