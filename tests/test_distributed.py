@@ -336,6 +336,43 @@ def test_a_rank_killed_with_sigkill_ends_the_run_with_a_report_and_rank_0s_final
     assert Path(snapshots[-1]["path"]).exists() or (run.entry.parent / snapshots[-1]["path"]).exists()
 
 
+def test_torchrun_by_hand_with_restarts_on_a_shared_store_gets_a_note_saying_how_to_unshare_it():
+    from workbench.engine.distributed import shared_store_restart_note
+
+    shared = {"TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    note = shared_store_restart_note(shared)
+    assert note is not None and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in note and "(--max-restarts 2)" in note
+    assert shared_store_restart_note({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # unshared
+    assert shared_store_restart_note({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None  # no restarts
+    assert shared_store_restart_note({}) is None  # not under torchrun
+
+
+def test_with_max_restarts_torchrun_restarts_every_rank_after_a_sigkill_and_they_resume_from_the_last_snapshot(ranks):
+    """torchrun's restart (--max-restarts) with --resume auto: the ranks of the second attempt make their groups on a
+    store of their own (the shared one still held the dead rank's address) and go on from rank 0's final snapshot."""
+    import os
+    import signal
+
+    run = ranks("--max-restarts", "1", "--resume", "auto")
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=60, what="rank 1 at step 5")
+    os.kill(rank_pid(run, 1), signal.SIGKILL)
+    lost = run.wait_for(lambda e: e["event"] == "exit", timeout=45, what="the first attempt's exit")
+    assert lost["reason"] == "rank lost", lost
+    final = [e for e in run.events if e["event"] == "snapshot"][-1]
+    assert final["reason"] == "final" and final["step"] == lost["step"], final
+    again = run.wait_for(lambda e: e["event"] == "start", timeout=60, what="the restarted rank 0's start")
+    assert again["restart"] == 1 and again["rank"] == 0, again
+    resumed = run.wait_event("resume", timeout=60)
+    assert resumed["step"] == final["step"] and resumed["path"] == final["path"], resumed
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] > final["step"] + 5, timeout=60,
+                 what="the restarted rank 1 training on from the snapshot")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0, run.stderr[-2000:]
+    assert "connectFullMesh failed" not in run.stderr
+    assert "restart" not in next(e for e in run.events if e["event"] == "start"), "the first attempt's start has none"
+    assert not [e for e in run.events if e["event"] == "error" and e.get("where") == "torchrun"], "no note: unshared"
+
+
 def test_an_internal_error_on_rank_1_alone_ends_the_run_with_a_report_and_no_hang(tmp_path: Path):
     """A bug in vram-bench itself on one rank (here: its bookkeeping after a step raises on rank 1): that rank
     cannot take part in the ranks' last exchange, so it must not try (the others would wait on it); it exits, and

@@ -23,7 +23,7 @@ SAMPLES: dict[str, Event] = {
     e.name: e
     for e in (
         ev.Start(project="/p/train.py", device="cuda:0", version="0.1.0", torch="2.5.1", pid=4242, rank=1, world_size=2,
-                 backend="nccl", time=T),
+                 backend="nccl", restart=1, time=T),
         ev.Setup(status="done", seconds=1.5, time=T),
         ev.Step(step=7, loss=2.5, ms=12.25, scalars={"lr": 3e-4, "grad_norm": 1.0}, code_version=2,
                 peak_allocated=123_456, gpu=0, saved_bytes=789, rank=1, time=T),

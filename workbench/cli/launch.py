@@ -9,9 +9,15 @@ across nodes and signal forwarding are torchrun's.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 LAUNCHER_OPTIONS = {"--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--max-restarts"}
+# With restarts, each attempt's ranks need a store of their own. By default torchrun's ranks share its rendezvous
+# store across attempts, so a restarted rank can read a dead rank's address left by the attempt before and fail to
+# connect its process groups (pytorch/pytorch#135712; seen with gloo on torch 2.13). Unshared, rank 0 of each
+# attempt hosts a fresh store.
+UNSHARED_STORE = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
 
 def worker_argv(argv: list[str]) -> list[str]:
@@ -64,6 +70,8 @@ def launch_ranks(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    if args.max_restarts > 0:
+        os.environ.setdefault(*UNSHARED_STORE)
     try:
         torchrun(torchrun_argv(args))
     except ChildFailedError as exc:

@@ -42,7 +42,7 @@ from workbench.engine.time_limit import TimeLimit
 from workbench.units import human_bytes
 from workbench.engine.watchdog import StepWatchdog
 from workbench.engine.worker import ApplyChanges, RunState, TrainingWorker
-from workbench.engine.distributed import RankRole
+from workbench.engine.distributed import RankRole, shared_store_restart_note
 from workbench.engine.lockstep import Lockstep
 
 REQUIRED_FUNCTIONS = {"setup": ("bench",), "step": ("state", "bench")}
@@ -229,6 +229,7 @@ class Session:
                 rank=self.ranks.info.rank if self.ranks is not None else None,
                 world_size=self.ranks.info.world_size if self.ranks is not None else None,
                 backend=self.ranks.backend if self.ranks is not None else None,
+                restart=(self.ranks.info.restart or None) if self.ranks is not None else None,
             )
         )
         if self._early_output is not None:
@@ -242,6 +243,8 @@ class Session:
         if not self.is_main:
             self._start_threads()
             return
+        if self.ranks is not None and (restart_note := shared_store_restart_note()) is not None:
+            self.bus.publish(Error(where="torchrun", message=restart_note))
         self.run_record.start(str(self.project.entry), self.config.resume)
         for leftover in remove_leftovers(leftover_folders(self.state_dir)):
             self.bus.publish(

@@ -109,7 +109,7 @@ def _jsonable(value: Any) -> Any:
 @dataclass(frozen=True)
 class Start(Event):
     name: ClassVar[str] = "start"
-    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"rank", "world_size", "backend"})
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"rank", "world_size", "backend", "restart"})
     project: str
     device: str
     version: str
@@ -119,6 +119,7 @@ class Start(Event):
     rank: int | None = None
     world_size: int | None = None
     backend: str | None = None
+    restart: int | None = None  # torchrun started every rank again (--max-restarts): 1, 2, ... (absent before)
 
 
 @dataclass(frozen=True)
