@@ -455,6 +455,57 @@ def test_a_detached_two_rank_session_is_listed_attached_to_and_stopped_from_rank
         sessions.close()
 
 
+def test_an_attached_client_follows_torchruns_restart_to_the_new_rank_0(tmp_path: Path):
+    """Detached with --max-restarts: when a rank is lost and torchrun starts every rank again, the attached client
+    (what the app reads) waits for the restarted rank 0 and carries on with it, instead of saying the session ended."""
+    import os
+    import signal
+
+    from tests.session_process_harness import Sessions, cli, wait_until
+    from workbench.protocol import registry
+    from workbench.protocol.events import Error
+    from workbench.protocol.remote import RemoteSession
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(PROJECT)
+    sessions = Sessions()
+    remote = None
+    try:
+        live = sessions.start(project / "train.py", "--nproc-per-node", "2", "--max-restarts", "1", "--resume", "auto")
+        remote = RemoteSession(registry.SessionEntry(live.name, live.socket, registry.read_facts(live.socket.with_suffix(".json"))))
+        remote.connect()
+        said = remote.bus.subscribe()
+        remote.start()
+        first_pid = remote.facts["pid"]
+        assert remote.facts["torchrun"]["max_restarts"] == 1 and remote.facts["torchrun"]["restart"] == 0, remote.facts
+        wait_until(lambda: remote.status().step >= 5, 60, "rank 0 at step 5")
+        rank1 = next(e["pid"] for e in rank_log_of(project) if e["event"] == "start")
+        os.kill(rank1, signal.SIGKILL)
+        messages: list[str] = []
+
+        def restarted() -> bool:
+            messages.extend(e.message for e in said.drain() if isinstance(e, Error) and e.where == "session")
+            return any("attached to the restarted rank 0" in m for m in messages)
+
+        wait_until(restarted, 90, "the client attached to the restarted rank 0")
+        assert any("torchrun starts every rank again (restart 1 of 1)" in m for m in messages), messages
+        assert remote.ended is None and remote.facts["pid"] != first_pid and remote.facts["torchrun"]["restart"] == 1
+        resumed_at = remote.status().step
+        wait_until(lambda: remote.status().step > resumed_at + 5 and remote.status().state == "running", 60,
+                   "the restarted ranks training on, seen by the same client")
+        stopped = cli(["stop", live.name], sessions.env, timeout=60)
+        assert stopped.returncode == 0, stopped.stderr
+        wait_until(lambda: remote.ended is not None, 30, "the client seeing the end")
+        assert "quit" in remote.ended, remote.ended  # the last restart is used up: a quit ends it for good
+    finally:
+        if remote is not None:
+            remote.close()
+        sessions.close()
+        for pid in subprocess_lines(["pgrep", "-f", f"{project}/train.py"]):
+            os.kill(int(pid), signal.SIGKILL)
+
+
 def rank_log_of(project: Path) -> list[dict[str, Any]]:
     runs = sorted((project / ".vram-bench" / "runs").iterdir())
     path = runs[-1] / "events-rank1.jsonl"

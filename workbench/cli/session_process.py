@@ -171,6 +171,7 @@ def serve(session: Session, name: str) -> int:
             "memory_window": session.config.memory_window,
             "requeue_signal": session.config.requeue_signal,
             "time_limit": _time_limit_fact(session),
+            "torchrun": _torchrun_fact(session),
         },
     )
     registry.write_facts(sock.with_suffix(".json"), facts)  # first: once the socket answers, `ls` and `stop` know the pid
@@ -207,6 +208,18 @@ def ranks_only_note(info: RankInfo, run_dir: Path, master: str | None = None) ->
     return (f"{NO_SESSION_HERE} {ranks} with the session. Its app, socket and "
             f"events.jsonl are on {where}: attach there (vram-bench attach). This node's events: "
             f"{run_dir}/events-rankN.jsonl")
+
+
+def _torchrun_fact(session: Session) -> dict[str, int] | None:
+    """Under torchrun: whether its launcher may start the ranks again after one is lost (`--max-restarts`), so that an
+    attached app waits for the restarted rank 0 rather than saying the session ended."""
+    if session.ranks is None:
+        return None
+    try:
+        max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    except ValueError:
+        max_restarts = 0
+    return {"launcher_pid": os.getppid(), "restart": session.ranks.info.restart, "max_restarts": max_restarts}
 
 
 def _time_limit_fact(session: Session) -> dict[str, object] | None:

@@ -24,6 +24,7 @@ from workbench.protocol.status import SessionStatus
 from workbench.protocol.wire import ClientHello, WireError
 
 RECONNECT_FOR = 10.0  # seconds a dropped link is retried before the app says it is lost
+RESTART_WAIT = 600.0  # seconds to wait for torchrun's restarted rank 0 to serve (setup() may load a model for minutes)
 
 
 class _ReplayingBus(EventBus):
@@ -56,6 +57,7 @@ class RemoteSession:
         self.ended: str | None = None  # why the session is gone; None while it runs
         self.exit_code: int | None = None
         self.final_snapshot: Snapshot | None = None  # the one the session wrote on its way out
+        self._restarting = False  # a rank was lost and torchrun will start every rank again (--max-restarts)
         self._hello = ClientHello(client=client, history="screen", max_points=max_points)
         self._reconnect_for = reconnect_for
         self._status = SessionStatus.waiting(project=entry.name)
@@ -171,7 +173,10 @@ class RemoteSession:
                         self.final_snapshot = event
                     if isinstance(event, Exit):
                         self.exit_code = event.code
-                        self.ended = f"the session ended ({event.reason}, exit code {event.code})"
+                        if event.reason == "rank lost" and self._torchrun_restarts():
+                            self._restarting = True
+                        else:
+                            self.ended = f"the session ended ({event.reason}, exit code {event.code})"
                     self.bus.publish(event)
                 elif kind == "status":
                     self._status = SessionStatus.from_wire(message)
@@ -185,8 +190,53 @@ class RemoteSession:
             except (ValueError, KeyError, TypeError):
                 continue  # a message this version cannot read: the rest still can
 
+    def _torchrun_restarts(self) -> bool:
+        """torchrun's launcher lives and has restarts left: it starts every rank again after a lost one."""
+        job = self.facts.get("torchrun") or {}
+        try:
+            left = int(job.get("max_restarts", 0)) - int(job.get("restart", 0))
+            launcher = int(job.get("launcher_pid", 0))
+        except (TypeError, ValueError):
+            return False
+        return left > 0 and launcher > 0 and registry.pid_alive(launcher)
+
+    def _await_restart(self) -> bool:
+        """A rank was lost and torchrun restarts every rank: wait for the new rank 0's socket (a new pid) while the
+        launcher lives, then carry on with its hello, as after a dropped link."""
+        job = self.facts.get("torchrun") or {}
+        launcher, old_pid = int(job.get("launcher_pid", 0)), int(self.facts.get("pid", 0) or 0)
+        attempt = int(job.get("restart", 0)) + 1
+        self.bus.publish(Error(where="session", message=(
+            f"a rank was lost: torchrun starts every rank again (restart {attempt} of {job.get('max_restarts')}); "
+            "this app attaches to the new rank 0 when it serves")))
+        deadline = time.monotonic() + RESTART_WAIT
+        while not self._closing.is_set():
+            if not registry.pid_alive(launcher) or time.monotonic() > deadline:
+                gone = "ended" if not registry.pid_alive(launcher) else f"did not serve again within {RESTART_WAIT:.0f} s"
+                self.ended = f"the session ended (rank lost; torchrun's restart {gone})"
+                self.bus.publish(Error(where="session", message=self.ended))
+                return False
+            facts = registry.read_facts(self.entry.socket.with_suffix(".json"))
+            if facts is None or facts.pid == old_pid or not registry.answers(self.entry.socket, 0.5):
+                time.sleep(0.25)
+                continue
+            try:
+                client = SessionClient(self.entry.socket, self._hello, timeout=5.0)
+            except (SessionGone, WireError, OSError):
+                time.sleep(0.25)
+                continue
+            self._take_hello(client)
+            self._restarting, self.exit_code, self.final_snapshot = False, None, None
+            self.bus.publish(Error(where="session", message=(
+                f"attached to the restarted rank 0 (pid {facts.pid}, restart {attempt}); the chart restarts from "
+                "the step it resumed at")))
+            return True
+        return False
+
     def _reconnect(self) -> bool:
         """The link dropped: retry while the session's process lives; say what happened."""
+        if self._restarting:
+            return self._await_restart()
         pid = int(self.facts.get("pid", 0) or 0)
         deadline = time.monotonic() + self._reconnect_for
         said = False
