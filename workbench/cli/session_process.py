@@ -160,6 +160,7 @@ def serve(session: Session, name: str) -> int:
         device=str(session.config.device),
         started=time.time(),
         log=str(sock.with_suffix(".log")),
+        host=registry.this_host(),
     )
     server = SessionServer(
         session,

@@ -82,12 +82,19 @@ def ls_main(argv: list[str]) -> int:
             project = "~" + project[len(home):]
         rows.append((entry.name, str(facts.pid) if facts else "?", state, step, code, facts.device if facts else "?",
                      registry.uptime(facts) if facts else "?", clients, project))
+    others = registry.elsewhere()
     if len(rows) == 1:
-        print("no sessions (start one with: vram-bench run train.py)")
-        return 0
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+        print("no sessions on this machine" + ("" if others else " (start one with: vram-bench run train.py)"))
+    else:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        for row in rows:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    if others:  # this folder is shared with other machines: their sessions are reached there
+        print("on other machines sharing this sessions folder (attach there):")
+        for entry in others:
+            if (facts := entry.facts) is None:
+                continue  # elsewhere() holds only entries whose facts name another host
+            print(f"  {entry.name}  on {facts.host} (pid {facts.pid}, up {registry.uptime(facts)})  {facts.entry}")
     return 0
 
 

@@ -9,6 +9,12 @@ A session is `NAME.sock` (its socket) beside `NAME.json` (its facts: pid, projec
 entry, device, start time) and `NAME.log` (the session process's own stdout and stderr).
 A session killed with SIGKILL leaves its socket behind: `stale()` finds it (nothing
 answers and its pid is gone) and `remove()` cleans it up.
+
+The folder can be shared by several machines (a home directory on NFS, without
+XDG_RUNTIME_DIR: common on clusters). Each session's facts name its host, and only the
+sessions of this host are listed or judged: another host's pid means nothing here, and its
+socket does not answer across machines, so judging it would delete a live session's files.
+Its names stay taken.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class SessionFacts:
     device: str
     started: float  # time.time()
     log: str  # the session process's stdout/stderr
+    host: str = ""  # the machine it runs on ("": written before facts named their host)
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,26 @@ def socket_path(name: str, folder: Path | None = None) -> Path:
     return path
 
 
+def this_host() -> str:
+    return socket.gethostname()
+
+
 def entries(folder: Path | None = None) -> list[SessionEntry]:
-    """Every session this user has on this machine, live or stale, by name."""
+    """Every session this user has on this machine, live or stale, by name (not those of other machines that share
+    the folder: `elsewhere()`)."""
+    return [entry for entry in _all_entries(folder) if not _elsewhere(entry)]
+
+
+def elsewhere(folder: Path | None = None) -> list[SessionEntry]:
+    """Sessions that other machines sharing this folder wrote: listed for what they are, never judged from here."""
+    return [entry for entry in _all_entries(folder) if _elsewhere(entry)]
+
+
+def _elsewhere(entry: SessionEntry) -> bool:
+    return entry.facts is not None and entry.facts.host not in ("", this_host())
+
+
+def _all_entries(folder: Path | None) -> list[SessionEntry]:
     folder = folder or runtime_folder()
     found: dict[str, SessionEntry] = {}
     for path in sorted(folder.glob("*.sock")) + sorted(folder.glob("*.json")):
@@ -102,7 +127,7 @@ def entries(folder: Path | None = None) -> list[SessionEntry]:
 def read_facts(path: Path) -> SessionFacts | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return SessionFacts(**{k: data[k] for k in SessionFacts.__dataclass_fields__})
+        return SessionFacts(**{k: data[k] for k in SessionFacts.__dataclass_fields__ if k in data})  # one missing: None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -162,7 +187,7 @@ def choose_name(project_root: Path, folder: Path | None = None) -> str:
     """The project folder's name, with a short suffix when a live session already has it."""
     folder = folder or runtime_folder()
     base = "".join(c if c.isalnum() or c in "-_." else "_" for c in project_root.name) or "session"
-    taken = {e.name for e in entries(folder) if not stale(e)}
+    taken = {e.name for e in entries(folder) if not stale(e)} | {e.name for e in elsewhere(folder)}
     if base not in taken:
         return base
     for n in range(2, 1000):
