@@ -88,3 +88,7 @@ def test_only_the_first_rank_of_a_node_without_rank_0_has_a_note(tmp_path: Path)
     note = ranks_only_note(RankInfo(rank=8, local_rank=0, world_size=16, local_world_size=8), tmp_path, master="gpu-a")
     assert note is not None and note.startswith(NO_SESSION_HERE)
     assert "ranks 8-15 (of 16) train here" in note and "rank 0's node (gpu-a)" in note and str(tmp_path) in note
+    assert "attach there" in note
+    headless = ranks_only_note(RankInfo(rank=8, local_rank=0, world_size=16, local_world_size=8), tmp_path, master="gpu-a",
+                               detached=False)
+    assert headless is not None and "attach" not in headless and "out of the launcher on rank 0's node (gpu-a)" in headless

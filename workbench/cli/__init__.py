@@ -354,7 +354,7 @@ def _session_process(entry: Path, args: argparse.Namespace, config) -> int:  # t
         if session.is_main:  # rank 0 (or the only process) hosts the socket; the other ranks have no front end
             code = serve(session, args.session_name)
         else:
-            code = serve_nothing(session)
+            code = serve_nothing(session, detached=True)
     if not session.is_main:
         return code
     _report_final_snapshot(session)

@@ -185,17 +185,19 @@ def serve(session: Session, name: str) -> int:
         registry.remove(registry.SessionEntry(name, sock, facts))
 
 
-def serve_nothing(session: Session) -> int:
+def serve_nothing(session: Session, detached: bool = False) -> int:
     """A rank other than 0 under torchrun: the session runs as headless does, with no socket and no printer
-    (its events go to its own events-rankN.jsonl). The first rank of a node without rank 0 says where the session is."""
+    (its events go to its own events-rankN.jsonl). The first rank of a node without rank 0 says where the session is
+    (`detached`: in a session process, whose app attaches to rank 0's socket; else rank 0's --headless stdout)."""
     from workbench.frontends.headless import run_headless
 
-    if session.ranks is not None and (note := ranks_only_note(session.ranks.info, session.run_dir)) is not None:
+    info = session.ranks.info if session.ranks is not None else None
+    if info is not None and (note := ranks_only_note(info, session.run_dir, detached=detached)) is not None:
         print(note, file=sys.stderr, flush=True)
     return run_headless(session, _Discard(), None, telemetry=False)
 
 
-def ranks_only_note(info: RankInfo, run_dir: Path, master: str | None = None) -> str | None:
+def ranks_only_note(info: RankInfo, run_dir: Path, master: str | None = None, detached: bool = True) -> str | None:
     """What the first rank of a node without rank 0 tells its user (None for every other rank): nothing of the session
     is on this node, so its user knows where to go instead of waiting for an app here."""
     first = info.rank - info.local_rank
@@ -206,9 +208,9 @@ def ranks_only_note(info: RankInfo, run_dir: Path, master: str | None = None) ->
     ranks = f"rank {first} {of} trains here and stops" if first == last else f"ranks {first}-{last} {of} train here and stop"
     host = master if master is not None else os.environ.get("MASTER_ADDR", "")
     where = f"rank 0's node ({host})" if host else "rank 0's node"
-    return (f"{NO_SESSION_HERE} {ranks} with the session. Its app, socket and "
-            f"events.jsonl are on {where}: attach there (vram-bench attach). This node's events: "
-            f"{run_dir}/events-rankN.jsonl")
+    there = ("Its app, socket and events.jsonl are on {}: attach there (vram-bench attach)." if detached else
+             "Its events come out of the launcher on {}, and go to events.jsonl.").format(where)
+    return f"{NO_SESSION_HERE} {ranks} with the session. {there} This node's events: {run_dir}/events-rankN.jsonl"
 
 
 def _torchrun_fact(session: Session) -> dict[str, int] | None:
