@@ -485,7 +485,7 @@ def test_an_attached_client_follows_torchruns_restart_to_the_new_rank_0(tmp_path
         messages: list[str] = []
 
         def restarted() -> bool:
-            messages.extend(e.message for e in said.drain() if isinstance(e, Error) and e.where == "session")
+            messages.extend(e.message for e in said.drain() if isinstance(e, Error) and e.where == "restart" and e.is_warning)
             return any("attached to the restarted rank 0" in m for m in messages)
 
         wait_until(restarted, 90, "the client attached to the restarted rank 0")

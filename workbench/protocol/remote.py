@@ -206,7 +206,7 @@ class RemoteSession:
         job = self.facts.get("torchrun") or {}
         launcher, old_pid = int(job.get("launcher_pid", 0)), int(self.facts.get("pid", 0) or 0)
         attempt = int(job.get("restart", 0)) + 1
-        self.bus.publish(Error(where="session", message=(
+        self.bus.publish(Error(where="restart", message=(
             f"a rank was lost: torchrun starts every rank again (restart {attempt} of {job.get('max_restarts')}); "
             "this app attaches to the new rank 0 when it serves")))
         deadline = time.monotonic() + RESTART_WAIT
@@ -227,7 +227,7 @@ class RemoteSession:
                 continue
             self._take_hello(client)
             self._restarting, self.exit_code, self.final_snapshot = False, None, None
-            self.bus.publish(Error(where="session", message=(
+            self.bus.publish(Error(where="restart", message=(
                 f"attached to the restarted rank 0 (pid {facts.pid}, restart {attempt}); the chart restarts from "
                 "the step it resumed at")))
             return True
