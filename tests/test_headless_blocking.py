@@ -331,6 +331,8 @@ def test_sigterm_ends_a_step_stuck_on_a_lock_and_the_subprocess_it_started(headl
     assert len(run.children) == 1, run.explain()
 
     run.proc.send_signal(signal.SIGTERM)
+    stopping = run.wait_event("error", 10, where="stopping")  # a warning (the step runs on), not an error
+    assert "signal again to interrupt it" in stopping["message"], stopping
     exit_event = run.wait_event("exit", 15)
     assert (exit_event["reason"], exit_event["code"]) == ("stuck", 1)
     assert run.finish(10) == 1, run.explain()

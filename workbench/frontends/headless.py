@@ -164,7 +164,7 @@ def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, 
             session.request_quit(final_snapshot=final_snapshot, reason="requeue signal" if signum == requeue else "quit")
             escalation.begin()
             if session.worker.step_started is not None:
-                session.bus.publish(Error(where="command", message="stopping after the current step; signal again to interrupt it"))
+                session.bus.publish(Error(where="stopping", message="stopping after the current step; signal again to interrupt it"))
         elif received["count"] == 2:
             session.send(Interrupt())  # a hung step: raise KeyboardInterrupt in it, then quit as asked
         else:
