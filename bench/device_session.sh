@@ -14,6 +14,8 @@ date -u; nproc; python3 -c 'import torch; print(torch.__version__, torch.cuda.ge
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/nvidia-smi.txt"
 [ -z "$SKIP_CHECKS" ] && timeout 120 python3 -m pytest -m cuda tests/test_cuda.py tests/test_device_seam.py -o addopts="" -q -p no:cacheprovider 2>&1 | tee "$out/pytest-cuda.txt"
 [ -z "$SKIP_CHECKS" ] && timeout 180 python3 bench/gpu_checks.py --out /tmp/gpu-checks 2>&1 | tee "$out/gpu-checks.txt"
+# What reading the loss every step (a device sync) costs against a loop that never waits, and vram-bench beside them.
+[ -z "$SKIP_CHECKS" ] && timeout ${SYNC_S:-150} python3 bench/loss_sync.py --rounds 3 --steps 1500 2>&1 | tee "$out/loss-sync.txt"
 # Issue 17's steps/s target on a machine with free cores (gloo on CPU, 2 ranks), small and medium steps.
 CUDA_VISIBLE_DEVICES= timeout ${SMALL_S:-150} python3 bench/distributed.py --rounds ${SMALL_ROUNDS:-5} --saves 0 2>&1 | tee "$out/distributed-small.txt"
 CUDA_VISIBLE_DEVICES= timeout ${MEDIUM_S:-150} python3 bench/distributed.py --model medium --steps 150 --rounds ${MEDIUM_ROUNDS:-4} --saves 0 2>&1 | tee "$out/distributed-medium.txt"
