@@ -337,14 +337,16 @@ def test_a_rank_killed_with_sigkill_ends_the_run_with_a_report_and_rank_0s_final
 
 
 def test_torchrun_by_hand_with_restarts_on_a_shared_store_gets_a_note_saying_how_to_unshare_it():
-    from workbench.engine.distributed import shared_store_restart_note
+    from workbench.engine.distributed import rank_info_from_env, shared_store_restart_note
 
-    shared = {"TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_USE_AGENT_STORE": "True"}
-    note = shared_store_restart_note(shared)
+    env = {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    info = rank_info_from_env(env)
+    assert info is not None and info.max_restarts == 2 and info.restart == 0
+    note = shared_store_restart_note(info, env)
     assert note is not None and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in note and "(--max-restarts 2)" in note
-    assert shared_store_restart_note({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # unshared
-    assert shared_store_restart_note({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None  # no restarts
-    assert shared_store_restart_note({}) is None  # not under torchrun
+    assert shared_store_restart_note(info, {**env, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # unshared
+    no_restarts = rank_info_from_env({**env, "TORCHELASTIC_MAX_RESTARTS": "0"})
+    assert no_restarts is not None and shared_store_restart_note(no_restarts, env) is None
 
 
 def test_with_max_restarts_torchrun_restarts_every_rank_after_a_sigkill_and_they_resume_from_the_last_snapshot(ranks):

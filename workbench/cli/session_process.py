@@ -218,11 +218,8 @@ def _torchrun_fact(session: Session) -> dict[str, int] | None:
     attached app waits for the restarted rank 0 rather than saying the session ended."""
     if session.ranks is None:
         return None
-    try:
-        max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
-    except ValueError:
-        max_restarts = 0
-    return {"launcher_pid": os.getppid(), "restart": session.ranks.info.restart, "max_restarts": max_restarts}
+    info = session.ranks.info
+    return {"launcher_pid": os.getppid(), "restart": info.restart, "max_restarts": info.max_restarts}
 
 
 def _time_limit_fact(session: Session) -> dict[str, object] | None:

@@ -51,6 +51,7 @@ class RankInfo:
     world_size: int
     local_world_size: int
     restart: int = 0  # torchrun's restarts of every rank so far (--max-restarts): 0 in the first attempt
+    max_restarts: int = 0  # how many restarts torchrun may make (its --max-restarts)
 
     @property
     def is_main(self) -> bool:
@@ -67,6 +68,7 @@ def rank_info_from_env(env: dict[str, str] | None = None) -> RankInfo | None:
         local = int(env.get("LOCAL_RANK", rank))
         local_world = int(env.get("LOCAL_WORLD_SIZE", world))
         restart = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        max_restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
     except ValueError:
         raise UserError(
             f"RANK={env.get('RANK')!r}, WORLD_SIZE={env.get('WORLD_SIZE')!r} are not whole numbers: start vram-bench "
@@ -74,21 +76,18 @@ def rank_info_from_env(env: dict[str, str] | None = None) -> RankInfo | None:
         ) from None
     if not 0 <= rank < world:
         raise UserError(f"RANK={rank} is outside WORLD_SIZE={world}.")
-    return RankInfo(rank=rank, local_rank=local, world_size=world, local_world_size=local_world, restart=restart)
+    return RankInfo(rank=rank, local_rank=local, world_size=world, local_world_size=local_world, restart=restart,
+                    max_restarts=max_restarts)
 
 
-def shared_store_restart_note(env: dict[str, str] | None = None) -> str | None:
+def shared_store_restart_note(info: RankInfo, env: dict[str, str] | None = None) -> str | None:
     """torchrun started by hand with --max-restarts and its store shared across attempts (its default): a restart may
     fail to connect the process groups (pytorch/pytorch#135712); `vram-bench run --max-restarts` unshares it itself."""
-    env = dict(os.environ if env is None else env)
-    try:
-        restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
-    except ValueError:
+    env = os.environ if env is None else env
+    if info.max_restarts <= 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    if restarts <= 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    return (f"torchrun may restart the ranks (--max-restarts {restarts}) and shares its store across attempts: a "
-            "restarted rank can read a dead rank's address from the attempt before and fail to connect its process "
+    return (f"torchrun may restart the ranks (--max-restarts {info.max_restarts}) and shares its store across attempts: "
+            "a restarted rank can read a dead rank's address from the attempt before and fail to connect its process "
             "groups. Start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or use vram-bench run --max-restarts, "
             "which does.")
 

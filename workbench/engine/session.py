@@ -243,7 +243,7 @@ class Session:
         if not self.is_main:
             self._start_threads()
             return
-        if self.ranks is not None and (restart_note := shared_store_restart_note()) is not None:
+        if self.ranks is not None and (restart_note := shared_store_restart_note(self.ranks.info)) is not None:
             self.bus.publish(Error(where="torchrun", message=restart_note))
         self.run_record.start(str(self.project.entry), self.config.resume)
         for leftover in remove_leftovers(leftover_folders(self.state_dir)):
