@@ -266,10 +266,19 @@ def checksums_agree_after(run: Headless, step: int) -> None:
 
 
 def test_under_ddp_a_rank_that_raises_before_the_all_reduce_pauses_both_and_a_fix_rebuilds_on_new_groups(ranks):
-    run = ranks("--collective-timeout", "3")
+    run = ranks("--collective-timeout", "15")
     run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
     # Rank 1 raises before its forward: rank 0 waits in the gradient all-reduce for it until the collective timeout.
     save(run.entry, "    x = torch.randn(32, 8", "    if bench.rank == 1:\n        raise ValueError('only on rank 1')\n    x = torch.randn(32, 8")
+    # Long before the timeout, rank 0's stream says where each rank is (through the store, not a collective).
+    saved = time.time()
+    waiting = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "waiting", timeout=12, what="the report")
+    assert waiting["time"] - saved < 10, waiting
+    assert not any(e["event"] == "error" and e.get("where") == "step" for e in run.events)  # the timeout is still ahead
+    message = waiting["message"]
+    assert "rank 1: paused after step" in message and "ValueError: only on rank 1" in message, message
+    assert "rank 0: in step" in message and "(`loss.backward()`)" in message and "idle" in message, message
+    assert "which will not join it" in message and "--collective-timeout (15 s" in message, message
     errors = []
     while len({e["message"][:6] for e in errors}) < 2:
         errors.append(run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step", timeout=30, what="both errors"))
@@ -286,6 +295,38 @@ def test_under_ddp_a_rank_that_raises_before_the_all_reduce_pauses_both_and_a_fi
     assert run.finish(timeout=60) == 0
     assert resumed["reason"] == "rebuild"
     checksums_agree_after(run, mark)
+
+
+def test_a_rank_stuck_in_its_step_is_named_with_its_line_and_interrupt_reaches_it_from_rank_0(ranks):
+    run = ranks("--collective-timeout", "20")
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    save(run.entry, "    x = torch.randn(32, 8", "    while bench.rank == 1:\n        pass\n    x = torch.randn(32, 8")
+    # Rank 1 spins in its own code; rank 0 waits for it in DDP's all-reduce. Once the wait is as long as a slow step's
+    # (5 s), rank 0 says where each rank is.
+    report = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "waiting", timeout=15, what="the report")
+    message = report["message"]
+    assert "rank 1: in step" in message and "at train.py:31 in step (`while bench.rank == 1:`)" in message, message
+    assert "rank 0: in step" in message and "inside torch" in message, message
+    assert "press i" in message, message
+    run.send("interrupt")
+    sent = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "waiting" and "interrupting" in e["message"],
+                        timeout=10, what="the interrupt")
+    assert sent["message"].startswith("interrupting the step of rank 1 "), sent  # rank 0 waits in torch: left to it
+    again = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "waiting" and "paused after" in e["message"],
+                         timeout=10, what="rank 1 interrupted")
+    assert "rank 1: paused after step" in again["message"] and "step() was interrupted at train.py:3" in again["message"]
+    # At the collective timeout, both pause: rank 0 with its collective's error, rank 1 with its interrupt.
+    errors = [run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step", timeout=40, what="the timeout")]
+    errors.append(run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step" and e is not errors[0],
+                               timeout=10, what="both errors"))
+    said = " | ".join(e["message"] for e in errors)
+    assert "rank 0 waited in a training collective" in said and "rank 1: step() was interrupted" in said, said
+    save(run.entry, "    while bench.rank == 1:\n        pass\n", "")
+    assert run.wait_event("rebuild", timeout=60)["ok"]
+    mark = max(steps_of(run.events, 0))
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= mark + 5, timeout=60, what="steps after")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
 
 
 def test_a_forward_that_stops_using_a_parameter_pauses_both_naming_it_and_rollback_rebuilds_the_ddp_wrapper(ranks):

@@ -183,6 +183,12 @@ class ProcessGroups:
         self._doorbell = Doorbell(prefixed, self.info.rank, self.info.world_size, self.control_timeout)
         return self._doorbell
 
+    def whereabouts_store(self) -> dist.Store:
+        """The ranks' places (workbench/engine/whereabouts.py), on a prefix of the job's store; one per torchrun attempt,
+        so a restarted job never reads the places of the attempt before."""
+        store = dist.distributed_c10d._get_default_store() if self._store is None else self._store
+        return dist.PrefixStore(f"vram-bench/where-{self.info.restart}", store)
+
     @contextlib.contextmanager
     def running(self) -> Iterator[ProcessGroups]:
         """The groups are started lazily (`role()`), after the project is imported, and always closed."""

@@ -66,7 +66,7 @@ from workbench.engine.doorbell import Doorbell
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.memory_guard import MemoryLimitNear
-from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
+from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState, is_error_pause
 from workbench.protocol.events import COMMANDS, Command, Error, Ranks, Reload, Step
 
 if TYPE_CHECKING:
@@ -515,7 +515,3 @@ def straggler(rows: list[RankRow]) -> int | None:
         return None
     slowest = max(timed, key=lambda row: row.ms)
     return slowest.rank if slowest.ms > STRAGGLER_FACTOR * statistics.median(row.ms for row in timed) else None
-
-
-def is_error_pause(reason: str) -> bool:
-    return reason in AUTO_RESUME_REASONS and reason != "memory limit"

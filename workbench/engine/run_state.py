@@ -19,3 +19,8 @@ class RunState(str, enum.Enum):
 
 # Pauses that a successful reload ends on its own: the user saved a fix.
 AUTO_RESUME_REASONS = frozenset({"error", "non-finite loss", "interrupted", "out of memory", "memory limit"})
+
+
+def is_error_pause(reason: str) -> bool:
+    """A pause a rank decided alone because its own step failed (every rank pauses with it under torchrun)."""
+    return reason in AUTO_RESUME_REASONS and reason != "memory limit"

@@ -41,6 +41,7 @@ from workbench.engine.telemetry import Telemetry
 from workbench.engine.time_limit import TimeLimit
 from workbench.units import human_bytes
 from workbench.engine.watchdog import StepWatchdog
+from workbench.engine.whereabouts import Board, RankWatch, takes_interrupt
 from workbench.engine.worker import ApplyChanges, RunState, TrainingWorker
 from workbench.engine.distributed import RankRole, shared_store_restart_note
 from workbench.engine.lockstep import Lockstep
@@ -195,8 +196,19 @@ class Session:
             idle=lambda: self.worker.state is RunState.PAUSED,
             idle_interval=config.memory_idle_interval,
         )
+        self._interrupt_board: Board | None = None  # rank 0 under torchrun: `i` reaches every held rank through it
+        self._rank_watch: RankWatch | None = None
+        rank_watch = None
+        if ranks is not None:
+            store, info = ranks.groups.whereabouts_store(), ranks.info
+            rank_watch = RankWatch(self.worker, Board(store, info.rank, info.world_size), self.bus.publish,
+                                   slow_factor=config.slow_step_factor, slow_seconds=config.slow_step_seconds,
+                                   collective_timeout=ranks.groups.collective_timeout.total_seconds())
+            if info.is_main:
+                self._interrupt_board, self._rank_watch = Board(store, info.rank, info.world_size), rank_watch
         self.watchdog = StepWatchdog(
-            self.worker, self.bus.publish, factor=config.slow_step_factor, minimum=config.slow_step_seconds
+            self.worker, self.bus.publish, factor=config.slow_step_factor, minimum=config.slow_step_seconds,
+            rank_watch=rank_watch,
         )
         self.event_log = (
             EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log and self.is_main
@@ -363,7 +375,9 @@ class Session:
         if isinstance(command, ReloadNow):
             self.reload_service.rescan()
         elif isinstance(command, Interrupt):
-            if not self.worker.interrupt():
+            if self._interrupt_board is not None:
+                self._interrupt_ranks()
+            elif not self.worker.interrupt():
                 self.bus.publish(Error(where="command", message="no step is running: nothing to interrupt"))
         else:
             self.worker.commands.put(command)
@@ -373,6 +387,31 @@ class Session:
                 # Applied at the step boundary: said at once, so a long step does not look like an ignored key.
                 self.bus.publish(Error(where="pausing", message=f"pausing after the current step (running for {running:.0f} s; "
                                        "i interrupts it)"))
+
+    def _interrupt_ranks(self) -> None:
+        """Under torchrun: this rank's step, and every other rank held in a step (they read the store's counter)."""
+        assert self._interrupt_board is not None and self._rank_watch is not None
+        here = self._rank_watch.interrupt_here()
+        try:
+            self._interrupt_board.interrupt()
+            places = [p for p in self._interrupt_board.places().values() if p.kind == "step" and p.rank != 0]
+        except Exception as exc:  # noqa: BLE001 - the store gone: this rank's own interrupt still went
+            self.bus.publish(Error(where="command", message=f"the other ranks could not be told to interrupt "
+                                   f"({type(exc).__name__}: {exc})"))
+            return
+        taking = sorted(p.rank for p in places if takes_interrupt(p)) + ([0] if here else [])
+        waiting = sorted(p.rank for p in places if not takes_interrupt(p))
+        if not taking and not waiting:
+            self.bus.publish(Error(where="command", message="no step is running: nothing to interrupt"))
+            return
+        said = []
+        if taking:
+            said.append(f"interrupting the step of rank{'s' if len(taking) > 1 else ''} {', '.join(map(str, sorted(taking)))} "
+                        "(at its next line of Python)")
+        if waiting:
+            said.append(f"rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} "
+                        "idle inside torch (a collective, most likely) and {} left to it".format("are" if len(waiting) > 1 else "is"))
+        self.bus.publish(Error(where="waiting", message="; ".join(said)))
 
     def status(self) -> SessionStatus:
         w = self.worker

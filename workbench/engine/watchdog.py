@@ -13,14 +13,18 @@ from collections.abc import Callable
 
 from workbench.protocol.events import Error, Event
 from workbench.engine.suspension import SuspendedTime
+from workbench.engine.whereabouts import RankWatch
 from workbench.engine.worker import TrainingWorker
 
 
 class StepWatchdog(threading.Thread):
     def __init__(
-        self, worker: TrainingWorker, publish: Callable[[Event], None], *, factor: float, minimum: float, every: float = 0.5
+        self, worker: TrainingWorker, publish: Callable[[Event], None], *, factor: float, minimum: float, every: float = 0.5,
+        rank_watch: RankWatch | None = None,
     ) -> None:
         super().__init__(name="vram-bench-watchdog", daemon=True)
+        self._rank_watch = rank_watch  # under torchrun: where every rank is, when one holds the others (whereabouts.py)
+        self._store_failed = False
         self._worker = worker
         self._publish = publish
         self._factor = factor
@@ -33,6 +37,10 @@ class StepWatchdog(threading.Thread):
         suspended = SuspendedTime()
         while not self._stop_event.wait(self._every):
             suspended.tick(self._every)
+            if self._rank_watch is not None:
+                self._watch_ranks()
+                if self._rank_watch.reports:
+                    continue  # rank 0's report says what this warning would, with every rank's place
             started = self._worker.step_started
             history = list(self._worker.step_ms_history)
             if started is None or started == self._warned_for or len(history) < 3:
@@ -50,6 +58,16 @@ class StepWatchdog(threading.Thread):
                         "the model stays",
                     )
                 )
+
+    def _watch_ranks(self) -> None:
+        assert self._rank_watch is not None
+        try:
+            self._rank_watch.tick()
+        except Exception as exc:  # noqa: BLE001 - the store gone (the launcher ended): the steps' own errors say it
+            if not self._store_failed:
+                self._store_failed = True
+                self._publish(Error(where="waiting", message=f"the ranks' places cannot be read or written in the job's "
+                                    f"store ({type(exc).__name__}: {exc}); a held rank will not be reported"))
 
     def stop(self) -> None:
         self._stop_event.set()
