@@ -329,6 +329,25 @@ def test_a_rank_stuck_in_its_step_is_named_with_its_line_and_interrupt_reaches_i
     assert run.finish(timeout=60) == 0
 
 
+def test_without_ddp_rank_0_waiting_between_steps_names_the_stuck_rank_and_interrupt_pauses_both_at_once(ranks):
+    run = ranks("--", "--no-ddp")
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    save(run.entry, "    x = torch.randn(32, 8", "    while bench.rank == 1:\n        pass\n    x = torch.randn(32, 8")
+    # No collective in the step: rank 0 trains on to the next exchange, and waits there for rank 1.
+    report = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "waiting", timeout=15, what="the report")
+    message = report["message"]
+    assert message.startswith("rank 0 has waited"), message
+    assert "rank 0: waiting for the other ranks between steps" in message, message
+    assert "rank 1: in step" in message and "(`while bench.rank == 1:`), busy" in message, message
+    assert "--collective-timeout" not in message  # vram-bench's own exchange waits; no training collective is involved
+    run.send("interrupt")
+    assert run.wait_event("paused", timeout=10)["reason"] == "interrupted"  # rank 0 pauses with it: no timeout to wait for
+    run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step" and e["message"].startswith("rank 1: step() was "
+                 "interrupted"), timeout=10, what="rank 1 interrupted")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+
+
 def test_a_forward_that_stops_using_a_parameter_pauses_both_naming_it_and_rollback_rebuilds_the_ddp_wrapper(ranks):
     run = ranks()
     run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
