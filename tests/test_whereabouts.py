@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from workbench.engine.whereabouts import Board, Place, ThreadCpu, describe, frames_of, takes_interrupt
+from workbench.engine.whereabouts import Board, Place, ThreadCpu, describe, describe_all, frames_of, takes_interrupt
 
 WAITER = '''
 import threading
@@ -136,3 +136,20 @@ def test_only_a_rank_that_is_not_waiting_inside_a_library_takes_an_interrupt():
     assert takes_interrupt(busy_in_torch) and takes_interrupt(own_loop)
     assert not takes_interrupt(waiting_in_torch)
     assert not takes_interrupt(Place(1, "paused", 1, 9.0))
+
+
+def test_ranks_at_the_same_place_are_said_once_and_silent_ranks_in_ranges():
+    now = time.time()
+    own = Place(0, "step", 57, 30.0, "train.py:36 in step", "loss.backward()", "torch/autograd/graph.py:979 in r", 0.0,
+                None, now)
+    waiting = {r: Place(r, "step", 57, 29.0 + r / 100, "train.py:36 in step", "loss.backward()",
+                        "torch/autograd/graph.py:979 in r", 0.01 * r, None, now) for r in (1, 2, 3, 5, 6)}
+    stuck = Place(4, "step", 57, 31.0, "data.py:12 in next_batch", "while not ready():", None, 0.99, None, now)
+    lines = describe_all({0: own, **waiting, 4: stuck}, 10, now)
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("rank 0: in step 58 for 30 s")
+    assert lines[1].startswith("ranks 1-3, 5-6: in step 58 for 29 s, at train.py:36 in step (`loss.backward()`)"), lines[1]
+    assert lines[1].endswith(", idle"), lines[1]  # one share of a core would be wrong for the others
+    assert lines[2] == "rank 4: in step 58 for 31 s, at data.py:12 in next_batch (`while not ready():`), busy (99% of a core)"
+    assert lines[3] == "ranks 7-9: not held up (training, or between steps)"
+    assert describe_all({0: own}, 2, now)[1] == "rank 1: not held up (training, or between steps)"

@@ -68,9 +68,10 @@ class Place:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
-def describe(place: Place, now: float | None = None) -> str:
-    """One rank's place in words, for the `waiting` warning."""
+def describe(place: Place, now: float | None = None, ranks: list[int] | None = None) -> str:
+    """One rank's place in words, for the `waiting` warning; `ranks`: the ranks at the same place, said once."""
     now = time.time() if now is None else now
+    group = ranks is not None and len(ranks) > 1
     age = max(0.0, now - place.at) if place.at else 0.0
     seconds = place.seconds + age
     if place.kind == "step":
@@ -87,10 +88,47 @@ def describe(place: Place, now: float | None = None) -> str:
     if place.inside and place.kind == "step":
         what += f", inside {place.inside}"
     if place.cpu is not None and place.kind in ("step", "exchange"):
-        what += f", {'busy' if place.cpu >= 0.5 else 'idle'} ({place.cpu:.0%} of a core)"
+        what += f", {'busy' if place.cpu >= 0.5 else 'idle'}" + ("" if group else f" ({place.cpu:.0%} of a core)")
     if age > STALE_SECONDS:
         what += f" (as it said {_duration(age)} ago; it has said nothing since: gone, or stopped?)"
-    return f"rank {place.rank}: {what}"
+    return f"{rank_list(ranks) if group else f'rank {place.rank}'}: {what}"  # type: ignore[arg-type]
+
+
+def describe_all(places: dict[int, Place], world_size: int, now: float | None = None) -> list[str]:
+    """Every rank's place, rank 0 first; ranks > 0 at the same place (the same kind, step, line, library, busy or
+    idle, failure) said once, so 64 ranks waiting in the same all-reduce are one line, not 64."""
+    now = time.time() if now is None else now
+    lines = [describe(places[0], now)] if 0 in places else []
+    groups: dict[tuple[object, ...], list[Place]] = {}
+    for rank, place in sorted(places.items()):
+        if rank == 0:
+            continue
+        busy = None if place.cpu is None else place.cpu >= 0.5
+        stale = place.at > 0 and now - place.at > STALE_SECONDS
+        key = (place.kind, place.step, place.frame, place.code, place.inside, busy, place.failure, stale)
+        groups.setdefault(key, []).append(place)
+    for members in groups.values():
+        slowest = max(members, key=lambda p: p.seconds)
+        lines.append(describe(slowest, now, [p.rank for p in members]))
+    silent = [r for r in range(1, world_size) if r not in places]
+    if silent:
+        lines.append(f"{rank_list(silent) if len(silent) > 1 else f'rank {silent[0]}'}: not held up (training, or "
+                     "between steps)")
+    return lines
+
+
+def rank_list(ranks: list[int]) -> str:
+    """ranks 2-5, 7"""
+    spans: list[str] = []
+    start = previous = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        spans.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return "ranks " + ", ".join(spans)
 
 
 def _duration(seconds: float) -> str:
@@ -338,11 +376,7 @@ class RankWatch:
                 f" ({own.seconds / median:.0f}x its median, {_short_duration(median)})" if median > 0 else "")
         else:
             headline = f"rank 0 has waited {_duration(own.seconds)} for the other ranks between steps"
-        lines = [describe(p) for _, p in sorted(places.items())]
-        silent = [r for r in range(1, self._board.world_size) if r not in places]
-        if silent:
-            lines.append(f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}: not held up (training, or "
-                         "between steps)")
+        lines = describe_all(places, self._board.world_size)
         self._publish(Error(where="waiting", message=f"{headline}. Where each rank is: " + "; ".join(lines) + ". "
                             + self._advice(own, failed)))
 
