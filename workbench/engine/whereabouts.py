@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Callable
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 TELL_SECONDS = 1.0  # held this long (and 3x a median step, in a step), a rank writes its place
 REFRESH_SECONDS = 2.0  # how often a held rank writes it again (its seconds and CPU move on)
 STALE_SECONDS = 10.0  # a place not refreshed for this long is from a rank that stopped telling (gone, or stopped)
+STORE_TIMEOUT = timedelta(seconds=10)
 REPORT_AGAIN_SECONDS = 60.0  # rank 0 repeats its report this often while the wait goes on
 _PACKAGE = os.path.dirname(workbench.__file__)
 
@@ -217,6 +219,7 @@ class Board:
 
     def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
         self.store = store.clone()  # one client answers one request at a time: this board's thread has its own
+        self.store.set_timeout(STORE_TIMEOUT)  # a store that stops answering never holds a watchdog or a key press long
         self.rank = rank
         self.world_size = world_size
         self._told = False
