@@ -21,11 +21,12 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import workbench
 from workbench.engine.run_state import RunState, is_error_pause
@@ -39,10 +40,9 @@ if TYPE_CHECKING:
 TELL_SECONDS = 1.0  # held this long (and 3x a median step, in a step), a rank writes its place
 REFRESH_SECONDS = 2.0  # how often a held rank writes it again (its seconds and CPU move on)
 STALE_SECONDS = 10.0  # a place not refreshed for this long is from a rank that stopped telling (gone, or stopped)
-STORE_TIMEOUT = timedelta(seconds=10)
+STORE_TIMEOUT = timedelta(seconds=10)  # the board's store calls: a store that stops answering is not waited on long
 REPORT_AGAIN_SECONDS = 60.0  # rank 0 repeats its report this often while the wait goes on
 _PACKAGE = os.path.dirname(workbench.__file__)
-
 _TORCH_PARTS = (os.sep + "torch" + os.sep, os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
