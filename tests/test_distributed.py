@@ -517,6 +517,28 @@ def test_a_detached_two_rank_session_is_listed_attached_to_and_stopped_from_rank
         sessions.close()
 
 
+def test_an_attached_clients_status_says_what_rank_0_waits_for_while_a_rank_holds_it_up(tmp_path: Path):
+    """The status bar's facts over the socket: `held` names the stuck rank while rank 0 waits, and clears after."""
+    from tests.session_process_harness import Sessions, wait_message
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(PROJECT)
+    sessions = Sessions()
+    try:
+        live = sessions.start(project / "train.py", "--nproc-per-node", "2", "--", "--no-ddp")
+        client = live.connect("watcher")
+        wait_message(client, lambda m: m.get("event") == "step" and m.get("rank") == 1 and m["step"] >= 3, what="rank 1's steps")
+        save(project / "train.py", "    x = torch.randn(32, 8", "    while bench.rank == 1:\n        pass\n    x = torch.randn(32, 8")
+        held = wait_message(client, lambda m: m.get("wire") == "status" and m.get("held"), timeout=20, what="a held status")
+        assert held["held"] == "rank 1 (busy at train.py:31 in step)" and held["state"] == "running", held
+        client.send_line("interrupt")
+        wait_message(client, lambda m: m.get("wire") == "status" and m.get("state") == "paused" and not m.get("held"),
+                     timeout=15, what="paused, nothing held")
+    finally:
+        sessions.close()
+
+
 def test_an_attached_client_follows_torchruns_restart_to_the_new_rank_0(tmp_path: Path):
     """Detached with --max-restarts: when a rank is lost and torchrun starts every rank again, the attached client
     (what the app reads) waits for the restarted rank 0 and carries on with it, instead of saying the session ended."""

@@ -433,6 +433,7 @@ class Session:
             unsaved_steps=self.unsaved_steps,
             memory_warning=self.memory_guard.warning,
             last_snapshot=self.last_snapshot,
+            held=self._rank_watch.held if self._rank_watch is not None else None,
         )
 
     # Internals ---------------------------------------------------------------------------

@@ -119,6 +119,20 @@ def describe_all(places: dict[int, Place], world_size: int, now: float | None = 
     return lines
 
 
+def waited_for(own: Place, places: dict[int, Place]) -> str | None:
+    """A few words for the status bar: the rank rank 0 waits for, and why; None when rank 0 is itself the busy one."""
+    others = [p for r, p in sorted(places.items()) if r != 0]
+    failed = [p for p in others if p.failure]
+    if failed:
+        return f"rank {failed[0].rank} (its step failed)"
+    busy = [p for p in others if p.kind == "step" and p.cpu is not None and p.cpu >= 0.5]
+    if busy:
+        return f"rank {busy[0].rank} (busy at {busy[0].frame})" if busy[0].frame else f"rank {busy[0].rank} (busy)"
+    if own.kind == "step" and own.cpu is not None and own.cpu >= 0.5:
+        return None  # rank 0's own step is the long one: a slow step, not a wait
+    return "the other ranks"
+
+
 def rank_list(ranks: list[int]) -> str:
     """ranks 2-5, 7"""
     spans: list[str] = []
@@ -269,6 +283,7 @@ class RankWatch:
         self._reported: tuple[float, frozenset[tuple[int, str, str]]] | None = None  # when, and what it said
         self._exchange_since: float | None = None  # when this rank was first seen waiting in an exchange
         self._last_place: Place | None = None  # as of the last tick, while held
+        self.held: str | None = None  # rank 0, while its report stands: what it waits for, for the status bar
 
     @property
     def reports(self) -> bool:
@@ -361,7 +376,7 @@ class RankWatch:
         """Rank 0, held in a step or an exchange: every rank's place, at once when another rank failed, else once the
         hold is as long as a slow step; again when a rank's place changes kind or every REPORT_AGAIN_SECONDS."""
         if own is None or own.kind == "paused":
-            self._reported = None  # this rank's own failure is said by its own error
+            self._reported, self.held = None, None  # this rank's own failure is said by its own error
             return
         places = self._board.places()
         places[0] = own
@@ -373,6 +388,7 @@ class RankWatch:
         if self._reported is not None and said == self._reported[1] and now - self._reported[0] < REPORT_AGAIN_SECONDS:
             return
         self._reported = (now, said)
+        self.held = waited_for(own, places)
         if own.kind == "step":
             median = self._median_step()
             headline = f"step {own.step + 1} has run for {_duration(own.seconds)} on rank 0" + (

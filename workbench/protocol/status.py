@@ -32,6 +32,7 @@ class SessionStatus:
     memory_warning: str | None = None  # a memory trend toward the ceiling, while it lasts (memory_guard.py)
     clients: int = 0  # front ends attached over the session's socket (0 in-process)
     last_snapshot: str | None = None
+    held: str | None = None  # under torchrun: what rank 0 waits for, while a rank holds the others up (whereabouts.py)
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> SessionStatus:

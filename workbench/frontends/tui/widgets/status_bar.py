@@ -75,6 +75,8 @@ class StatusBar(Static):
             state += f" {s.setup_elapsed:.0f}s"
         text.append("| ")
         text.append(state, style=palette.bold(_STATE_ROLE[s.state]) if s.state in _STATE_ROLE else "bold")
+        if s.held:  # under torchrun: "running" at 0 steps/s would not say that rank 0 waits for another rank
+            text.append(f" WAITING for {s.held}", style=palette.bold("warning"))
         if self._pending:
             text.append(f" {self._pending}", style=palette.bold("info"))
         if s.profiling:
