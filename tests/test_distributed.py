@@ -329,6 +329,32 @@ def test_a_rank_stuck_in_its_step_is_named_with_its_line_and_interrupt_reaches_i
     assert run.finish(timeout=60) == 0
 
 
+def test_a_job_stopped_whole_and_continued_reports_no_rank_holding_another_up(ranks):
+    """SIGSTOP to every process of the job (ctrl+z of a foreground job, a batch system's suspend): no rank waited for
+    another, so the steps that spanned the stop must not be reported as a hold."""
+    import signal
+
+    import psutil
+
+    run = ranks()
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 20, timeout=60, what="rank 1 at step 20")
+    root = psutil.Process(run.proc.pid)
+    job = [root, *root.children(recursive=True)]
+    for process in job:
+        process.send_signal(signal.SIGSTOP)
+    time.sleep(7)  # longer than a slow step's 5 s
+    for process in job:
+        process.send_signal(signal.SIGCONT)
+    mark = max(steps_of(run.events, 0))
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 0 and e["step"] >= mark + 200, timeout=30,
+                 what="steps after the stop")
+    time.sleep(1.5)  # three of the watchdog's ticks
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+    held = [e for e in run.events if e["event"] == "error" and e.get("where") in ("waiting", "slow step")]
+    assert not held, held
+
+
 def test_without_ddp_rank_0_waiting_between_steps_names_the_stuck_rank_and_interrupt_pauses_both_at_once(ranks):
     run = ranks("--", "--no-ddp")
     run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")

@@ -38,7 +38,7 @@ class StepWatchdog(threading.Thread):
         while not self._stop_event.wait(self._every):
             suspended.tick(self._every)
             if self._rank_watch is not None:
-                self._watch_ranks()
+                self._watch_ranks(suspended)
                 if self._rank_watch.reports:
                     continue  # rank 0's report says what this warning would, with every rank's place
             started = self._worker.step_started
@@ -59,10 +59,10 @@ class StepWatchdog(threading.Thread):
                     )
                 )
 
-    def _watch_ranks(self) -> None:
+    def _watch_ranks(self, suspended: SuspendedTime) -> None:
         assert self._rank_watch is not None
         try:
-            self._rank_watch.tick()
+            self._rank_watch.tick(suspended)
         except Exception as exc:  # noqa: BLE001 - the store gone (the launcher ended): the steps' own errors say it
             if not self._store_failed:
                 self._store_failed = True

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import workbench
 from workbench.engine.run_state import RunState, is_error_pause
+from workbench.engine.suspension import SuspendedTime
 from workbench.protocol.events import Error, Event
 
 if TYPE_CHECKING:
@@ -284,13 +285,17 @@ class RankWatch:
         self._exchange_since: float | None = None  # when this rank was first seen waiting in an exchange
         self._last_place: Place | None = None  # as of the last tick, while held
         self.held: str | None = None  # rank 0, while its report stands: what it waits for, for the status bar
+        self._suspended: SuspendedTime | None = None
 
     @property
     def reports(self) -> bool:
         """Rank 0's watch says what a slow-step warning would, with every rank's place."""
         return self._board.rank == 0
 
-    def tick(self) -> None:
+    def tick(self, suspended: SuspendedTime | None = None) -> None:
+        """`suspended`: the watchdog's record of time the whole process was stopped (SIGSTOP, ctrl+z), which no rank
+        spent holding another up."""
+        self._suspended = suspended
         worker = self._worker
         if worker.ident is None:
             return
@@ -322,14 +327,15 @@ class RankWatch:
         rank, started = self._board.rank, worker.step_started
         if started is not None:
             self._exchange_since = None
-            seconds = now - started
+            seconds = now - started - self._stopped_since(started)
             if seconds < TELL_SECONDS or seconds < 3 * self._median_step():
                 return None
             frame, code, inside, _ = self._frames()
             return Place(rank, "step", worker.step, seconds, frame, code, inside, cpu, None, time.time())
         frame, code, _, in_exchange = self._frames()
         self._exchange_since = (self._exchange_since or now) if in_exchange else None
-        seconds = now - self._exchange_since if self._exchange_since is not None else 0.0
+        since = self._exchange_since
+        seconds = now - since - self._stopped_since(since) if since is not None else 0.0
         failure = worker._failure
         if worker.state is RunState.PAUSED and worker.pause_reason is not None and is_error_pause(worker.pause_reason) \
                 and failure is not None and failure.step == worker.step:
@@ -338,6 +344,9 @@ class RankWatch:
         if self._exchange_since is not None and worker.state is RunState.RUNNING:
             return Place(rank, "exchange", worker.step, seconds, frame, code, None, cpu, None, time.time())
         return None
+
+    def _stopped_since(self, moment: float) -> float:
+        return self._suspended.since(moment) if self._suspended is not None else 0.0
 
     def _held(self, place: Place) -> bool:
         if place.kind == "step":
