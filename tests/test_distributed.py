@@ -60,11 +60,16 @@ PROJECT = textwrap.dedent(
 )
 
 
-def start(tmp_path: Path, *args: str) -> Headless:
+def project_folder(tmp_path: Path, source: str = PROJECT) -> Path:
+    """A project folder holding `source` as train.py."""
     project = tmp_path / "proj"
     project.mkdir()
-    (project / "train.py").write_text(PROJECT)
-    return Headless(project / "train.py", "--nproc-per-node", "2", *args)
+    (project / "train.py").write_text(source)
+    return project
+
+
+def start(tmp_path: Path, *args: str) -> Headless:
+    return Headless(project_folder(tmp_path) / "train.py", "--nproc-per-node", "2", *args)
 
 
 def rank_log(run: Headless) -> list[dict[str, Any]]:
@@ -518,9 +523,7 @@ def test_a_detached_two_rank_session_is_listed_attached_to_and_stopped_from_rank
     """`run --nproc-per-node 2` starts the launcher detached (it outlives the terminal); rank 0 serves the socket."""
     from tests.session_process_harness import Sessions, cli, wait_message, wait_until
 
-    project = tmp_path / "proj"
-    project.mkdir()
-    (project / "train.py").write_text(PROJECT)
+    project = project_folder(tmp_path)
     sessions = Sessions()
     try:
         live = sessions.start(project / "train.py", "--nproc-per-node", "2")
@@ -547,9 +550,7 @@ def test_an_attached_clients_status_says_what_rank_0_waits_for_while_a_rank_hold
     """The status bar's facts over the socket: `held` names the stuck rank while rank 0 waits, and clears after."""
     from tests.session_process_harness import Sessions, wait_message
 
-    project = tmp_path / "proj"
-    project.mkdir()
-    (project / "train.py").write_text(PROJECT)
+    project = project_folder(tmp_path)
     sessions = Sessions()
     try:
         live = sessions.start(project / "train.py", "--nproc-per-node", "2", "--", "--no-ddp")
@@ -576,9 +577,7 @@ def test_an_attached_client_follows_torchruns_restart_to_the_new_rank_0(tmp_path
     from workbench.protocol.events import Error
     from workbench.protocol.remote import RemoteSession
 
-    project = tmp_path / "proj"
-    project.mkdir()
-    (project / "train.py").write_text(PROJECT)
+    project = project_folder(tmp_path)
     sessions = Sessions()
     remote = None
     try:
@@ -672,9 +671,7 @@ def start_fsdp(project: Path, *args: str) -> Headless:
 
 
 def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_two_ranks_and_on_one(tmp_path: Path):
-    project = tmp_path / "proj"
-    project.mkdir()
-    (project / "train.py").write_text(FSDP_PROJECT)
+    project = project_folder(tmp_path, FSDP_PROJECT)
     run = start_fsdp(project, "--nproc-per-node", "2")
     try:
         run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=90, what="step 5")
@@ -742,9 +739,7 @@ def test_a_rank_killed_while_a_sharded_snapshot_is_written_leaves_the_previous_s
 
 def test_a_forward_swapped_under_fsdp2_runs_on_both_ranks(tmp_path: Path):
     """fully_shard swaps the module's class for a generated subclass (FSDPNet): the user's Net is patched."""
-    project = tmp_path / "proj"
-    project.mkdir()
-    (project / "train.py").write_text(FSDP_PROJECT)
+    project = project_folder(tmp_path, FSDP_PROJECT)
     run = start_fsdp(project, "--nproc-per-node", "2")
     try:
         run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")

@@ -42,6 +42,11 @@ def project_module(tmp_path: Path):
         sys.modules.pop("waiter", None)
 
 
+def frames_in(root: Path, thread: threading.Thread, **kwargs):
+    """frames_of for a project in `root` (files named relative to it)."""
+    return frames_of(thread.ident, lambda f: f.startswith(str(root)), lambda f: str(Path(f).relative_to(root)), **kwargs)
+
+
 def test_a_thread_waiting_in_a_library_is_placed_at_its_project_line_and_inside_the_library(project_module):
     root, waiter = project_module
     event = threading.Event()
@@ -49,8 +54,7 @@ def test_a_thread_waiting_in_a_library_is_placed_at_its_project_line_and_inside_
     thread.start()
     try:
         time.sleep(0.2)
-        frame, code, inside, in_exchange = frames_of(
-            thread.ident, lambda f: f.startswith(str(root)), lambda f: str(Path(f).relative_to(root)))
+        frame, code, inside, in_exchange = frames_in(root, thread)
     finally:
         event.set()
         thread.join()
@@ -68,8 +72,7 @@ def test_the_line_shown_is_the_running_codes_not_a_later_save(project_module):
     try:
         time.sleep(0.1)
         (root / "waiter.py").write_text("# saved since, not applied\n" * 20)
-        frame, code, _, _ = frames_of(thread.ident, lambda f: f.startswith(str(root)), lambda f: Path(f).name,
-                                      source=lambda f: WAITER)
+        frame, code, _, _ = frames_in(root, thread, source=lambda f: WAITER)
     finally:
         stop.set()
         thread.join()
