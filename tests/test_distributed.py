@@ -165,6 +165,49 @@ def test_a_save_is_applied_at_the_same_step_on_both_ranks_and_parameters_stay_id
     assert all(gap >= 0.95 for gap in gaps), gaps
 
 
+def test_rank_1_plans_a_save_ahead_and_a_plan_failing_on_rank_1_alone_is_applied_nowhere(ranks):
+    """Rank 0 posts a saved source as it reads it and rank 1 plans it on its own thread meanwhile, not on its
+    training thread at the boundary (planning runs a new import, so the module imported says which thread planned).
+    A plan that fails on rank 1 alone is applied on no rank; one that fails on rank 0 alone is never sent, though
+    rank 1 planned it; and the next save, planned against what is live rather than against either, applies on both."""
+    run = ranks()
+    (run.entry.parent / "probe.py").write_text("import threading\nTHREAD = threading.current_thread().name\n")
+    (run.entry.parent / "rank_1_cannot.py").write_text(
+        "import os\nif os.environ['RANK'] == '1':\n    raise RuntimeError('rank 1 cannot import this')\n")
+    (run.entry.parent / "rank_0_cannot.py").write_text(
+        "import os\nif os.environ['RANK'] == '0':\n    raise RuntimeError('rank 0 cannot import this')\n")
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")
+    save(run.entry, "import sys\n", "import sys\nimport probe\n")
+    reload = run.wait_event("reload", timeout=30)
+    assert reload["ok"], reload
+    save(run.entry, "bench.log(checksum=", "bench.log(planned_ahead=float(probe.THREAD == 'vram-bench-prepare-ahead'), checksum=")
+    reload = run.wait_event("reload", timeout=30)
+    assert reload["ok"] and reload["changed"] == ["step"], reload
+    version = reload["code_version"]
+    save(run.entry, "import probe\n", "import probe\nimport rank_1_cannot\n")
+    failed = run.wait_event("reload", timeout=30)
+    assert not failed["ok"] and failed["error"].startswith("rank 1: ") and "rank 1 cannot import this" in failed["error"], failed
+    assert "Nothing was applied on any rank" in failed["error"] and failed["code_version"] == version, failed
+    save(run.entry, "import rank_1_cannot\n", "")
+    assert run.wait_event("reload", timeout=30)["ok"]
+    save(run.entry, "import probe\n", "import probe\nimport rank_0_cannot\n")  # rank 1 plans what rank 0 never sends
+    failed = run.wait_event("reload", timeout=30)
+    assert not failed["ok"] and "rank 0 cannot import this" in failed["error"], failed
+    save(run.entry, "import rank_0_cannot\n", "")
+    assert run.wait_event("reload", timeout=30)["ok"]
+    save(run.entry, "LR = 0.05\n", "LR = 0.04\n")
+    reload = run.wait_event("reload", timeout=30)
+    assert reload["ok"] and reload["changed"] == ["LR"] and reload["code_version"] == version + 1, reload
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e.get("code_version") == version + 1,
+                 timeout=30, what="rank 1 on the last code version")
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+    one = steps_of(rank_log(run), 1)
+    logged = [e for e in one.values() if e["code_version"] >= version]
+    assert logged and all(e["scalars"]["planned_ahead"] == 1.0 for e in logged), logged[:3]
+    assert max(e["code_version"] for e in one.values()) == version + 1  # the failed plan was applied nowhere
+
+
 def test_a_syntax_error_is_reported_once_and_both_ranks_keep_the_old_code(ranks):
     run = ranks()
     run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=60, what="rank 1 at step 3")

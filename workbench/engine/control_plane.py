@@ -10,8 +10,8 @@ Two kinds of exchange, both collectives every rank calls in the same order:
 - the payload exchange, only when some rank has something to say (commands, a saved file's
   source, the steps it trained for rank 0's stream): the payloads padded to the longest, whose
   lengths every rank already knows from the rows. The boundary posts it without waiting too
-  (`post_bytes`) and collects it a turn later; `gather_bytes` (blocking) is for a command's own
-  agreement (a prepare's outcome), where every rank waits for the answer anyway.
+  (`post_bytes`) and collects it a turn later; `gather_bytes` and `gather_text` (blocking) are for a
+  command's own agreement (a prepare's outcome), where every rank waits for the answer anyway.
 
 Everything crosses as numbers and bytes (UTF-8 JSON, source text): nothing is pickled, no code
 object ever travels. Every rank compiles the source it receives itself.
@@ -158,6 +158,22 @@ class ControlPlane:
                 raise _lost(exc) from exc
             lengths = [int(n) for n in every.tolist()]
         return self.post_bytes(data, lengths).collect()
+
+    def gather_text(self, text: str | None) -> list[str | None]:
+        """Every rank's text or None, in rank order (blocking): one collective of lengths when every rank has None
+        (an agreement's common case: nothing to object to), a second for the text only when some rank has any."""
+        data = text.encode() if text is not None else b""
+        mine = torch.tensor([len(data) if text is not None else -1], dtype=torch.int64)
+        every = torch.empty(self.world_size, dtype=torch.int64)
+        try:
+            _gather_into(every, mine, group=self.group)
+        except RuntimeError as exc:
+            raise _lost(exc) from exc
+        lengths = [int(n) for n in every.tolist()]
+        if all(n < 0 for n in lengths):
+            return [None] * self.world_size
+        texts = self.post_bytes(data, [max(n, 0) for n in lengths]).collect()
+        return [raw.decode(errors="replace") if n >= 0 else None for raw, n in zip(texts, lengths)]
 
     def gather_json(self, value: Any) -> list[Any]:
         """Every rank's JSON-able value, in rank order (blocking)."""

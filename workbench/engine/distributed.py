@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from workbench.engine.control_plane import ControlPlane
 from workbench.engine.doorbell import Doorbell
+from workbench.engine.prepare_ahead import P, PrepareAhead
 from workbench.errors import UserError
 
 DEFAULT_CONTROL_TIMEOUT = timedelta(minutes=30)  # a rank may spend minutes in a step or a snapshot
@@ -135,6 +136,7 @@ class ProcessGroups:
         self.generation = 0  # how many times the groups were made again after a dead collective
         self._store = None  # the store the first default group was made from: renewals take a fresh prefix of it
         self._doorbell: Doorbell | None = None  # the current generation's (closed with its groups)
+        self._ahead: PrepareAhead | None = None  # likewise
 
     def start(self) -> None:
         """Before the project is imported: the default group (unless the user made it) and the control group."""
@@ -167,6 +169,8 @@ class ProcessGroups:
         self.generation += 1
         if self._doorbell is not None:
             self._doorbell.close()
+        if self._ahead is not None:
+            self._ahead.close()
         dist.destroy_process_group()  # every group: the default and the control group
         store = dist.PrefixStore(f"vram-bench/generation-{self.generation}", self._store)
         dist.init_process_group(backend=self._backend(), store=store, rank=self.info.rank, world_size=self.info.world_size,
@@ -182,6 +186,16 @@ class ProcessGroups:
         prefixed = dist.PrefixStore(f"vram-bench/doorbell-{self.generation}", store)
         self._doorbell = Doorbell(prefixed, self.info.rank, self.info.world_size, self.control_timeout)
         return self._doorbell
+
+    def prepare_ahead(self, prepare: Callable[[str, str], P | None]) -> PrepareAhead[P]:
+        """This generation's planning ahead (workbench/engine/prepare_ahead.py), on a prefix of the job's store."""
+        if self._ahead is not None:
+            self._ahead.close()
+        store = dist.distributed_c10d._get_default_store() if self._store is None else self._store
+        prefixed = dist.PrefixStore(f"vram-bench/ahead-{self.generation}", store)
+        ahead = PrepareAhead(prefixed, self.info.rank, self.info.world_size, prepare)
+        self._ahead = ahead
+        return ahead
 
     def whereabouts_store(self) -> dist.Store:
         """The ranks' places (workbench/engine/whereabouts.py), on a prefix of the job's store; one per torchrun attempt,
@@ -210,6 +224,8 @@ class ProcessGroups:
         """Destroy what vram-bench created (the user's own default group is theirs to destroy)."""
         if self._doorbell is not None:
             self._doorbell.close()
+        if self._ahead is not None:
+            self._ahead.close()
         if not dist.is_initialized():
             return
         try:

@@ -25,7 +25,9 @@ While paused the ranks exchange every turn.
 
 A saved file crosses as its source text: every rank prepares the same plan from the same bytes,
 the ranks agree that all of them can apply it, and then all apply, or none does and the reload
-event names the rank and its reason.
+event names the rank and its reason. Ranks > 0 have usually planned it already: rank 0 posts each
+source to the job's store as it reads it, and they plan it on a thread of their own while rank 0
+plans and the doorbell brings the exchange forward (workbench/engine/prepare_ahead.py).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from workbench.engine.doorbell import Doorbell
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.memory_guard import MemoryLimitNear
+from workbench.engine.prepare_ahead import PrepareAhead
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState, is_error_pause
 from workbench.protocol.events import COMMANDS, Command, Error, Ranks, Reload, Step
 
@@ -220,17 +223,21 @@ class TurnPeriod:
 class Lockstep:
     """The training thread's side of the control plane: one `boundary` call per loop turn."""
 
-    def __init__(self, plane: ControlPlane, groups: ProcessGroups | None = None, doorbell: Doorbell | None = None) -> None:
+    def __init__(self, plane: ControlPlane, groups: ProcessGroups | None = None, doorbell: Doorbell | None = None,
+                 ahead: PrepareAhead[ChangeSet] | None = None) -> None:
         self.plane = plane
         self.groups = groups  # to make the groups again after a collective failed
         self.doorbell = doorbell  # brings the next exchange forward when rank 0 has a command (doorbell.py)
+        self.ahead = ahead  # ranks > 0 plan a saved file while they train, as rank 0 reads it (prepare_ahead.py)
         self.rank = plane.rank
         self.world_size = plane.world_size
         self._posted: BoundaryExchange | None = None  # the rows posted at an earlier boundary, collected at `_collect_at`
         self._payload: PayloadExchange | None = None  # the bytes posted at the last boundary, collected at this one
         self._unsent_steps = array("d")  # ranks > 0: steps since the last exchange, for rank 0's stream
         self._steps_sent_at = 0.0  # monotonic time of this rank's last payload with steps
-        self._prepared: dict[str, ChangeSet] = {}  # rank 0: what its reload thread prepared, by relative path
+        # Rank 0: what its reload thread prepared, by relative path and source (two saves of a file can cross in one
+        # exchange, each with its own plan).
+        self._prepared: dict[tuple[str, str], ChangeSet] = {}
         self.rows: list[RankRow] = []  # every rank's last row, as of the last collected boundary
         self.idle_wait = 0.1  # rank 0 waits this long for a command while nothing runs
         self._turn = 0  # loop turns so far: the same count on every rank at every exchange
@@ -277,6 +284,8 @@ class Lockstep:
         self._settle(worker)
         if self.doorbell is not None:
             self.doorbell.close()
+        if self.ahead is not None:
+            self.ahead.close()
 
     def _settle(self, worker: TrainingWorker) -> None:
         """Collect whatever is in flight, rows and then bytes, delivering steps but running no command."""
@@ -307,7 +316,8 @@ class Lockstep:
         data = pack_payload(commands, steps)
         for command in local:  # rank 0 keeps its own prepared plan rather than planning again
             if isinstance(command, ApplyChanges) and isinstance(command.changeset, ChangeSet):
-                self._prepared[worker.project.relative(command.changeset.path)] = command.changeset
+                changeset = command.changeset
+                self._prepared[(worker.project.relative(changeset.path), changeset.new_source)] = changeset
         self._posted = self.plane.post(row, data, commands=bool(commands))
         self._posted_turn, self._collect_at = self._turn, self._turn + 1
 
@@ -396,6 +406,8 @@ class Lockstep:
         self.plane.group = self.groups.renew()  # closes the old doorbell too
         if self.doorbell is not None:
             self.doorbell = self.groups.doorbell()  # rings again once the next exchange sees training
+        if self.ahead is not None:
+            self.ahead = self.groups.prepare_ahead(self.ahead.prepare)
 
     def _summarize(self, worker: TrainingWorker) -> None:
         """Rank 0, at most once a second: every rank's numbers as a `ranks` event, the straggler named."""
@@ -426,6 +438,14 @@ class Lockstep:
         for step, loss, ms, code_version, at in rows:
             worker.bus.publish(Step.quick(int(step), float(loss), float(ms), {}, int(code_version), rank=rank,
                                           time=float(at)))
+
+    def plan_for(self, path: str, source: str) -> ChangeSet | None:
+        """The plan already made for exactly this source: rank 0's own (its reload thread's), or one a rank > 0 made
+        ahead (waiting for it if it is being made); None: plan it now."""
+        own = self._prepared.pop((path, source), None)
+        if own is not None:
+            return own
+        return self.ahead.take(path, source) if self.ahead is not None else None
 
     # A rank's own failure --------------------------------------------------------------------
     def announce_pause(self, worker: TrainingWorker, reason: str, failure: StepFailure) -> None:
@@ -474,16 +494,20 @@ def agreed_source(worker: TrainingWorker, command: AgreedSource) -> None:
     if command.unchanged:
         dispatch(worker, ApplyChanges(SourceUnchanged(path, time.monotonic(), command.manual)))
         return
-    changeset: ChangeSet | None = lockstep._prepared.pop(command.path, None)
+    changeset = lockstep.plan_for(command.path, command.source)
     problem: str | None = None
-    if changeset is None or changeset.new_source != command.source:
+    if changeset is None:
+        if lockstep.rank != 0:
+            # Every change before this one is applied (or dropped) by now: plan against the live code, not against a
+            # source this rank planned ahead that rank 0 never sent (it failed there, or a later read replaced it).
+            worker.reloader.forget_prepared(path)
         try:
             changeset = worker.reloader.prepare(path, source=command.source)
         except ReloadError as exc:
             problem = exc.message
         except Exception as exc:  # noqa: BLE001 - a rank that cannot plan says why; nobody applies
             problem = f"{type(exc).__name__}: {exc}"
-    outcomes = lockstep.plane.gather_json(problem)
+    outcomes = lockstep.plane.gather_text(problem)  # one collective when no rank objects
     failed = [(rank, why) for rank, why in enumerate(outcomes) if why is not None]
     if failed:
         if changeset is not None:
@@ -498,7 +522,7 @@ def agreed_source(worker: TrainingWorker, command: AgreedSource) -> None:
     version_before = worker.reloader.version
     dispatch(worker, ApplyChanges(changeset))
     applied = worker.reloader.version != version_before
-    agreed = lockstep.plane.gather_json(applied)
+    agreed = [why is None for why in lockstep.plane.gather_text(None if applied else "not applied")]
     if any(agreed) and not all(agreed):
         if applied:
             worker.reloader.undo_last_commit()

@@ -24,6 +24,7 @@ from workbench.engine.eventlog import EventLogWriter
 from workbench.protocol.events import Command, Error, Interrupt, Pause, Quit, ReloadNow, Start
 from workbench.engine.actions.leftovers import remove_leftovers
 from workbench.engine.actions.snapshot import DEFAULT_KEEP
+from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.hotswap.reloader import DEFAULT_MAX_HISTORY, Reloader
 from workbench.engine.hotswap.service import ReloadService
 from workbench.engine.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
@@ -167,9 +168,11 @@ class Session:
         )
         if ranks is not None:
             doorbell = ranks.groups.doorbell()
-            self.worker.lockstep = Lockstep(ranks.plane, ranks.groups, doorbell)
+            ahead = ranks.groups.prepare_ahead(self._plan_from_source)
+            self.worker.lockstep = Lockstep(ranks.plane, ranks.groups, doorbell, ahead)
             self.worker.commands.on_put = self._ring_doorbell
-        self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish)
+        self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish,
+                                            announce=self._announce_source if ranks is not None else None)
         self.watcher = (
             SourceWatcher(
                 project.root,
@@ -456,6 +459,16 @@ class Session:
 
     def _submit_changes(self, prepared) -> None:  # type: ignore[no-untyped-def]
         self.worker.commands.put(ApplyChanges(prepared))
+
+    def _announce_source(self, path: Path, source: str) -> None:
+        """Rank 0's reload thread, as it starts planning a saved file: the other ranks start planning it too."""
+        lockstep = self.worker.lockstep
+        if lockstep is not None and lockstep.ahead is not None:
+            lockstep.ahead.announce(self.project.relative(path), source)
+
+    def _plan_from_source(self, path: str, source: str) -> ChangeSet | None:
+        """Ranks > 0, on the planning-ahead thread: rank 0's source for a file, planned as rank 0 planned it."""
+        return self.reloader.prepare((self.project.root / path).resolve(), source=source)
 
     def _watch_failed(self, message: str) -> None:
         self.bus.publish(Error(where="watcher", message=message))

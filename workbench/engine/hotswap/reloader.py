@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,11 +114,13 @@ class Reloader:
         with self._lock:
             return self._applied.get(path)
 
-    def prepare(self, path: Path, detected_at: float | None = None, source: str | None = None) -> ChangeSet | None:
+    def prepare(self, path: Path, detected_at: float | None = None, source: str | None = None,
+                announce: Callable[[Path, str], None] | None = None) -> ChangeSet | None:
         """Plan the patches for a saved file; None when its code did not change.
 
         `source`: the file's text as another rank read it (distributed runs plan from rank 0's bytes, not
-        from this node's disk, which may lag behind on a shared filesystem)."""
+        from this node's disk, which may lag behind on a shared filesystem). `announce`: told the source read
+        before planning starts (rank 0 posts it, so the other ranks plan it meanwhile)."""
         self.track_loaded_modules()
         path = path.resolve()
         module = self.project.modules().get(path)
@@ -145,6 +148,8 @@ class Reloader:
             raise ReloadError(f"cannot read {path.name}: {exc}") from None
         if source == base:
             return None
+        if announce is not None:
+            announce(path, source)
         try:
             changeset = plan_reload(
                 module,

@@ -36,10 +36,14 @@ class SourceUnchanged:
 
 class ReloadService(threading.Thread):
     def __init__(
-        self, reloader: Reloader, submit: Callable[[ChangeSet | SourceUnchanged], None], publish: Callable[[Event], None]
+        self, reloader: Reloader, submit: Callable[[ChangeSet | SourceUnchanged], None], publish: Callable[[Event], None],
+        announce: Callable[[Path, str], None] | None = None,
     ) -> None:
+        """`announce`: told each source as it is read, before it is planned (under torchrun, rank 0 posts it so the
+        other ranks plan it at the same time: workbench/engine/prepare_ahead.py)."""
         super().__init__(name="vram-bench-reload", daemon=True)
         self._reloader = reloader
+        self._announce = announce
         self._submit = submit
         self._publish = publish
         self._requests: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -101,7 +105,7 @@ class ReloadService(threading.Thread):
         """Prepare; if it fails on a file that is still being written, wait for the write to finish."""
         for attempt in range(_SETTLE_ATTEMPTS):
             try:
-                return self._reloader.prepare(path, detected_at)
+                return self._reloader.prepare(path, detected_at, announce=self._announce)
             except ReloadError as exc:
                 if attempt == _SETTLE_ATTEMPTS - 1 or exc.source is None:
                     raise
