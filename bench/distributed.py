@@ -25,6 +25,7 @@
 
     python bench/distributed.py [--rounds 5] [--steps 3000] [--model small] [--saves 10] [--exchange-ms 250]
     python bench/distributed.py --rounds 0 --model medium --saves 8     # save -> applied only
+    python bench/distributed.py --rounds 0 --saves 16 --functions 400   # ... of a 2,400-line file
 
 `--exchange-ms` sets VRAM_BENCH_EXCHANGE_MS for the vram-bench runs: how far apart the ranks' control exchanges
 are while training (shorter: a save applies sooner, at more CPU per second).
@@ -277,11 +278,18 @@ def save_latencies(folder: Path, nproc: int, saves: int, threads: int | None = N
         proc.wait(60)
 
 
-def project(root: Path, name: str, model: str = "small") -> Path:
+def helpers(count: int) -> str:
+    """`count` small functions, so the saved file is as long to plan as a real trainer's (about 6 lines each)."""
+    return "".join(f"\n\ndef helper_{i}(x):\n    y = x * {i} + 1\n    if y > {i}:\n        y = y - {i}\n    return y\n"
+                   for i in range(count))
+
+
+def project(root: Path, name: str, model: str = "small", functions: int = 0) -> Path:
     folder = root / name
     folder.mkdir()
     widths, batch = MODELS[model]
-    (folder / "model.py").write_text(MODEL.replace("__WIDTHS__", repr(widths)).replace("__BATCH__", str(batch)))
+    (folder / "model.py").write_text(MODEL.replace("__WIDTHS__", repr(widths)).replace("__BATCH__", str(batch))
+                                     + helpers(functions))
     (folder / "train.py").write_text(UNDER_VRAM_BENCH)
     (folder / "plain.py").write_text(PLAIN)
     return folder
@@ -295,6 +303,8 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="1 round of 100 steps, 2 saves (a smoke test)")
     parser.add_argument("--exchange-ms", type=float, default=None, help="VRAM_BENCH_EXCHANGE_MS for vram-bench's runs")
+    parser.add_argument("--functions", type=int, default=0,
+                        help="append this many small functions to the saved file (a longer file to plan on each save)")
     args = parser.parse_args()
     if args.exchange_ms is not None:
         os.environ["VRAM_BENCH_EXCHANGE_MS"] = str(args.exchange_ms)
@@ -320,14 +330,16 @@ def main() -> None:
             print(f"  round {i + 1}: plain {rate:.1f}, vram-bench {our_rate:.1f} steps/s ({our_rate / rate:.3f}); between "
                   f"steps plain {gap:.1f}, vram-bench {our_gap_us:.1f} us", flush=True)  # a run cut short still says it
         if args.saves:
-            one, one_seen, one_step = save_latencies(project(root, "one", args.model), 1, args.saves)
-            rank, rank_seen, rank_step = save_latencies(project(root, "rank", args.model), 1, args.saves, threads=1)
-            two, two_seen, two_step = save_latencies(project(root, "two", args.model), 2, args.saves)
-            padded, padded_seen, padded_step = save_latencies(project(root, "padded", args.model), 1, args.saves,
+            n = args.functions
+            one, one_seen, one_step = save_latencies(project(root, "one", args.model, n), 1, args.saves)
+            rank, rank_seen, rank_step = save_latencies(project(root, "rank", args.model, n), 1, args.saves, threads=1)
+            two, two_seen, two_step = save_latencies(project(root, "two", args.model, n), 2, args.saves)
+            padded, padded_seen, padded_step = save_latencies(project(root, "padded", args.model, n), 1, args.saves,
                                                               threads=1, step_ms=two_step)
     exchange = os.environ.get("VRAM_BENCH_EXCHANGE_MS", f"{DEFAULT_EXCHANGE_MS} (default)")
     widths, batch = MODELS[args.model]
-    print(f"2-rank DDP MLP ({' -> '.join(map(str, widths))}, batch {batch}, gloo), {args.rounds} interleaved rounds of "
+    print(f"2-rank DDP MLP ({' -> '.join(map(str, widths))}, batch {batch}, gloo), saved file + {args.functions} functions, "
+          f"{args.rounds} interleaved rounds of "
           f"{args.steps} steps; exchanges every {exchange} ms")
     if args.rounds:
         print(f"  plain torchrun: median {statistics.median(plain):.1f} steps/s  {[round(x, 1) for x in plain]}")
