@@ -115,6 +115,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=60)
     parser.add_argument("--window", type=float, default=None, help="seconds a window (default: 2 small, 6 medium)")
     parser.add_argument("--settle", type=float, default=0.5, help="seconds after SIGCONT before a window starts")
+    parser.add_argument("--ours-args", default="", help="more options for vram-bench's job (to find what a cost comes from, "
+                        "e.g. \"--sample-hz 1\")")
     args = parser.parse_args()
     window = args.window or (2.0 if args.model == "small" else 6.0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,7 +130,7 @@ def main() -> None:
         plain = Job("plain", [*torchrun, "forever.py"], plain_dir, env)
         events = (ours_dir / "events.out").open("w")
         ours = Job("vram-bench", [sys.executable, "-m", "workbench", "run", "train.py", "--headless", "--nproc-per-node", "2",
-                                  "--no-watch"], ours_dir, env, stdout=events)
+                                  "--no-watch", *args.ours_args.split()], ours_dir, env, stdout=events)
         windows: list[tuple[str, float, float]] = []
         leaked: list[float] = []
         try:
