@@ -95,3 +95,18 @@ def test_resume_on_cuda_skips_init_copies_once_and_keeps_ties_and_the_optimizer(
     assert fresh[0].weight.is_cuda and fresh[1].weight is fresh[0].weight
     assert torch.equal(fresh[0].weight, model[0].weight)
     assert fresh_opt.state[fresh[0].weight]["exp_avg"].is_cuda
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_session_on_the_second_gpu_trains_with_it_as_the_training_threads_current_device(start_session):
+    """CUDA's current device is per thread: without workbench/engine/thread_device.py, `x.cuda()` in the step of a
+    session on cuda:1 (or of rank 1 under torchrun) landed on GPU 0."""
+    source = (
+        "import torch\n\n\ndef setup(bench):\n    return {}\n\n\n"
+        "def step(state, bench):\n"
+        "    assert torch.cuda.current_device() == 1, torch.cuda.current_device()\n"
+        "    return float(torch.ones(4).cuda().sum())\n"
+    )
+    live = start_session({"train.py": source}, device=torch.device("cuda", 1))
+    steps = live.wait_running(steps=3)
+    assert [e.loss for e in steps] == [4.0, 4.0, 4.0]

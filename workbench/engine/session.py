@@ -39,6 +39,7 @@ from workbench.engine.project import Project, ignored_hooks, unload_project
 from workbench.engine.runs import RUNS, RunRecord, leftover_folders, new_run_folder
 from workbench.engine.state_folder import choose_state_folder
 from workbench.engine.telemetry import Telemetry
+from workbench.engine.thread_device import use_on_this_thread
 from workbench.engine.time_limit import TimeLimit
 from workbench.units import human_bytes
 from workbench.engine.watchdog import StepWatchdog
@@ -172,7 +173,8 @@ class Session:
             self.worker.lockstep = Lockstep(ranks.plane, ranks.groups, doorbell, ahead)
             self.worker.commands.on_put = self._ring_doorbell
         self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish,
-                                            announce=self._announce_source if ranks is not None else None)
+                                            announce=self._announce_source if ranks is not None else None,
+                                            on_start=lambda: use_on_this_thread(self.bench.device))
         self.watcher = (
             SourceWatcher(
                 project.root,
@@ -468,6 +470,7 @@ class Session:
 
     def _plan_from_source(self, path: str, source: str) -> ChangeSet | None:
         """Ranks > 0, on the planning-ahead thread: rank 0's source for a file, planned as rank 0 planned it."""
+        use_on_this_thread(self.bench.device)  # planning runs the file's new imports: on this rank's GPU
         return self.reloader.prepare((self.project.root / path).resolve(), source=source)
 
     def _watch_failed(self, message: str) -> None:

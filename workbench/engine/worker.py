@@ -65,6 +65,7 @@ from workbench.engine.distributed import broadcast_replicated_state, is_dead_gro
 from workbench.engine.control_plane import RanksLost
 from workbench.engine.lockstep import Broken, Lockstep, StepFailure, is_error_pause
 from workbench.engine.memory.device import DeviceProbe
+from workbench.engine.thread_device import use_on_this_thread
 from workbench.engine.memory.gc_freeze import Frozen, collect_all, freeze_survivors
 from workbench.engine.memory.gc_freeze import release as release_frozen
 from workbench.engine.memory.out_of_memory import is_out_of_memory
@@ -241,6 +242,7 @@ class TrainingWorker(threading.Thread):
             self.router.capture_thread()
         self.nice = lower_current_thread(self.nice_increment)  # before setup(): the threads it starts inherit it
         try:
+            use_on_this_thread(self.bench.device)  # CUDA's current device is per thread (thread_device.py)
             self._start_memory_recording()
             self._run_setup()
             if self.lockstep is not None:

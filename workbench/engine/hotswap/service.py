@@ -37,13 +37,15 @@ class SourceUnchanged:
 class ReloadService(threading.Thread):
     def __init__(
         self, reloader: Reloader, submit: Callable[[ChangeSet | SourceUnchanged], None], publish: Callable[[Event], None],
-        announce: Callable[[Path, str], None] | None = None,
+        announce: Callable[[Path, str], None] | None = None, on_start: Callable[[], None] | None = None,
     ) -> None:
         """`announce`: told each source as it is read, before it is planned (under torchrun, rank 0 posts it so the
-        other ranks plan it at the same time: workbench/engine/prepare_ahead.py)."""
+        other ranks plan it at the same time: workbench/engine/prepare_ahead.py). `on_start`: run first on the reload
+        thread (its CUDA device: planning runs a saved file's new imports)."""
         super().__init__(name="vram-bench-reload", daemon=True)
         self._reloader = reloader
         self._announce = announce
+        self._on_start = on_start
         self._submit = submit
         self._publish = publish
         self._requests: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -60,6 +62,8 @@ class ReloadService(threading.Thread):
 
     # The reload thread ------------------------------------------------------------------
     def run(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
         self._reloader.warm_up()
         while True:
             request = self._requests.get()
