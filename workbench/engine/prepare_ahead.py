@@ -61,8 +61,8 @@ class PrepareAhead(Generic[P]):
 
     # Rank 0 ----------------------------------------------------------------------------
     def announce(self, path: str, source: str) -> None:
-        """Rank 0's reload thread, as it queues a change: every other rank starts preparing it now. Best effort: a
-        store that fails leaves every rank to prepare at the boundary."""
+        """Rank 0's reload thread, as it has read a saved file and before it plans it: every other rank starts planning
+        it now. Best effort: a store that fails leaves every rank to plan at the boundary."""
         if self.rank != 0 or self.world_size < 2 or self._closed.is_set():
             return
         self._announced += 1
