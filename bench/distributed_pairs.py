@@ -10,6 +10,7 @@ SIGCONT) and counts rank 0's steps between its ends, from the steps' own timesta
 of the pairs' ratios, and their mean with a 95 % interval; the target is >= 0.98.
 
     python bench/distributed_pairs.py [--model small] [--pairs 60] [--window 2] [--settle 0.5]
+    python bench/distributed_pairs.py --pairs 30 --against "VRAM_BENCH_EXCHANGE_MS=5000"   # two settings, one run
 
 The jobs are the project of bench/distributed.py (`project`, `MODELS`), so the two benchmarks measure the
 same loop.
@@ -109,6 +110,26 @@ def window_rate(times: list[float], start: float, end: float) -> float:
     return (len(inside) - 1) / (inside[-1] - inside[0])
 
 
+def vram_bench_job(name: str, folder: Path, env: dict[str, str], options: list[str]) -> tuple[Job, object]:
+    """A 2-rank vram-bench job writing its events to `folder/events.out` (and that file, to close at the end)."""
+    events = (folder / "events.out").open("w")
+    job = Job(name, [sys.executable, "-m", "workbench", "run", "train.py", "--headless", "--nproc-per-node", "2",
+                     "--no-watch", *options], folder, env, stdout=events)
+    return job, events
+
+
+def rank_0_step_times(folder: Path) -> list[float]:
+    return [e["time"] for e in map(json.loads, (folder / "events.out").read_text().splitlines())
+            if e["event"] == "step" and e.get("rank") == 0]
+
+
+def split_against(text: str) -> tuple[dict[str, str], list[str]]:
+    """`--against`'s words: NAME=VALUE ones are environment, the rest vram-bench's options."""
+    words = text.split()
+    env = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
+    return env, [word for word in words if not ("=" in word and not word.startswith("-"))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(MODELS), default="small")
@@ -117,6 +138,8 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=0.5, help="seconds after SIGCONT before a window starts")
     parser.add_argument("--ours-args", default="", help="more options for vram-bench's job (to find what a cost comes from, "
                         "e.g. \"--sample-hz 1\")")
+    parser.add_argument("--against", default=None, help="the baseline is vram-bench run otherwise, not plain torchrun: "
+                        "NAME=VALUE environment and options, e.g. \"VRAM_BENCH_EXCHANGE_MS=5000\" (two settings in one run)")
     args = parser.parse_args()
     window = args.window or (2.0 if args.model == "small" else 6.0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,14 +150,22 @@ def main() -> None:
         runtime.mkdir(mode=0o700)
         env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_RUNTIME_DIR": str(runtime)}
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        plain = Job("plain", [*torchrun, "forever.py"], plain_dir, env)
-        events = (ours_dir / "events.out").open("w")
-        ours = Job("vram-bench", [sys.executable, "-m", "workbench", "run", "train.py", "--headless", "--nproc-per-node", "2",
-                                  "--no-watch", *args.ours_args.split()], ours_dir, env, stdout=events)
+        files = []
+        if args.against is None:
+            plain = Job("plain", [*torchrun, "forever.py"], plain_dir, env)
+        else:
+            extra_env, options = split_against(args.against)
+            plain, baseline_events = vram_bench_job("plain", plain_dir, {**env, **extra_env}, options)
+            files.append(baseline_events)
+        ours, events = vram_bench_job("vram-bench", ours_dir, env, args.ours_args.split())
+        files.append(events)
         windows: list[tuple[str, float, float]] = []
         leaked: list[float] = []
         try:
-            wait_for(lambda: (plain_dir / "plain-ready").exists(), "the plain job's 100th step")
+            if args.against is None:
+                wait_for(lambda: (plain_dir / "plain-ready").exists(), "the plain job's 100th step")
+            else:
+                wait_for(lambda: '"step":100,' in (plain_dir / "events.out").read_text(), "the baseline's 100th step")
             wait_for(lambda: '"step":100,' in (ours_dir / "events.out").read_text(), "vram-bench's 100th step")
             plain.signal(signal.SIGSTOP)
             ours.signal(signal.SIGSTOP)
@@ -153,18 +184,21 @@ def main() -> None:
         finally:
             for job in (plain, ours):
                 job.signal(signal.SIGCONT)
-            plain.signal(signal.SIGTERM)
-            ours.proc.stdin.write("quit\n")  # type: ignore[union-attr]
-            ours.proc.stdin.flush()  # type: ignore[union-attr]
+            if args.against is None:
+                plain.signal(signal.SIGTERM)
+            for job in (plain, ours) if args.against is not None else (ours,):
+                job.proc.stdin.write("quit\n")  # type: ignore[union-attr]
+                job.proc.stdin.flush()  # type: ignore[union-attr]
             for job in (plain, ours):
                 try:
                     job.proc.wait(120)
                 except subprocess.TimeoutExpired:
                     job.signal(signal.SIGKILL)
-            events.close()
-        plain_times = [float(t) for t in (plain_dir / "plain-times.json").read_text().split(",")]
-        our_times = [e["time"] for e in map(json.loads, (ours_dir / "events.out").read_text().splitlines())
-                     if e["event"] == "step" and e.get("rank") == 0]
+            for file in files:
+                file.close()
+        plain_times = ([float(t) for t in (plain_dir / "plain-times.json").read_text().split(",")] if args.against is None
+                       else rank_0_step_times(plain_dir))
+        our_times = rank_0_step_times(ours_dir)
     rates = {"plain": [], "vram-bench": []}
     for name, start, end in windows:
         rates[name].append(window_rate(plain_times if name == "plain" else our_times, start, end))
@@ -174,11 +208,12 @@ def main() -> None:
     widths, batch = MODELS[args.model]
     print(f"2-rank DDP MLP ({' -> '.join(map(str, widths))}, batch {batch}, gloo): {len(ratios)} pairs of {window:g} s windows, "
           f"{args.settle:g} s settle, both jobs loaded throughout")
-    print(f"  plain torchrun: median {statistics.median(rates['plain']):.1f} steps/s "
+    baseline = "plain torchrun" if args.against is None else f"vram-bench with {args.against}"
+    print(f"  {baseline}: median {statistics.median(rates['plain']):.1f} steps/s "
           f"(windows {min(rates['plain']):.1f}-{max(rates['plain']):.1f})")
-    print(f"  vram-bench:     median {statistics.median(rates['vram-bench']):.1f} steps/s "
+    print(f"  vram-bench{(' ' + args.ours_args) if args.ours_args else ''}: median {statistics.median(rates['vram-bench']):.1f} steps/s "
           f"(windows {min(rates['vram-bench']):.1f}-{max(rates['vram-bench']):.1f})")
-    print(f"  vram-bench / plain: median of pairs {statistics.median(ratios):.3f}; mean {mean:.3f} "
+    print(f"  vram-bench / {'plain' if args.against is None else 'baseline'}: median of pairs {statistics.median(ratios):.3f}; mean {mean:.3f} "
           f"(95 % interval {mean - half:.3f}-{mean + half:.3f}); target >= 0.98")
     print(f"  pairs: {[round(r, 3) for r in ratios]}")
     print(f"  CPU the stopped job used during the other's windows: at most {max(leaked) * 1000:.0f} ms a window")
