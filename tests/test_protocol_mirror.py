@@ -327,6 +327,29 @@ def test_the_gauges_show_a_row_per_rank_with_the_straggler_marked():
     assert not lines[0].endswith("<- slowest")
 
 
+def test_ranks_rows_that_stopped_coming_say_how_old_they_are():
+    """While a rank holds the others up, no exchange gathers new rows: the last ones are shown with their age, not as
+    if current; fresh rows say nothing more."""
+    from workbench.frontends.tui.widgets.memory_gauges import render_memory
+    from workbench.protocol.events import Memory, Ranks
+
+    mirror = TelemetryMirror()
+    mirror.apply(Memory(rss_bytes=2**30, rss_anon_bytes=2**30, rss_file_bytes=0, system_total_bytes=8 * 2**30,
+                        system_available_bytes=4 * 2**30, limit_bytes=8 * 2**30, limit_source="host", gpus=()))
+    rows = tuple({"rank": r, "step": 40, "steps_per_second": 9.5, "loss": 1.0, "step_ms": 100.0, "code_version": 2,
+                  "state": "running", "rss_bytes": 2**30, "gpu_allocated_bytes": None, "gpu_reserved_bytes": None}
+                 for r in (0, 1))
+    mirror.apply(Ranks(ranks=rows, slowest=None, time=1000.0))
+    fresh = render_memory(mirror.memory, ranks=mirror.ranks, now=1001.5).plain
+    stale = render_memory(mirror.memory, ranks=mirror.ranks, now=1012.4).plain
+    assert "Ranks (2)\n" in fresh and "ago" not in fresh
+    assert "Ranks (2)  as of 12 s ago\n" in stale
+    assert sum(line.startswith(" r") for line in stale.splitlines()) == 2
+    slow_steps = Ranks(ranks=tuple({**row, "step_ms": 30_000.0} for row in rows), slowest=None, time=1000.0)
+    assert "ago" not in render_memory(mirror.memory, ranks=slow_steps, now=1040.0).plain  # 30 s steps: one exchange a step
+    assert "as of 61 s ago" in render_memory(mirror.memory, ranks=slow_steps, now=1061.0).plain
+
+
 def test_steps_per_second_counts_only_the_window_and_zero_when_stopped() -> None:
     from workbench.protocol.mirror import steps_per_second
 

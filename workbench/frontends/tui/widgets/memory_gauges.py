@@ -31,6 +31,7 @@ from workbench.frontends.tui.widgets.loss_chart import sparkline
 BAR_WIDTH = 20
 HIGHLIGHT_SECONDS = 30.0  # how long a moved retry/OOM counter stays red
 NEAR_LIMIT = 0.9  # share of the cgroup limit in use at which the host gauge turns to a warning
+STALE_RANKS_SECONDS = 3.0  # ranks' rows older than this are shown with their age (gathered at least once a second)
 
 
 class MemoryGauges(Static, can_focus=True):
@@ -68,7 +69,8 @@ class MemoryGauges(Static, can_focus=True):
     def redraw(self) -> None:
         sample = self._telemetry.memory
         ranks = getattr(self._telemetry, "ranks", None)  # under torchrun (the app's mirror has it)
-        seen = (self.size, self.app.theme, self._highlighting(), ranks)
+        now = time.time()
+        seen = (self.size, self.app.theme, self._highlighting(), ranks, ranks_age(ranks, now))
         if sample is self._last_sample and seen == self._seen:
             return  # no new sample since the last redraw (paused: the sampler slows down)
         self._last_sample, self._seen = sample, seen
@@ -88,6 +90,7 @@ class MemoryGauges(Static, can_focus=True):
                 moved=self._moved(sample),
                 roles=roles(self.app),
                 ranks=ranks,
+                now=now,
             )
         )
 
@@ -119,6 +122,7 @@ def render_memory(
     moved: set[tuple[int, str]] | None = None,
     roles: Roles = DEFAULT_ROLES,
     ranks: Ranks | None = None,
+    now: float | None = None,
 ) -> Text:
     bar_width = min(max(bar_width, 6), 40)
     host = sample.host
@@ -158,14 +162,29 @@ def render_memory(
     if sample.gpus and sample.gpu_note:
         text.append(f" {sample.gpu_note}\n", style="dim")
     if ranks is not None:
-        _render_ranks(text, ranks, roles)
+        _render_ranks(text, ranks, roles, ranks_age(ranks, now) if now is not None else None)
     text.rstrip()
     return text
 
 
-def _render_ranks(text: Text, ranks: Ranks, roles: Roles) -> None:
-    """Under torchrun: a row per rank (step, steps/s, host and GPU memory), the straggler marked."""
-    text.append(f"Ranks ({len(ranks.ranks)})\n", style="bold underline")
+def ranks_age(ranks: Ranks | None, now: float) -> int | None:
+    """Whole seconds since the ranks' rows were gathered, once they are older than expected (else None).
+
+    Rank 0 gathers them about once a second while the ranks exchange, paused or not, or once a step for steps longer
+    than that; rows older than STALE_RANKS_SECONDS and two of the slowest rank's steps mean no exchange happened: a rank
+    holds the others up (the status bar's WAITING says which), or the job is stopped."""
+    if ranks is None:
+        return None
+    age = now - ranks.time
+    longest_step = max((float(row.get("step_ms") or 0) for row in ranks.ranks), default=0.0) / 1000
+    return int(age) if age > max(STALE_RANKS_SECONDS, 2 * longest_step) else None
+
+
+def _render_ranks(text: Text, ranks: Ranks, roles: Roles, age: int | None = None) -> None:
+    """Under torchrun: a row per rank (step, steps/s, host and GPU memory), the straggler marked; rows that stopped
+    coming say how old they are, rather than show a stuck rank's last numbers as if current."""
+    text.append(f"Ranks ({len(ranks.ranks)})", style="bold underline")
+    text.append(f"  as of {age} s ago\n" if age is not None else "\n", style=roles.warning if age is not None else "")
     for row in ranks.ranks:
         slow = row.get("rank") == ranks.slowest
         gpu = row.get("gpu_allocated_bytes")
