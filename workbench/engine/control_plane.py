@@ -150,26 +150,24 @@ class ControlPlane:
     def gather_bytes(self, data: bytes, lengths: list[int] | None = None) -> list[bytes]:
         """Every rank's bytes, in rank order (blocking). `lengths`: already known from a boundary row."""
         if lengths is None:
-            mine = torch.tensor([len(data)], dtype=torch.int64)
-            every = torch.empty(self.world_size, dtype=torch.int64)
-            try:
-                _gather_into(every, mine, group=self.group)
-            except RuntimeError as exc:
-                raise _lost(exc) from exc
-            lengths = [int(n) for n in every.tolist()]
+            lengths = self._gather_number(len(data))
         return self.post_bytes(data, lengths).collect()
 
-    def gather_text(self, text: str | None) -> list[str | None]:
-        """Every rank's text or None, in rank order (blocking): one collective of lengths when every rank has None
-        (an agreement's common case: nothing to object to), a second for the text only when some rank has any."""
-        data = text.encode() if text is not None else b""
-        mine = torch.tensor([len(data) if text is not None else -1], dtype=torch.int64)
+    def _gather_number(self, number: int) -> list[int]:
+        """Every rank's integer, in rank order (one blocking collective)."""
+        mine = torch.tensor([number], dtype=torch.int64)
         every = torch.empty(self.world_size, dtype=torch.int64)
         try:
             _gather_into(every, mine, group=self.group)
         except RuntimeError as exc:
             raise _lost(exc) from exc
-        lengths = [int(n) for n in every.tolist()]
+        return [int(n) for n in every.tolist()]
+
+    def gather_text(self, text: str | None) -> list[str | None]:
+        """Every rank's text or None, in rank order (blocking): one collective of lengths when every rank has None
+        (an agreement's common case: nothing to object to), a second for the text only when some rank has any."""
+        data = text.encode() if text is not None else b""
+        lengths = self._gather_number(len(data) if text is not None else -1)  # -1: None
         if all(n < 0 for n in lengths):
             return [None] * self.world_size
         texts = self.post_bytes(data, [max(n, 0) for n in lengths]).collect()

@@ -182,8 +182,7 @@ class ProcessGroups:
         """This generation's doorbell (workbench/engine/doorbell.py), on a prefix of the job's store of its own."""
         if self._doorbell is not None:
             self._doorbell.close()
-        store = dist.distributed_c10d._get_default_store() if self._store is None else self._store
-        prefixed = dist.PrefixStore(f"vram-bench/doorbell-{self.generation}", store)
+        prefixed = dist.PrefixStore(f"vram-bench/doorbell-{self.generation}", self._job_store())
         self._doorbell = Doorbell(prefixed, self.info.rank, self.info.world_size, self.control_timeout)
         return self._doorbell
 
@@ -191,8 +190,7 @@ class ProcessGroups:
         """This generation's planning ahead (workbench/engine/prepare_ahead.py), on a prefix of the job's store."""
         if self._ahead is not None:
             self._ahead.close()
-        store = dist.distributed_c10d._get_default_store() if self._store is None else self._store
-        prefixed = dist.PrefixStore(f"vram-bench/ahead-{self.generation}", store)
+        prefixed = dist.PrefixStore(f"vram-bench/ahead-{self.generation}", self._job_store())
         ahead = PrepareAhead(prefixed, self.info.rank, self.info.world_size, prepare)
         self._ahead = ahead
         return ahead
@@ -200,8 +198,11 @@ class ProcessGroups:
     def whereabouts_store(self) -> dist.Store:
         """The ranks' places (workbench/engine/whereabouts.py), on a prefix of the job's store; one per torchrun attempt,
         so a restarted job never reads the places of the attempt before."""
-        store = dist.distributed_c10d._get_default_store() if self._store is None else self._store
-        return dist.PrefixStore(f"vram-bench/where-{self.info.restart}", store)
+        return dist.PrefixStore(f"vram-bench/where-{self.info.restart}", self._job_store())
+
+    def _job_store(self) -> dist.Store:
+        """The job's c10d store (torchrun's), under every vram-bench prefix."""
+        return dist.distributed_c10d._get_default_store() if self._store is None else self._store
 
     @contextlib.contextmanager
     def running(self) -> Iterator[ProcessGroups]:
