@@ -27,6 +27,7 @@ PROJECT = textwrap.dedent(
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     LR = 0.05
+    ACCUM = 2  # nanoGPT's pattern: setup() divides it by the world size, once per fresh start
 
 
     class Net(nn.Module):
@@ -40,6 +41,9 @@ PROJECT = textwrap.dedent(
 
 
     def setup(bench):
+        global ACCUM
+        assert ACCUM % bench.world_size == 0, f"ACCUM={ACCUM}"
+        ACCUM //= bench.world_size
         torch.manual_seed(0)
         model = Net().to(bench.device)
         if "--no-ddp" not in sys.argv:
@@ -83,6 +87,11 @@ def rank_log(run: Headless) -> list[dict[str, Any]]:
 
 def steps_of(events: list[dict[str, Any]], rank: int) -> dict[int, dict[str, Any]]:
     return {e["step"]: e for e in events if e["event"] == "step" and e.get("rank") == rank}
+
+
+def line_of(path: Path, code: str) -> int:
+    """The line number of the first line of `path` that starts with `code` once indented."""
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip().startswith(code))
 
 
 def save(path: Path, old: str, new: str) -> None:
@@ -353,7 +362,8 @@ def test_a_rank_stuck_in_its_step_is_named_with_its_line_and_interrupt_reaches_i
     # (5 s), rank 0 says where each rank is.
     report = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "waiting", timeout=15, what="the report")
     message = report["message"]
-    assert "rank 1: in step" in message and "at train.py:31 in step (`while bench.rank == 1:`)" in message, message
+    spin = line_of(run.entry, "while bench.rank == 1:")
+    assert "rank 1: in step" in message and f"at train.py:{spin} in step (`while bench.rank == 1:`)" in message, message
     assert "rank 0: in step" in message and "inside torch" in message, message
     assert "press i" in message, message
     run.send("interrupt")
@@ -434,6 +444,7 @@ def test_a_forward_that_stops_using_a_parameter_pauses_both_naming_it_and_rollba
     run.send("rollback")
     rebuilt = run.wait_event("rebuild", timeout=60)
     assert rebuilt["ok"], rebuilt
+    assert any("train.ACCUM" in note for note in rebuilt["notes"]), "setup() divided the file's ACCUM, not its own result"
     run.wait_event("resumed", timeout=30, reason="rebuild")
     mark = max(steps_of(run.events, 0))
     run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= mark + 5, timeout=60, what="steps after")
@@ -601,7 +612,8 @@ def test_an_attached_clients_status_says_what_rank_0_waits_for_while_a_rank_hold
         wait_message(client, lambda m: m.get("event") == "step" and m.get("rank") == 1 and m["step"] >= 3, what="rank 1's steps")
         save(project / "train.py", "    x = torch.randn(32, 8", "    while bench.rank == 1:\n        pass\n    x = torch.randn(32, 8")
         held = wait_message(client, lambda m: m.get("wire") == "status" and m.get("held"), timeout=20, what="a held status")
-        assert held["held"] == "rank 1 (busy at train.py:31 in step)" and held["state"] == "running", held
+        spin = line_of(project / "train.py", "while bench.rank == 1:")
+        assert held["held"] == f"rank 1 (busy at train.py:{spin} in step)" and held["state"] == "running", held
         client.send_line("interrupt")
         wait_message(client, lambda m: m.get("wire") == "status" and m.get("state") == "paused" and not m.get("held"),
                      timeout=15, what="paused, nothing held")

@@ -72,6 +72,7 @@ from workbench.engine.memory.out_of_memory import is_out_of_memory
 from workbench.engine.nonfinite import describe_non_finite
 from workbench.engine.output import OutputRouter
 from workbench.engine.project import Project, deepest_frame_in
+from workbench.engine.setup_rebinds import SetupRebinds, copies
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
 from workbench.engine.runs import RunRecord
 from workbench.engine.saved_bytes import SavedBytes
@@ -224,6 +225,7 @@ class TrainingWorker(threading.Thread):
         self.last_step_time: float | None = None  # when the last step ended (Unix seconds)
         self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
         self._pause_announced = False  # under torchrun: this rank's non-finite loss is on its way to every rank
+        self.setup_rebinds = SetupRebinds()  # globals setup() re-bound: a rebuild's setup() reads what it found
         self.broken: Broken | None = None  # under torchrun: the state must be rebuilt (maybe on new groups) to go on
         self._lost = False  # under torchrun: another rank is gone, so no collective can complete
         self._left_alone = False  # under torchrun: this rank left the loop on an internal error, out of step
@@ -316,9 +318,11 @@ class TrainingWorker(threading.Thread):
             if setup is None:
                 raise NameError("setup(bench) is not defined in the project file")
             # Resuming: the snapshot fills the parameters, so their initialization is recorded, not run.
+            found = copies(self._namespaces())
             with skipping_init(active=self.resume_path is not None) as init_log:
                 self.user_state = setup(self.bench)
             self._state_built_at = self.reloader.version
+            self.setup_rebinds.record(found, self._namespaces())
         except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
             seconds = time.monotonic() - self.setup_started
             file, line = self._where(exc)
@@ -789,6 +793,10 @@ class TrainingWorker(threading.Thread):
         dispatch(self, Rebuild())
         if self.state is RunState.PAUSED:
             self.broken = Broken(broken.reason)  # the rebuild failed: the next fix tries again (the groups are new now)
+            if self.lockstep.rank == 0:
+                self.bus.publish(Error(where="rebuild", message=f"every rank stays paused: {broken.reason}, so the old "
+                                       "state cannot train. Fix what the rebuild's error names and save (the rebuild "
+                                       "runs again), or roll back (command `rollback`)"))
             return
         # The failed step may have left the replicas apart (gradients never reduced): rank 0's copy goes to every rank.
         sent = broadcast_replicated_state(self.user_state, self._namespaces())

@@ -25,6 +25,7 @@ from workbench.engine.rebuild import (
     restore_globals,
 )
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
+from workbench.engine.setup_rebinds import copies, names_bound_by
 
 if TYPE_CHECKING:
     from workbench.engine.worker import TrainingWorker
@@ -64,12 +65,19 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     changed: list[str] = []
     namespaces = worker._namespaces()
     # The globals as they were: setup() re-binds `global model`; the old ones are carried from, or put back.
-    before = [(name, dict(namespace)) for name, namespace in namespaces]
+    before = copies(namespaces)
     try:
+        bound_by_held: list[tuple[int, str, list[str]]] = []  # (version, module, names) of each held change
         for changeset in held:
-            worker.reloader.commit(changeset)
+            version = worker.reloader.commit(changeset)
             committed.append(changeset)
             changed.extend(changeset.changed)
+            if changeset.module is not None:
+                bound_by_held.append((version, changeset.module.__name__, names_bound_by(changeset.patches)))
+        # setup() reads the globals it re-bound as a fresh start's would: as it found them, or as the file now has them.
+        skip = {(module, name) for _, module, names in bound_by_held for name in names}
+        restored = worker.setup_rebinds.restore(namespaces, skip=skip)
+        found = copies(namespaces)
         # Initialization of what will be carried is wasted (and, on a GPU, a second model's worth of work):
         # recorded, not run, and run afterwards for what was not carried.
         with skipping_init() as init_log:
@@ -78,6 +86,8 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         report = carry_over(worker.user_state, new_state, before, namespaces)
         init_log.replay(report.carried)
         optimizer_notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
+        if restored:
+            optimizer_notes.append(_restored_note(restored))
         agreed = True
         _agree(worker, None)
     except RanksLost:
@@ -98,7 +108,8 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         if others:
             message = f"rebuild failed: {exc}; what the other ranks built was dropped, so every rank keeps its old state and code"
         else:
-            message = f"rebuild failed: {type(exc).__name__}: {exc}; the old state and code keep running"
+            kept = "every rank keeps its old state and code" if worker.lockstep else "the old state and code stay"
+            message = f"rebuild failed: {type(exc).__name__}: {exc}; {kept}"
         worker.bus.publish(Error(where="rebuild", message=message, file=file, line=line,
                                  traceback=None if others else worker._format(exc)))
         traceback.clear_frames(exc.__traceback__)
@@ -108,6 +119,9 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         return
     worker.user_state = new_state
     worker._state_built_at = worker.reloader.version
+    for version, module, names in bound_by_held:
+        worker.setup_rebinds.saved(version, module, names)
+    worker.setup_rebinds.record(found, worker._namespaces())
     worker._state_bytes_estimate = None  # the new state's size, when next asked
     worker.eval_watch.refresh(new_state)
     del new_state
@@ -138,6 +152,12 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     )
     if worker.state is RunState.PAUSED and worker.pause_reason in AUTO_RESUME_REASONS:
         worker._resume("rebuild")
+
+
+def _restored_note(restored: list[str]) -> str:
+    names = ", ".join(restored)
+    return (f"setup() ran with {names} as it found them before it re-bound them last time (a fresh start's value; "
+            "a rebuild does not run the module's statements again)")
 
 
 def _call_setup(worker: TrainingWorker) -> Any:

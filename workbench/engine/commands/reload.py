@@ -24,6 +24,7 @@ from workbench.engine.hotswap.patches import apply_all
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.reloader import AppliedVersion
 from workbench.engine.hotswap.service import SourceUnchanged
+from workbench.engine.setup_rebinds import names_bound_by
 from workbench.engine.state_walk import find_instances
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
             )
         )
         return
+    worker.setup_rebinds.saved(version, changeset.module.__name__, names_bound_by(changeset.patches))
     notes = list(changeset.notes)
     if changeset.statements:
         worker._statements[changeset.path] = changeset.statements
@@ -154,6 +156,10 @@ def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
             traceback.clear_frames(exc.__traceback__)
             continue
         del worker._statements[path]
+        module = worker.project.modules().get(path)
+        if module is not None:
+            worker.setup_rebinds.saved(worker.reloader.version, module.__name__,
+                                       names_bound_by(patch for _, patch in statements))
         worker.bus.publish(
             Reload(
                 ok=True,
@@ -187,6 +193,7 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
     ]
     module = worker.project.modules().get(undone.path)
     if module is not None:
+        worker.setup_rebinds.rolled_back(undone.version, module.__name__, names_bound_by(undone.patches))
         notes.extend(worker_notes(_loader_roots(worker), undone.changed, module, "this rollback"))
     if undone.version <= worker._state_built_at:  # setup() ran since this version: it built with its values
         notes.extend(built_from_note(name, chains, rolled_back=True) for name, chains in undone.built_from)
