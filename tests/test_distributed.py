@@ -481,6 +481,32 @@ def test_a_rank_killed_with_sigkill_ends_the_run_with_a_report_and_rank_0s_final
     assert Path(snapshots[-1]["path"]).exists() or (run.entry.parent / snapshots[-1]["path"]).exists()
 
 
+def test_the_launcher_killed_with_sigkill_leaves_no_rank_running_and_rank_0_writes_a_final_snapshot(ranks):
+    """Killed itself, torchrun can neither pass a signal on nor end its ranks: re-parented to init, they trained on
+    (holding their GPUs) with nobody to stop them. Each rank now sees its launcher go and stops as its SIGTERM would."""
+    import os
+    import signal
+
+    import psutil
+
+    run = ranks()
+    run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=60, what="rank 1 at step 5")
+    rank_0 = next(e["pid"] for e in run.events if e["event"] == "start")
+    rank_processes = [psutil.Process(rank_0), psutil.Process(rank_pid(run, 1))]
+    os.kill(run.proc.pid, signal.SIGKILL)
+    gone, alive = psutil.wait_procs(rank_processes, timeout=30)  # the deadline: no rank may outlive its launcher
+    for process in alive:
+        process.kill()
+    assert not alive, f"ranks still running 30 s after their launcher was killed: {[p.pid for p in alive]}"
+    told = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "launcher", timeout=10, what="the report")
+    assert told["message"].startswith(f"rank 0: the launcher (torchrun, pid {run.proc.pid}) is gone"), told
+    run.wait_for(lambda e: e["event"] == "exit", timeout=10, what="rank 0's exit event")
+    snapshots = [e for e in run.events if e["event"] == "snapshot"]
+    assert snapshots and snapshots[-1]["reason"] == "final", [e for e in run.events if e["event"] in ("error", "exit")]
+    rank_1 = [e for e in rank_log(run) if e["event"] == "error" and e.get("where") == "launcher"]
+    assert rank_1 and rank_1[0]["message"].startswith("rank 1: the launcher"), rank_1
+
+
 def test_torchrun_by_hand_with_restarts_on_a_shared_store_gets_a_note_saying_how_to_unshare_it():
     from workbench.engine.distributed import rank_info_from_env, shared_store_restart_note
 

@@ -8,6 +8,7 @@ to `bus`, and `send` commands. It never imports a UI.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from workbench.engine.watchdog import StepWatchdog
 from workbench.engine.whereabouts import Board, RankWatch, takes_interrupt
 from workbench.engine.worker import ApplyChanges, RunState, TrainingWorker
 from workbench.engine.distributed import RankRole, shared_store_restart_note
+from workbench.engine.launcher_watch import LauncherWatch
 from workbench.engine.lockstep import Lockstep
 
 REQUIRED_FUNCTIONS = {"setup": ("bench",), "step": ("state", "bench")}
@@ -201,6 +203,8 @@ class Session:
             idle=lambda: self.worker.state is RunState.PAUSED,
             idle_interval=config.memory_idle_interval,
         )
+        # Under torchrun: the launcher, this process's parent, as it was at the start (it could be pid 1 in a container).
+        self.launcher_watch = LauncherWatch(self._launcher_gone) if ranks is not None else None
         self._interrupt_board: Board | None = None  # rank 0 under torchrun: `i` reaches every held rank through it
         self._rank_watch: RankWatch | None = None
         rank_watch = None
@@ -285,6 +289,8 @@ class Session:
             self.watcher.start()
         self.worker.start()
         self.watchdog.start()
+        if self.launcher_watch is not None:
+            self.launcher_watch.start()
 
     def wait_until_watching(self, timeout: float = 10.0) -> bool:
         """True once file saves are being watched (tests and benchmarks wait for this)."""
@@ -309,6 +315,8 @@ class Session:
             self.reload_service.stop()
             self.sampler.stop()
             self.watchdog.stop()
+            if self.launcher_watch is not None:
+                self.launcher_watch.stop()
             for thread in (self.watcher, self.reload_service, self.sampler):
                 _join(thread, 2.0)
             if self.event_log is not None:
@@ -318,6 +326,15 @@ class Session:
                 self.tensorboard.stop()
         if self.router is not None:
             self.router.uninstall()
+
+    def _launcher_gone(self, launcher_pid: int) -> None:
+        """From the launcher watch: stop as the launcher's SIGTERM would have stopped this rank, escalation included
+        (the front end's handler: a final snapshot on rank 0, a step that never ends interrupted, then ended)."""
+        assert self.ranks is not None
+        self.bus.publish(Error(where="launcher", message=(
+            f"rank {self.ranks.info.rank}: the launcher (torchrun, pid {launcher_pid}) is gone, so nothing would stop "
+            "this rank or restart the job: stopping as its SIGTERM would (rank 0 writes a final snapshot)")))
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def request_quit(self, final_snapshot: bool = False, reason: str = "quit") -> None:
         """Ask the training thread to stop after its step (writing a final snapshot first if asked)."""
