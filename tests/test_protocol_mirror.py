@@ -321,10 +321,11 @@ def test_the_gauges_show_a_row_per_rank_with_the_straggler_marked():
                  for r, ms in ((0, 100.0), (1, 101.0), (2, 180.0)))
     mirror.apply(Ranks(ranks=rows, slowest=2))
     shown = render_memory(mirror.memory, ranks=mirror.ranks).plain
-    lines = [line for line in shown.splitlines() if line.startswith(" r")]
-    assert "Ranks (3)" in shown and len(lines) == 3
-    assert lines[2].startswith(" r2 step 40 9.5/s 180 ms") and "GPU 3.00 GiB" in lines[2] and lines[2].endswith("<- slowest")
-    assert not lines[0].endswith("<- slowest")
+    lines = [line for line in shown.splitlines() if line.startswith(" r") and not line.startswith(" rank")]
+    assert "Ranks (3)" in shown and " rank    step  it/s    ms   RSS   GPU\n" in shown and len(lines) == 3
+    assert lines[2].split() == ["r2", "40", "9.5", "180", "1.0G", "3.0G", "<"], lines[2]
+    assert not lines[0].endswith("<") and "< slowest (r2)" in shown
+    assert max(len(line) for line in lines) <= 40, "a row per line in the pane's ~40 columns"
 
 
 def test_ranks_rows_that_stopped_coming_say_how_old_they_are():
@@ -344,7 +345,8 @@ def test_ranks_rows_that_stopped_coming_say_how_old_they_are():
     stale = render_memory(mirror.memory, ranks=mirror.ranks, now=1012.4).plain
     assert "Ranks (2)\n" in fresh and "ago" not in fresh
     assert "Ranks (2)  as of 12 s ago\n" in stale
-    assert sum(line.startswith(" r") for line in stale.splitlines()) == 2
+    assert sum(line.startswith(" r") and not line.startswith(" rank") for line in stale.splitlines()) == 2
+    assert " rank    step  it/s    ms   RSS\n" in stale, "no GPU column without GPUs"
     slow_steps = Ranks(ranks=tuple({**row, "step_ms": 30_000.0} for row in rows), slowest=None, time=1000.0)
     assert "ago" not in render_memory(mirror.memory, ranks=slow_steps, now=1040.0).plain  # 30 s steps: one exchange a step
     assert "as of 61 s ago" in render_memory(mirror.memory, ranks=slow_steps, now=1061.0).plain

@@ -23,6 +23,7 @@ from workbench.protocol.payloads import GpuMemory, MemorySample
 from workbench.protocol.events import Ranks
 from workbench.protocol.mirror import TelemetryMirror as Telemetry  # the engine's Telemetry reads the same
 from workbench.frontends.tui.format import bar, human_bytes
+from workbench.units import compact_bytes
 from workbench.frontends.tui.pane_clock import on_beat
 from workbench.frontends.tui.roles import DEFAULT_ROLES, Roles, roles
 from workbench.frontends.tui.shown_text import ShownText
@@ -185,14 +186,18 @@ def _render_ranks(text: Text, ranks: Ranks, roles: Roles, age: int | None = None
     coming say how old they are, rather than show a stuck rank's last numbers as if current."""
     text.append(f"Ranks ({len(ranks.ranks)})", style="bold underline")
     text.append(f"  as of {age} s ago\n" if age is not None else "\n", style=roles.warning if age is not None else "")
+    gpus = any(row.get("gpu_allocated_bytes") is not None for row in ranks.ranks)
+    # Columns, not labelled values: a row fits the pane's ~40 columns with a GPU, so one rank is one line.
+    text.append(" rank    step  it/s    ms   RSS" + ("   GPU" if gpus else "") + "\n", style="dim")
     for row in ranks.ranks:
         slow = row.get("rank") == ranks.slowest
-        gpu = row.get("gpu_allocated_bytes")
-        line = (f" r{row.get('rank')} step {row.get('step')} {float(row.get('steps_per_second') or 0):.1f}/s "
-                f"{float(row.get('step_ms') or 0):.0f} ms  RSS {human_bytes(row.get('rss_bytes'))}"
-                + (f"  GPU {human_bytes(gpu)}" if gpu is not None else ""))
+        line = (f" r{row.get('rank')!s:<4}{row.get('step')!s:>6}{float(row.get('steps_per_second') or 0):>6.1f}"
+                f"{float(row.get('step_ms') or 0):>6.0f}{compact_bytes(row.get('rss_bytes')):>6}"
+                + (f"{compact_bytes(row.get('gpu_allocated_bytes')):>6}" if gpus else ""))
         text.append(line, style=roles.warning if slow else "")
-        text.append(" <- slowest\n" if slow else "\n", style=roles.warning if slow else "")
+        text.append(" <\n" if slow else "\n", style=roles.warning if slow else "")
+    if ranks.slowest is not None:
+        text.append(f" < slowest (r{ranks.slowest})\n", style="dim")
 
 
 def _history_line(text: Text, label: str, values: list[int], width: int, window: float, roles: Roles) -> None:
