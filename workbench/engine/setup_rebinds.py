@@ -51,13 +51,14 @@ class SetupRebinds:
         self._statement_names: dict[str, set[str]] = {}
         # {code version: {(module, name): value}}: what a save superseded, for a rollback of that save.
         self._superseded: dict[int, dict[tuple[str, str], Any]] = {}
+        self._bound_since: dict[str, set[str]] = {}  # names saves and rollbacks bound since the last setup()
 
     def record(self, before: Namespaces, after: Namespaces) -> None:
         """After a setup() that succeeded: `before` are `copies()` taken just before it ran.
 
         Only names the module's statements bind are kept: those setup() made (`global model`) never are, then
         or at a later rebuild."""
-        self._before = {}
+        self._before, self._bound_since = {}, {}
         now_by_module = dict(after)  # setup() may import modules: match by name, not position
         for module, old in before:
             now = now_by_module.get(module, {})
@@ -72,6 +73,7 @@ class SetupRebinds:
     def saved(self, version: int, module: str, names: Iterable[str]) -> None:
         """Code version `version` (a save) bound these names: the file's value is what a fresh start reads."""
         names = list(names)
+        self._bound_since.setdefault(module, set()).update(names)
         if module in self._statement_names:  # else its first record() takes all it binds
             self._statement_names[module].update(names)
         kept = self._before.get(module, {})
@@ -86,10 +88,16 @@ class SetupRebinds:
         had found for them before that save is what it finds again."""
         superseded = self._superseded.pop(version, {})
         kept = self._before.setdefault(module, {})
+        names = list(names)
+        self._bound_since.setdefault(module, set()).update(names)
         for name in names:
             kept.pop(name, None)
             if (module, name) in superseded:
                 kept[name] = superseded[(module, name)]
+
+    def bound_since_setup(self) -> dict[str, set[str]]:
+        """{module: names} that saved statements (or rollbacks) bound since setup() last ran: the file's values."""
+        return self._bound_since
 
     def restore(self, namespaces: Namespaces, skip: set[tuple[str, str]] = frozenset()) -> list[str]:
         """Put the values setup() found back, before it runs again; returns `module.name` for each one changed

@@ -73,6 +73,7 @@ from workbench.engine.nonfinite import describe_non_finite
 from workbench.engine.output import OutputRouter
 from workbench.engine.project import Project, deepest_frame_in
 from workbench.engine.setup_rebinds import SetupRebinds, copies
+from workbench.engine.training_globals import TrainingGlobals, put_back
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
 from workbench.engine.runs import RunRecord
 from workbench.engine.saved_bytes import SavedBytes
@@ -226,6 +227,7 @@ class TrainingWorker(threading.Thread):
         self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
         self._pause_announced = False  # under torchrun: this rank's non-finite loss is on its way to every rank
         self.setup_rebinds = SetupRebinds()  # globals setup() re-bound: a rebuild's setup() reads what it found
+        self.training_globals = TrainingGlobals()  # counters step() keeps in globals: snapshots hold them
         self.broken: Broken | None = None  # under torchrun: the state must be rebuilt (maybe on new groups) to go on
         self._lost = False  # under torchrun: another rank is gone, so no collective can complete
         self._left_alone = False  # under torchrun: this rank left the loop on an internal error, out of step
@@ -323,6 +325,7 @@ class TrainingWorker(threading.Thread):
                 self.user_state = setup(self.bench)
             self._state_built_at = self.reloader.version
             self.setup_rebinds.record(found, self._namespaces())
+            self.training_globals.mark(self._namespaces())
         except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
             seconds = time.monotonic() - self.setup_started
             file, line = self._where(exc)
@@ -366,8 +369,9 @@ class TrainingWorker(threading.Thread):
         if path.is_dir():
             return self._resume_sharded(path, init_log, started)
         try:
+            payload = load_snapshot(path)
             report = apply_snapshot(
-                self.user_state, load_snapshot(path), path, partial=self.resume_partial, namespaces=self._namespaces(),
+                self.user_state, payload, path, partial=self.resume_partial, namespaces=self._namespaces(),
                 init_log=init_log,
             )
         except Exception as exc:  # noqa: BLE001 - a snapshot that does not fit must not cost the session
@@ -401,6 +405,7 @@ class TrainingWorker(threading.Thread):
         if report.initialized:
             shown = ", ".join(report.initialized[:6]) + (f" and {len(report.initialized) - 6} more" if len(report.initialized) > 6 else "")
             notes += (f"not in the snapshot, so initialized as setup() does: {shown}",)
+        notes += self._put_back_globals(payload.get("globals", {}))
         self.bus.publish(
             ResumeLoaded(
                 ok=True,
@@ -419,6 +424,12 @@ class TrainingWorker(threading.Thread):
         )
         return True
 
+    def _put_back_globals(self, saved: dict[str, Any]) -> tuple[str, ...]:
+        """The counters step() kept in module globals, as the snapshot has them (training_globals.py): the resume's notes."""
+        done, left = put_back(saved, self._namespaces())
+        notes = (f"put back from the snapshot (module globals that training changed, not setup()): {', '.join(done)}",) if done else ()
+        return notes + ((f"not put back: {', '.join(left)}",) if left else ())
+
     def _resume_failed(self, message: str) -> None:
         """Nothing was loaded: said; headless ends (exit 2), the app pauses on what setup() built."""
         self.bus.publish(Error(where="resume", message=message))
@@ -432,7 +443,7 @@ class TrainingWorker(threading.Thread):
         """Every rank reads its part of a sharded snapshot (torch.distributed.checkpoint reshards to this world size)."""
         init_log.replay_all()  # DCP writes into the live shards: they must exist first
         try:
-            step, modules, optimizers = load_sharded(self.user_state, path, self._namespaces())
+            step, modules, optimizers, saved_globals = load_sharded(self.user_state, path, self._namespaces())
         except Exception as exc:  # noqa: BLE001 - said like any resume that does not fit; setup()'s state trains
             message = (str(exc) if isinstance(exc, UserError) else f"resuming from {path} failed ({type(exc).__name__}: "
                        f"{exc})") + "; training starts from what setup() built (initialized as usual)"
@@ -443,7 +454,8 @@ class TrainingWorker(threading.Thread):
         self.last_snapshot_path = str(path)
         self.bus.publish(ResumeLoaded(ok=True, path=str(path), step=step, tensors=modules, optimizers=optimizers,
                                       seconds=time.monotonic() - started,
-                                      notes=("sharded snapshot (torch.distributed.checkpoint): every rank read its part",)))
+                                      notes=("sharded snapshot (torch.distributed.checkpoint): every rank read its part",
+                                             *self._put_back_globals(saved_globals))))
         return True
 
     def _namespaces(self) -> list[tuple[str, dict[str, Any]]]:
@@ -723,10 +735,11 @@ class TrainingWorker(threading.Thread):
                 assert self.lockstep is not None
                 writer = self.lockstep.plane.broadcast_json(os.getpid())  # rank 0's pid names the temp folder everywhere
                 event = write_sharded(self.user_state, self.step, self.reloader.version, self.bench.run_dir, writer,
-                                      self.lockstep.rank == 0, self.snapshot_keep, self._namespaces())
+                                      self.lockstep.rank == 0, self.snapshot_keep, self._namespaces(), self._changed_globals())
             else:
                 event = write_snapshot(
-                    self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces()
+                    self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces(),
+                    self._changed_globals(),
                 )
         except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
             self.last_snapshot_error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
@@ -741,6 +754,9 @@ class TrainingWorker(threading.Thread):
         self._update_run_record()
         self.bus.publish(dataclasses.replace(event, reason=reason))
         return True
+
+    def _changed_globals(self) -> dict[str, Any]:
+        return self.training_globals.changed(self._namespaces(), self.setup_rebinds.bound_since_setup())
 
     def _update_run_record(self, **extra: Any) -> None:
         if self.run_record is not None:

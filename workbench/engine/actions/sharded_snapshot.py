@@ -49,7 +49,7 @@ def is_sharded(state: Any, namespaces: Namespaces = ()) -> bool:
 
 def write_sharded(
     state: Any, step: int, code_version: int, run_dir: Path, writer_pid: int, is_main: bool, keep: int,
-    namespaces: Namespaces = (),
+    namespaces: Namespaces = (), training_globals: dict[str, Any] | None = None,
 ) -> Snapshot:
     """Every rank at once (a lockstep command). `writer_pid`: rank 0's, the same name on every rank; rank 0 then
     keeps the run's `keep` newest snapshots, as for one process."""
@@ -63,7 +63,7 @@ def write_sharded(
     dcp.save(_state_dict(state, namespaces), checkpoint_id=str(temp))
     if is_main:
         facts = {"format": FORMAT, "step": step, "code_version": code_version, "saved_at": time.time(),
-                 "world_size": dist.get_world_size() if dist.is_initialized() else 1}
+                 "world_size": dist.get_world_size() if dist.is_initialized() else 1, "globals": dict(training_globals or {})}
         (temp / FACTS).write_text(json.dumps(facts))
         _fsync_tree(temp)
         if final.exists():
@@ -85,8 +85,9 @@ def read_facts(path: Path) -> dict[str, Any]:
     return facts
 
 
-def load_sharded(state: Any, path: Path, namespaces: Namespaces = ()) -> tuple[int, int, int]:
-    """Every rank at once: read its part of the snapshot into the live state. Returns (step, modules, optimizers)."""
+def load_sharded(state: Any, path: Path, namespaces: Namespaces = ()) -> tuple[int, int, int, dict[str, Any]]:
+    """Every rank at once: read its part of the snapshot into the live state.
+    Returns (step, modules, optimizers, the module globals training changed: rank 0's)."""
     facts = read_facts(path)
     state_dict = _state_dict(state, namespaces)
     dcp.load(state_dict, checkpoint_id=str(path))
@@ -95,7 +96,7 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = ()) -> tuple[i
         set_model_state_dict(module, state_dict[f"model/{name}"])
     for name, (module, optimizer) in optimizers.items():
         set_optimizer_state_dict(module, optimizer, state_dict[f"optim/{name}"])
-    return int(facts["step"]), len(modules), len(optimizers)
+    return int(facts["step"]), len(modules), len(optimizers), dict(facts.get("globals") or {})
 
 
 def folder_bytes(path: Path) -> int:

@@ -41,9 +41,11 @@ def snapshot_folder(run_dir: Path) -> Path:
 
 
 def write_snapshot(
-    state: Any, step: int, code_version: int, run_dir: Path, keep: int = DEFAULT_KEEP, namespaces: Namespaces = ()
+    state: Any, step: int, code_version: int, run_dir: Path, keep: int = DEFAULT_KEEP, namespaces: Namespaces = (),
+    training_globals: dict[str, Any] | None = None,
 ) -> Snapshot:
-    """`namespaces`: the project's module globals, where script-style trainers keep an optimizer or model too."""
+    """`namespaces`: the project's module globals, where script-style trainers keep an optimizer or model too.
+    `training_globals`: plain values step() keeps in module globals (`train.iter_num`), put back on resume."""
     modules, optimizers = find_with_globals(state, namespaces)
     if not modules and not optimizers:
         raise ValueError("the state returned by setup() holds no nn.Module or optimizer to snapshot")
@@ -59,6 +61,7 @@ def write_snapshot(
         # accepted and then failed in the first step.
         "optimizer_types": {name: _type_name(o) for name, o in optimizers.items()},
         "rng": _rng_state(),
+        "globals": dict(training_globals or {}),
     }
     folder = snapshot_folder(run_dir)
     try:

@@ -122,6 +122,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     for version, module, names in bound_by_held:
         worker.setup_rebinds.saved(version, module, names)
     worker.setup_rebinds.record(found, worker._namespaces())
+    worker.training_globals.mark(worker._namespaces())
     worker._state_bytes_estimate = None  # the new state's size, when next asked
     worker.eval_watch.refresh(new_state)
     del new_state

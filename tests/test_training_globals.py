@@ -1,0 +1,94 @@
+"""Counters a script-style trainer keeps in module globals are in its snapshots and come back on resume.
+
+Found porting nanoGPT's train.py: its step() counts `iter_num` in a global and sets the learning rate from it.
+Resumed from a snapshot, setup() set `iter_num = 0` again and the schedule warmed up from the start (lr 1e-5
+instead of 1e-3 at step 167), while the resume event said everything was loaded. Real sessions on small
+projects (see conftest.py), then a second session resumed from the first one's snapshot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from conftest import is_event, make_project, open_session, save
+from workbench.engine.actions.snapshot import load_snapshot
+from workbench.engine.training_globals import TrainingGlobals, put_back
+from workbench.protocol.events import Evaluate, Pause, TakeSnapshot
+
+TRAIN_PY = """\
+from pathlib import Path
+
+import torch
+
+LR = 0.1
+best_val = 1e9
+phase = "warmup"
+
+
+def setup(bench):
+    global model, iter_num, X
+    iter_num = 0
+    model = torch.nn.Linear(2, 1)
+    X = torch.ones(4, 2)
+    return {"opt": torch.optim.SGD(model.parameters(), lr=LR)}
+
+
+def step(state, bench):
+    global iter_num, X, phase
+    iter_num += 1
+    if iter_num > 3:
+        phase = "decay"
+    X = X + 0.0  # a tensor global that changes every step: not a counter, not kept
+    loss = model(X).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return {"loss": loss, "iter_num": float(iter_num)}
+
+
+def evaluate(state, bench):
+    global best_val
+    best_val = min(best_val, 0.5)
+    return {"val_loss": 0.5}
+"""
+
+
+def test_a_snapshot_keeps_what_training_changed_in_globals_and_a_resume_puts_it_back(start_session, tmp_path) -> None:
+    live = start_session({"train.py": TRAIN_PY})
+    live.wait_running(3)
+    save(live.entry, TRAIN_PY.replace("LR = 0.1\n", "LR = 0.2\n"))  # an edited constant is the file's: not kept
+    assert live.wait_for(is_event("reload", file="train.py")).ok
+    live.send(Evaluate())
+    live.wait_for(is_event("evaluate"), timeout=30)
+    live.send(Pause())
+    live.wait_for(is_event("paused"))
+    live.send(TakeSnapshot())
+    taken = live.wait_for(is_event("snapshot"), timeout=30)
+    kept = load_snapshot(Path(taken.path))["globals"]
+    assert kept == {"train.iter_num": taken.step, "train.best_val": 0.5, "train.phase": "decay"}, kept
+
+    root = make_project(tmp_path, {"train.py": TRAIN_PY}, folder="resumed")
+    with open_session(root / "train.py", resume=Path(taken.path)) as resumed:
+        loaded = resumed.wait_for(is_event("resume"), timeout=30)
+        assert loaded.ok, loaded
+        note = next(n for n in loaded.notes if n.startswith("put back from the snapshot"))
+        assert f"train.iter_num = {taken.step}" in note and "train.best_val = 0.5" in note and "train.phase = 'decay'" in note
+        first = resumed.events.steps(1)[0]
+        assert first.step == taken.step + 1 and first.scalars["iter_num"] == taken.step + 1, "the count goes on"
+
+
+def test_only_plain_values_changed_since_setup_and_not_bound_by_a_save_are_kept() -> None:
+    namespace = {"__name__": "train", "n": 0, "lr": 0.1, "flag": False, "t": torch.zeros(1), "nan": float("nan"),
+                 "long": "x" * 1000}
+    globals_ = TrainingGlobals()
+    globals_.mark([("train", namespace)])
+    assert globals_.changed([("train", namespace)], {}) == {}, "nothing changed yet (NaN equals itself here)"
+    namespace.update(n=5, lr=0.2, flag=True, t=torch.ones(1), long="y" * 1000, new_count=1)
+    assert globals_.changed([("train", namespace)], {"train": {"lr"}}) == {"train.n": 5, "train.flag": True,
+                                                                          "train.new_count": 1}
+    other = {"n": torch.zeros(1)}
+    done, left = put_back({"train.n": 5, "gone.k": 1, "other.n": 3}, [("train", namespace), ("other", other)])
+    assert done == ["train.n = 5"] and namespace["n"] == 5
+    assert left == ["gone.k (module gone is not loaded)", "other.n (now a Tensor, not a int)"]

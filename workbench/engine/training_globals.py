@@ -1,0 +1,72 @@
+"""Counters a script-style trainer keeps in module globals (nanoGPT's `iter_num`, `best_val_loss`): kept in
+snapshots and put back on resume.
+
+A snapshot holds the models, the optimizers, the step and the RNG. A trainer that counts its own iterations
+in a global (`global iter_num; iter_num += 1` in step()) resumed with setup()'s value, 0: its learning-rate
+schedule warmed up again from the start while the resume said it had loaded everything. So the plain values
+(bool, int, float, short str) that have changed since setup() left them, other than by a saved statement of the
+file (an edited constant is the file's, read again at the next start), go into the snapshot by
+`module.name`, and a resume puts them back once setup() has run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+Namespaces = list[tuple[str, dict[str, Any]]]
+
+MAX_STR = 256  # a longer string is more likely a log or a path than a counter or a phase name
+
+
+def _plain(value: Any) -> bool:
+    return type(value) in (bool, int, float) or (type(value) is str and len(value) <= MAX_STR)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    return a == b or (type(a) is float and math.isnan(a) and math.isnan(b))
+
+
+class TrainingGlobals:
+    """The plain module globals as setup() left them; what differs at a snapshot is training state."""
+
+    def __init__(self) -> None:
+        self._after_setup: dict[str, dict[str, Any]] = {}
+
+    def mark(self, namespaces: Namespaces) -> None:
+        """After setup() (the first, a rebuild's) and a resume's loading: the values training starts from."""
+        self._after_setup = {module: {k: v for k, v in namespace.items() if _plain(v)} for module, namespace in namespaces}
+
+    def changed(self, namespaces: Namespaces, file_bound: dict[str, set[str]]) -> dict[str, Any]:
+        """{"module.name": value} for the plain globals changed since `mark`, but those `file_bound` names (bound
+        by saved statements since) and dunder names (`__doc__` and the like are the interpreter's)."""
+        found: dict[str, Any] = {}
+        for module, namespace in namespaces:
+            before, bound = self._after_setup.get(module, {}), file_bound.get(module, set())
+            for name, value in namespace.items():
+                if name.startswith("__") or name in bound or not _plain(value):
+                    continue
+                if name not in before or not _same(before[name], value):
+                    found[f"{module}.{name}"] = value
+        return found
+
+
+def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], list[str]]:
+    """Resume: set each saved global whose module is loaded and whose current value is plain or unbound.
+    Returns (`module.name = value` for each one set, a reason for each one left)."""
+    by_module = dict(namespaces)
+    done: list[str] = []
+    left: list[str] = []
+    for qualified, value in saved.items():
+        module, _, name = qualified.rpartition(".")
+        namespace = by_module.get(module)
+        if namespace is None:
+            left.append(f"{qualified} (module {module} is not loaded)")
+        elif name in namespace and not _plain(namespace[name]):
+            left.append(f"{qualified} (now a {type(namespace[name]).__name__}, not a {type(value).__name__})")
+        else:
+            namespace[name] = value
+            done.append(f"{qualified} = {value!r}")
+    return done, left
