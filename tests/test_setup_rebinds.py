@@ -58,12 +58,13 @@ def test_a_rebuild_runs_setup_on_the_globals_it_found_and_says_so(start_session)
     assert live.events.steps(2, lambda e: e.scalars["accum"] == 2.0)
 
 
-def test_a_saved_value_wins_over_the_one_setup_found(start_session) -> None:
+def test_a_saved_value_setup_re_binds_waits_for_the_rebuild_and_wins_over_the_one_setup_found(start_session) -> None:
     live = start_session({"train.py": TRAIN_PY})
     live.wait_running(2)
     save(live.entry, TRAIN_PY.replace("ACCUM = 4\n", "ACCUM = 8\n"))
-    reload = live.wait_for(is_event("reload", file="train.py"))
-    assert reload.ok and "ACCUM" in reload.changed
+    held = live.wait_for(is_event("reload", file="train.py"))
+    assert held.ok and held.held == ("ACCUM",) and "setup() re-binds ACCUM" in held.needs_rebuild[0], held
+    assert _module(live).ACCUM == 2, "applied alone, ACCUM would be 8 where a fresh start's is 4"
     live.send(Rebuild())
     assert live.wait_for(is_event("rebuild"), timeout=30).ok
     assert _module(live).ACCUM == 4, "setup() halved the file's 8, as a fresh start's would"

@@ -22,6 +22,8 @@ live code or values differ from the file.
   it does not hold the live model's parameters |
 | init | `init_weight = torch.full((n_embd,), init_scale)`: a module statement with a call |
 | loss | the batch through the model |
+| accum | `grad_accum`, which setup() re-binds (`global grad_accum; grad_accum //= 2`, as nanoGPT divides its
+  accumulation steps by the world size): a rebuild must halve the file's value, not its own last result |
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ SCALAR_NAMES: dict[str, tuple[str, ...]] = {
     "init": ("init_weight", "init_scale", "n_embd"),
     "loss": ("get_batch", "fetch_batch", "batch_size", "args.batch_size", "parser", "MLP", "mlp_scale", "n_layer",
              _SETUP, "step"),
+    "accum": ("grad_accum", _SETUP),
 }
 
 BLOCKS = ("globals", "get_lr", "get_batch", "mlp", "setup", "step")
@@ -73,6 +76,7 @@ class ScriptSpec:
     momentum: float = 0.9
     mlp_scale: float = 1.5
     init_scale: float = 0.5
+    grad_accum: int = 4  # setup() halves it; no edit changes it (the draws, so the recorded cases' seeds, stay as they were)
     arg_default: str = "None"  # parser.add_argument("--batch-size", ..., default=...)
     override: str = "batch_size = args.batch_size"  # the line under `if args.batch_size is not None:`
     tokens_expr: str = "batch_size * block_size"
@@ -98,7 +102,7 @@ class ScriptSpec:
             f"learning_rate = {self.learning_rate!r}\nmin_lr = {self.min_lr_expr}\n"
             f"warmup_iters = {self.warmup_iters!r}\nlr_decay_iters = {self.lr_decay_iters!r}\n"
             f"weight_decay = {self.weight_decay!r}\nmomentum = {self.momentum!r}\n"
-            f"mlp_scale = {self.mlp_scale!r}\ninit_scale = {self.init_scale!r}\n"
+            f"mlp_scale = {self.mlp_scale!r}\ninit_scale = {self.init_scale!r}\ngrad_accum = {self.grad_accum!r}\n"
             "# " + "-" * 77 + "\n\n"
             "parser = argparse.ArgumentParser()\n"
             f'parser.add_argument("--batch-size", type=int, default={self.arg_default})\n'
@@ -141,7 +145,7 @@ class ScriptSpec:
                 "empty": "{}",
             }[self.returns]
             return (
-                "def setup(bench):\n    global model, optimizer\n    torch.manual_seed(0)\n"
+                "def setup(bench):\n    global model, optimizer, grad_accum\n    grad_accum //= 2\n    torch.manual_seed(0)\n"
                 "    model = MLP().to(bench.device)\n"
                 "    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay, "
                 f"betas=(0.9, {self.beta2!r}))\n"
@@ -168,6 +172,7 @@ class ScriptSpec:
                 '        "opt": group["weight_decay"] + group["betas"][1],\n'
                 '        "opt2": group2["momentum"] + group2["dampening"] + (0.0 if bound else 100.0),\n'
                 '        "init": init_weight.sum(),\n'
+                '        "accum": grad_accum,\n'
                 "    }\n"
             )
         raise ValueError(name)

@@ -95,6 +95,12 @@ class SetupRebinds:
             if (module, name) in superseded:
                 kept[name] = superseded[(module, name)]
 
+    def rebound_by_setup(self, module: str, names: Iterable[str]) -> list[str]:
+        """Of `names` (a save binds them), those setup() re-binds: applied alone, the global would hold the file's raw
+        value where a fresh start's holds what setup() makes of it (nanoGPT's accumulation steps per rank)."""
+        kept = self._before.get(module, {})
+        return [name for name in names if name in kept]
+
     def bound_since_setup(self) -> dict[str, set[str]]:
         """{module: names} that saved statements (or rollbacks) bound since setup() last ran: the file's values."""
         return self._bound_since

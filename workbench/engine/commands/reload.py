@@ -53,6 +53,12 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
     reasons = _reasons_with_live_instances(
         worker, changeset.needs_rebuild, changeset.rebuild_if_live.items(), "live instances built by the old code"
     )
+    if changeset.module is not None:
+        reasons += [
+            f"setup() re-binds {name} (`global {name}`): the value it makes from the new one comes with setup(), "
+            "not with the saved statement alone"
+            for name in worker.setup_rebinds.rebound_by_setup(changeset.module.__name__, names_bound_by(changeset.patches))
+        ]
     if reasons and worker.user_state is not None:
         # Applying would leave live objects built by old code running new code: hold it back.
         worker._held[changeset.path] = changeset
