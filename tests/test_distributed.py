@@ -599,6 +599,71 @@ def test_sigterm_to_the_launcher_ends_every_rank_cleanly_after_the_final_snapsho
     assert any(e["event"] == "exit" and e["code"] == 0 for e in rank_log(run)), "rank 1 ended cleanly too"
 
 
+LOADER_PROJECT = textwrap.dedent(
+    """
+    import time
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, Dataset
+
+
+    class Slow(Dataset):  # the worker is always busy: the step waits on it, as a data-bound trainer's does
+        def __len__(self):
+            return 100_000
+
+        def __getitem__(self, index):
+            time.sleep(0.002)
+            x = torch.randn(8, generator=torch.Generator().manual_seed(index))
+            return x, x.sum(0, keepdim=True)
+
+
+    def batches(loader):
+        while True:
+            yield from loader
+
+
+    def setup(bench):
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Linear(8, 1))
+        loader = DataLoader(Slow(), batch_size=8, num_workers=1, prefetch_factor=1)
+        return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "data": batches(loader)}
+
+
+    def step(state, bench):
+        x, y = next(state["data"])
+        loss = (state["model"](x) - y).pow(2).mean()
+        state["opt"].zero_grad()
+        loss.backward()
+        state["opt"].step()
+        return loss
+    """
+)
+
+
+def test_sigterm_to_the_launcher_leaves_the_data_loaders_workers_to_finish_the_step_and_the_final_snapshot_is_written(
+    tmp_path: Path,
+):
+    """torchrun sends its SIGTERM to every process of each rank's group, the DataLoader's workers too. They died with it,
+    a step waiting for their next batch failed on one rank (said as a dead training group) while the other waited in
+    DDP's all-reduce, and the stop ended stuck, without its final snapshot (1 run in 3 or 4). Now they keep running
+    until their rank ends them: the step finishes on every rank and the stop is clean."""
+    import signal
+
+    run = Headless(project_folder(tmp_path, LOADER_PROJECT) / "train.py", "--nproc-per-node", "2")
+    try:
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=60, what="rank 1 at step 5")
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(timeout=45) == 0, run.stderr[-2000:]
+        run.wait_for(lambda e: e["event"] == "exit", timeout=10, what="rank 0's exit event")
+        errors = [e["message"] for e in [*run.events, *rank_log(run)] if e["event"] == "error" and e.get("where") == "step"]
+        assert errors == [], errors
+        assert [e["code"] for e in rank_log(run) if e["event"] == "exit"] == [0], "rank 1 ended cleanly too"
+        assert [e["reason"] for e in run.events if e["event"] == "snapshot"] == ["final"], [
+            e for e in [*run.events, *rank_log(run)] if e["event"] in ("error", "exit", "snapshot", "paused")]
+    finally:
+        run.close()
+
+
 def test_a_detached_two_rank_session_is_listed_attached_to_and_stopped_from_rank_0(tmp_path: Path):
     """`run --nproc-per-node 2` starts the launcher detached (it outlives the terminal); rank 0 serves the socket."""
     from tests.session_process_harness import Sessions, cli, wait_message, wait_until

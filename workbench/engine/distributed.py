@@ -38,9 +38,12 @@ _DEAD_GROUP_MARKERS = (
 )
 
 
-def is_dead_group_error(message: str) -> bool:
-    """A step error that means the training group's collective failed, not the user's code."""
-    return any(marker in message for marker in _DEAD_GROUP_MARKERS)
+def is_dead_group_error(exc: BaseException) -> bool:
+    """A step error that means the training group's collective failed, not the user's code.
+
+    torch.distributed raises RuntimeErrors (DistBackendError and the like); an OSError with the same words comes from
+    Python's own sockets (a DataLoader whose workers were killed: "Connection reset by peer"), not from the group."""
+    return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _DEAD_GROUP_MARKERS)
 
 
 @dataclass(frozen=True)

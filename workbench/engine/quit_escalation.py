@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from workbench.engine.forked_children import begin_ending_children
+
 from workbench.protocol.events import Error, Exit
 from workbench.engine.session import Session
 
@@ -130,6 +132,7 @@ class QuitEscalation(threading.Thread):
 
 def end_child_processes(timeout: float) -> list[int]:
     """Terminate this process's child processes (and theirs), kill what is left after `timeout` s; their pids."""
+    begin_ending_children()  # forked children stop ignoring SIGTERM (forked_children.py)
     try:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:

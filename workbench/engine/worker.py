@@ -62,6 +62,7 @@ from workbench.engine.hotswap.reloader import Reloader
 from workbench.engine.init_skipping import InitLog, skipping_init
 from workbench.engine.ddp_diagnosis import is_unused_parameter_error, unused_parameter_sentence
 from workbench.engine.distributed import broadcast_replicated_state, is_dead_group_error
+from workbench.engine.loader_failure import raised_in_data_loader
 from workbench.engine.control_plane import RanksLost
 from workbench.engine.lockstep import Broken, Lockstep, StepFailure, is_error_pause
 from workbench.engine.memory.device import DeviceProbe
@@ -166,6 +167,7 @@ class TrainingWorker(threading.Thread):
         self.router = router
         self.commands = CommandQueue()
         self.max_steps = max_steps
+        self.stopping_on_signal = False  # set by a signal's quit: the signal may have ended the DataLoader's workers too
         self.exit_at_max_steps = exit_at_max_steps
         self.exit_on_setup_failure = exit_on_setup_failure
         self.start_paused = start_paused
@@ -569,10 +571,15 @@ class TrainingWorker(threading.Thread):
             message = "step() was interrupted" + (f" at {file}:{line}" if file else "") + "; the model and optimizer are intact"
         elif is_out_of_memory(exc):
             message = f"out of memory in step(): {exc}. The step's tensors were released and the cache emptied; {self._memory_report()}"
+        elif self.stopping_on_signal and raised_in_data_loader(exc):
+            message = (f"step {self.step + 1} was cut short while stopping: the signal also ended its DataLoader's worker "
+                       "processes (a launcher such as torchrun signals every process of a rank's group, and a terminal's "
+                       f"ctrl+c the whole job); the model and optimizer hold step {self.step}, the last whole one "
+                       f"({type(exc).__name__}: {exc})")
         broken: str | None = None
         renew = False
         if self.lockstep is not None:
-            if is_dead_group_error(str(exc)):
+            if is_dead_group_error(exc):
                 renew = True
                 broken = "a training collective failed, so the training process group is dead"
                 message += (f" (rank {self.lockstep.rank} waited in a training collective for a rank that did not join it, "

@@ -22,6 +22,7 @@ from typing import TextIO
 
 from workbench.protocol.eventbus import ROUTINE, write_until_exit
 from workbench.protocol.events import CommandError, Error, Event, Exit, Interrupt, Quit, parse_command
+from workbench.engine.forked_children import child_keeps_running, keep_data_loader_workers
 from workbench.engine.quit_escalation import QuitEscalation, QuitTimeouts, end_child_processes
 from workbench.engine.session import Session
 from workbench.protocol.lines import read_lines
@@ -144,6 +145,7 @@ def _silence_sys_stdin(stdin: TextIO | None) -> tuple[TextIO, TextIO] | None:
 def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, object]:
     """SIGINT finishes the current step and exits; SIGTERM and SIGHUP (a dropped SSH link) write a final snapshot first;
     the requeue signal (SIGUSR1) too, then requeues the job if asked and exits 0.
+    A forked child (a DataLoader worker) ignores those three while this process lives (forked_children.py).
 
     The quit escalates like the `quit` command's (QuitTimeouts). A second signal interrupts the step
     at once; a third ends the child processes and exits (code 130). A forked child (a DataLoader
@@ -157,10 +159,13 @@ def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, 
 
     def handle(signum: int, frame: object, final_snapshot: bool) -> None:
         if os.getpid() != owner:
+            if signum != signal.SIGINT and child_keeps_running(owner):
+                return  # a DataLoader worker under a group-wide stop signal: this process ends it (forked_children.py)
             _as_before(signum, frame, previous[signum])
             return
         received["count"] += 1
         if received["count"] == 1:
+            session.worker.stopping_on_signal = True  # a launcher's or a terminal's signal reaches DataLoader workers too
             session.request_quit(final_snapshot=final_snapshot, reason="requeue signal" if signum == requeue else "quit")
             escalation.begin()
             if session.worker.step_started is not None:
@@ -173,6 +178,7 @@ def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, 
 
     requeue = getattr(signal, f"SIG{session.config.requeue_signal}")  # a batch scheduler's "time is nearly up"
     handlers = {signal.SIGINT: False, signal.SIGTERM: True, signal.SIGHUP: True, requeue: True}
+    keep_data_loader_workers(owner)  # their own SIGTERM handler would die of a group-wide stop signal
     for sig, final_snapshot in handlers.items():
         previous[sig] = signal.getsignal(sig)
         signal.signal(sig, lambda signum, frame, snap=final_snapshot: handle(signum, frame, snap))

@@ -1,0 +1,66 @@
+"""A stop signal meant for the whole job does not end a forked child (a DataLoader's worker) under a step still running.
+
+torchrun passes SIGTERM (and SIGHUP) to every process of a rank's group (`os.killpg`), so a DataLoader's workers died
+with the rank's own stop signal while the step the stop lets finish still waited for their next batch. That step
+failed on one rank; under DDP the other ranks then waited in the gradient all-reduce until --collective-timeout, and
+the stop ended "stuck", without its final snapshot. PyTorch's workers already shrug off ctrl+c (SIGINT) for the same
+reason: the main process decides. So a child this process forked ignores the stop signals while its parent, this
+process, is alive and has not begun to end its children itself (`begin_ending_children`); after that, or once the
+parent is gone, the signal does what it did before. Children that exec another program get the default handlers back.
+
+A DataLoader's worker sets its own SIGTERM handler in C (die, unless the parent sent it), so the ignoring is added
+after torch's worker set-up (`keep_data_loader_workers`). Only workers forked from this process have it (the default
+start method on Linux up to Python 3.13; a DataLoader with `multiprocessing_context="spawn"` starts fresh ones).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+from functools import partial
+
+# One byte of memory shared with every child forked after import (an anonymous shared mapping survives fork shared,
+# unlike a Python variable): 1 once this process has begun ending its children.
+_ending = mmap.mmap(-1, 1)
+
+
+def begin_ending_children() -> None:
+    """From now on a stop signal ends the forked children: this process is ending them (quit_escalation.py)."""
+    _ending[0] = 1
+
+
+def child_keeps_running(owner: int) -> bool:
+    """In a forked child of `owner` that got a stop signal: ignore it (the owner ends this child when it stops)?"""
+    return os.getppid() == owner and _ending[0] == 0
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def keep_data_loader_workers(owner: int) -> None:
+    """From now on, DataLoader workers forked from this process (`owner`) keep running through a stop signal sent to
+    the whole group, until `owner` ends them: torch's worker set-up is wrapped to put this handler in after its own."""
+    from torch.utils.data._utils import signal_handling
+
+    original = getattr(signal_handling, "_set_worker_signal_handlers", None)
+    if original is None or getattr(original, "vram_bench_owner", None) is not None:
+        return  # a torch without it (nothing to wrap), or wrapped already
+
+    def set_worker_signal_handlers(*args: object, **kwargs: object) -> object:
+        result = original(*args, **kwargs)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, partial(_in_data_loader_worker, owner))
+        return result
+
+    set_worker_signal_handlers.vram_bench_owner = owner  # type: ignore[attr-defined]
+    signal_handling._set_worker_signal_handlers = set_worker_signal_handlers
+
+
+def _in_data_loader_worker(owner: int, signum: int, frame: object) -> None:
+    if child_keeps_running(owner):
+        return
+    if os.getppid() == owner:
+        os._exit(0)  # `owner` is ending its workers: a clean exit, as torch's own handler makes for its parent's SIGTERM
+    signal.signal(signum, signal.SIG_DFL)  # orphaned: what the signal does by default
+    os.kill(os.getpid(), signum)
