@@ -1,16 +1,18 @@
-"""A stop signal meant for the whole job does not end a forked child (a DataLoader's worker) under a step still running.
+"""A stop signal meant for the whole job does not end a DataLoader's workers under a step still running.
 
 torchrun passes SIGTERM (and SIGHUP) to every process of a rank's group (`os.killpg`), so a DataLoader's workers died
 with the rank's own stop signal while the step the stop lets finish still waited for their next batch. That step
 failed on one rank; under DDP the other ranks then waited in the gradient all-reduce until --collective-timeout, and
 the stop ended "stuck", without its final snapshot. PyTorch's workers already shrug off ctrl+c (SIGINT) for the same
-reason: the main process decides. So a child this process forked ignores the stop signals while its parent, this
-process, is alive and has not begun to end its children itself (`begin_ending_children`); after that, or once the
-parent is gone, the signal does what it did before. Children that exec another program get the default handlers back.
+reason: the main process decides. So a DataLoader worker this process forked ignores the stop signals while its
+parent, this process, is alive and has not begun to end its children itself (`begin_ending_children`); after that it
+exits, and once orphaned the signal does what it does by default.
 
-A DataLoader's worker sets its own SIGTERM handler in C (die, unless the parent sent it), so the ignoring is added
-after torch's worker set-up (`keep_data_loader_workers`). Only workers forked from this process have it (the default
-start method on Linux up to Python 3.13; a DataLoader with `multiprocessing_context="spawn"` starts fresh ones).
+Only DataLoader workers: torch's worker set-up (which puts in its own SIGTERM handler, in C: die unless the parent
+sent it) is wrapped (`keep_data_loader_workers`). Other forked children keep the default: a `multiprocessing.Pool`'s
+`terminate()` ends its workers with SIGTERM and then waits for them. Only workers forked from this process have it
+(the default start method on Linux up to Python 3.13; a DataLoader with `multiprocessing_context="spawn"` starts fresh
+interpreters).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import TextIO
 
 from workbench.protocol.eventbus import ROUTINE, write_until_exit
 from workbench.protocol.events import CommandError, Error, Event, Exit, Interrupt, Quit, parse_command
-from workbench.engine.forked_children import child_keeps_running, keep_data_loader_workers
+from workbench.engine.forked_children import keep_data_loader_workers
 from workbench.engine.quit_escalation import QuitEscalation, QuitTimeouts, end_child_processes
 from workbench.engine.session import Session
 from workbench.protocol.lines import read_lines
@@ -145,7 +145,7 @@ def _silence_sys_stdin(stdin: TextIO | None) -> tuple[TextIO, TextIO] | None:
 def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, object]:
     """SIGINT finishes the current step and exits; SIGTERM and SIGHUP (a dropped SSH link) write a final snapshot first;
     the requeue signal (SIGUSR1) too, then requeues the job if asked and exits 0.
-    A forked child (a DataLoader worker) ignores those three while this process lives (forked_children.py).
+    A DataLoader's worker forked by this process ignores SIGTERM and SIGHUP while this process lives (forked_children.py).
 
     The quit escalates like the `quit` command's (QuitTimeouts). A second signal interrupts the step
     at once; a third ends the child processes and exits (code 130). A forked child (a DataLoader
@@ -159,8 +159,6 @@ def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, 
 
     def handle(signum: int, frame: object, final_snapshot: bool) -> None:
         if os.getpid() != owner:
-            if signum != signal.SIGINT and child_keeps_running(owner):
-                return  # a DataLoader worker under a group-wide stop signal: this process ends it (forked_children.py)
             _as_before(signum, frame, previous[signum])
             return
         received["count"] += 1
