@@ -70,3 +70,25 @@ def test_workers_forked_after_keep_data_loader_workers_shrug_off_sigterm_until_t
     finally:
         forked_children._ending[0] = 0  # noqa: SLF001 - other tests' children: as before this one
         signal_handling._set_worker_signal_handlers = original
+
+
+def test_the_code_workers_run_is_found_through_random_splits_subset_and_a_concat(tmp_path, monkeypatch) -> None:
+    """Found porting pytorch/examples' minGPT-ddp: its loader holds `random_split`'s Subset of a CharDataset, and an
+    edited CharDataset.__getitem__ (which its workers run) was applied without a word about the workers."""
+    import importlib
+
+    from torch.utils.data import ConcatDataset, random_split
+
+    from workbench.engine.hotswap.loader_workers import code_run_by_workers
+
+    (tmp_path / "chars.py").write_text(
+        "import torch\n\n\ndef encode(s):\n    return [ord(c) for c in s]\n\n\n"
+        "class CharDataset(torch.utils.data.Dataset):\n    def __len__(self):\n        return 10\n\n"
+        "    def __getitem__(self, i):\n        return torch.tensor(encode('abc'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    chars = importlib.import_module("chars")
+    train, _ = random_split(chars.CharDataset(), [8, 2])
+    for dataset in (train, ConcatDataset([train, chars.CharDataset()])):
+        names = code_run_by_workers(DataLoader(dataset, num_workers=1), chars)
+        assert {"CharDataset", "encode"} <= names, names

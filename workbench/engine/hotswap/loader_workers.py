@@ -59,12 +59,25 @@ def _is_tensor_like(obj: Any) -> bool:
     return isinstance(obj, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer))
 
 
+def datasets_in(dataset: Any, depth: int = 0) -> Iterator[Any]:
+    """The dataset and those it wraps: `random_split`'s Subset (`.dataset`), ConcatDataset's and ChainDataset's
+    `.datasets`, and a user's wrapper holding either; the workers run the wrapped datasets' code too."""
+    yield dataset
+    if depth >= _MAX_DEPTH:
+        return
+    inner = getattr(dataset, "dataset", None)
+    if inner is not None and inner is not dataset:
+        yield from datasets_in(inner, depth + 1)
+    for each in itertools.islice(getattr(dataset, "datasets", None) or (), _MAX_ITEMS):
+        yield from datasets_in(each, depth + 1)
+
+
 def code_run_by_workers(loader: DataLoader, module: types.ModuleType) -> set[str]:
     """Qualified names, in `module`, of the code a loader's workers run: the dataset's classes (with their
     methods), the module functions those methods call by name, and the loader's collate and init functions."""
     names: set[str] = set()
     called: set[str] = set()
-    for cls in type(loader.dataset).__mro__:
+    for cls in (c for dataset in datasets_in(loader.dataset) for c in type(dataset).__mro__):
         if cls.__module__ != module.__name__:
             continue
         names.add(cls.__qualname__)
@@ -93,9 +106,14 @@ def worker_notes(
             continue
         shown = ", ".join(stale[:5])
         if loader.persistent_workers:
-            when = ("they are persistent, so they keep it for the rest of the session: press R (command `rebuild`) "
-                    "to start new workers with the new code")
+            if getattr(loader, "_iterator", None) is None:
+                continue  # its workers have not started yet: they will start with the new code
+            notes.append(f"{path} runs {shown} in {loader.num_workers} worker processes forked before {change}: they are "
+                         "persistent, so they keep it for the rest of the session: press R (command `rebuild`) to start "
+                         "new workers with the new code")
         else:
-            when = "the epoch running now keeps it; the workers of the next epoch start with the new code"
-        notes.append(f"{path} runs {shown} in {loader.num_workers} worker processes forked before {change}: {when}")
+            # Whether an epoch's iterator is alive cannot be seen from the loader (a `for` loop holds it), so this says
+            # what holds either way rather than claim workers that may not be running.
+            notes.append(f"{path} runs {shown} in worker processes: those of an epoch running now were forked before "
+                         f"{change} and keep the old code until it ends; the next epoch's workers start with the new code")
     return notes
