@@ -101,3 +101,16 @@ def test_a_failed_rebuild_leaves_the_globals_the_running_code_has(start_session)
     assert not failed.ok and "the old state and code stay" in failed.error
     assert _module(live).ACCUM == 2 and _module(live).seen == 2, "the running code's values, not setup()'s half-run"
     assert live.events.steps(2, lambda e: e.scalars["accum"] == 2.0)
+
+
+def test_a_setup_that_failed_after_re_binding_a_global_runs_again_on_the_globals_it_found(start_session) -> None:
+    """nanoGPT's order: the accumulation steps are divided first, a later line fails (a missing data file, say); the
+    fixed setup() must divide the file's value, not the failed run's result, or its own assert fails on every fix."""
+    failing = TRAIN_PY.replace("    model = torch.nn.Linear(2, 1)\n", "    model = torch.nn.Linear(2, 1)\n    raise FileNotFoundError('data/train.bin')\n")
+    live = start_session({"train.py": failing})
+    live.wait_for(is_event("setup", status="failed"), timeout=30)
+    assert _module(live).ACCUM == 4 and not hasattr(_module(live), "seen"), "what the failed setup() bound is gone"
+    save(live.entry, TRAIN_PY)
+    live.wait_for(is_event("setup", status="done"), timeout=30)
+    assert _module(live).ACCUM == 2
+    assert live.events.steps(2, lambda e: e.scalars["accum"] == 2.0)

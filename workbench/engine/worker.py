@@ -73,6 +73,7 @@ from workbench.engine.memory.out_of_memory import is_out_of_memory
 from workbench.engine.nonfinite import describe_non_finite
 from workbench.engine.output import OutputRouter
 from workbench.engine.project import Project, deepest_frame_in
+from workbench.engine.rebuild import restore_globals
 from workbench.engine.setup_rebinds import SetupRebinds, copies
 from workbench.engine.training_globals import TrainingGlobals, put_back
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
@@ -318,11 +319,12 @@ class TrainingWorker(threading.Thread):
         self.setup_error = self.setup_error_location = None
         self.bus.publish(Setup(status="running"))
         setup = self.project.function("setup")
+        namespaces = self._namespaces()
+        found = copies(namespaces)
         try:
             if setup is None:
                 raise NameError("setup(bench) is not defined in the project file")
             # Resuming: the snapshot fills the parameters, so their initialization is recorded, not run.
-            found = copies(self._namespaces())
             with skipping_init(active=self.resume_path is not None) as init_log:
                 self.user_state = setup(self.bench)
             self._state_built_at = self.reloader.version
@@ -339,6 +341,8 @@ class TrainingWorker(threading.Thread):
                 Error(where="setup", message=self.setup_error, file=file, line=line, traceback=self.setup_traceback)
             )
             traceback.clear_frames(exc.__traceback__)
+            # What the failed setup() bound goes: the fixed one, run again, finds the globals as a fresh start would.
+            restore_globals(namespaces, found)
             self.state = RunState.SETUP_FAILED
             if self.exit_on_setup_failure:
                 self.exit_code, self.exit_reason, self._quit = 2, "setup failed", True
