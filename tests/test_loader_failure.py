@@ -55,6 +55,7 @@ def test_workers_forked_after_keep_data_loader_workers_shrug_off_sigterm_until_t
 
     original = signal_handling._set_worker_signal_handlers
     keep_data_loader_workers(os.getpid())
+    forked_children._ending[0] = 0  # noqa: SLF001 - an earlier test's quit in this process may have set it
     try:
         loader = DataLoader(Slow(), batch_size=4, num_workers=1, prefetch_factor=1)
         batches = iter(loader)
