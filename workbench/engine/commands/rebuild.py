@@ -85,9 +85,9 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         reset_compiled_code()
         report = carry_over(worker.user_state, new_state, before, namespaces)
         init_log.replay(report.carried)
-        optimizer_notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
+        notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
         if restored:
-            optimizer_notes.append(_restored_note(restored))
+            notes.append(_restored_note(restored))
         agreed = True
         _agree(worker, None)
     except RanksLost:
@@ -148,7 +148,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
             new=tuple(report.new),
             mismatched=tuple(report.mismatched),
             dropped=tuple(report.dropped),
-            notes=tuple(optimizer_notes),
+            notes=tuple(notes),
         )
     )
     if worker.state is RunState.PAUSED and worker.pause_reason in AUTO_RESUME_REASONS:

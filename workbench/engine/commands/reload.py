@@ -97,7 +97,9 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
             )
         )
         return
-    worker.setup_rebinds.saved(version, changeset.module.__name__, names_bound_by(changeset.patches))
+    if changeset.module is not None:
+        if changeset.module is not None:
+        worker.setup_rebinds.saved(version, changeset.module.__name__, names_bound_by(changeset.patches))
     notes = list(changeset.notes)
     if changeset.statements:
         worker._statements[changeset.path] = changeset.statements
