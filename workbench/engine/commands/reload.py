@@ -98,7 +98,6 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
         )
         return
     if changeset.module is not None:
-        if changeset.module is not None:
         worker.setup_rebinds.saved(version, changeset.module.__name__, names_bound_by(changeset.patches))
     notes = list(changeset.notes)
     if changeset.statements:
