@@ -39,8 +39,9 @@ def unused_parameter_names(message: str, state: Any, namespaces: list[tuple[str,
 def unused_parameter_sentence(message: str, state: Any, namespaces: list[tuple[str, dict[str, Any]]]) -> str:
     names = unused_parameter_names(message, state, namespaces)
     shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") if names else "some parameters"
+    gradients = "its gradient was" if len(names) == 1 else "their gradients were"
     return (
-        f"DistributedDataParallel: the code now running no longer uses {shown} in the loss, so their gradients were "
+        f"DistributedDataParallel: the code now running no longer uses {shown} in the loss, so {gradients} "
         "never reduced and the replicas may differ by the last step. Every rank paused. Roll back (command `rollback`) "
         "or save a fix, and every rank rebuilds its DDP wrapper (setup() runs again, weights carried over, rank 0's "
         "copied to all); or pass find_unused_parameters=True to DistributedDataParallel in setup() and rebuild (R)"
