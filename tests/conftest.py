@@ -175,7 +175,24 @@ class EventLog:
         lines = "\n  ".join(describe(e) for e in shown)
         skipped = len(tail) - len(shown)
         more = f"\n  ... ({skipped} earlier not shown)" if skipped else ""
-        pytest.fail(f"waiting for {wanted}: {why}. Events seen:{more}\n  {lines or '(none)'}", pytrace=False)
+        stacks = _training_stacks() if why.startswith("nothing matched") else ""
+        pytest.fail(f"waiting for {wanted}: {why}. Events seen:{more}\n  {lines or '(none)'}{stacks}", pytrace=False)
+
+
+def _training_stacks() -> str:
+    """Where each session's training thread is: a wait that timed out says what the thread was doing instead
+    (a full suite's flake is otherwise a list of events and nothing more)."""
+    import sys
+    import threading
+    import traceback
+
+    frames = sys._current_frames()  # noqa: SLF001 - the interpreter's own view of every thread
+    parts = [
+        f"\n--- {thread.name} (thread {thread.ident}) now:\n" + "".join(traceback.format_stack(frames[thread.ident])[-12:])
+        for thread in threading.enumerate()
+        if thread.name == "vram-bench-training" and thread.ident in frames
+    ]
+    return "".join(parts)
 
 
 def wait_for(

@@ -51,10 +51,7 @@ def test_gloos_words_in_a_runtime_error_are_a_dead_group_and_in_a_socket_error_n
 
 
 def test_workers_forked_after_keep_data_loader_workers_shrug_off_sigterm_until_their_parent_ends_them() -> None:
-    from torch.utils.data._utils import signal_handling
-
-    original = signal_handling._set_worker_signal_handlers
-    keep_data_loader_workers(os.getpid())
+    put_back = keep_data_loader_workers(os.getpid())
     forked_children._ending[0] = 0  # noqa: SLF001 - an earlier test's quit in this process may have set it
     try:
         loader = DataLoader(Slow(), batch_size=4, num_workers=1, prefetch_factor=1)
@@ -70,7 +67,7 @@ def test_workers_forked_after_keep_data_loader_workers_shrug_off_sigterm_until_t
         assert worker.exitcode == 0, worker.exitcode
     finally:
         forked_children._ending[0] = 0  # noqa: SLF001 - other tests' children: as before this one
-        signal_handling._set_worker_signal_handlers = original
+        put_back()
 
 
 def test_the_code_workers_run_is_found_through_random_splits_subset_and_a_concat(tmp_path, monkeypatch) -> None:

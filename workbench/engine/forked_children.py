@@ -20,6 +20,7 @@ from __future__ import annotations
 import mmap
 import os
 import signal
+from collections.abc import Callable
 from functools import partial
 
 # One byte of memory shared with every child forked after import (an anonymous shared mapping survives fork shared,
@@ -40,14 +41,15 @@ def child_keeps_running(owner: int) -> bool:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-def keep_data_loader_workers(owner: int) -> None:
+def keep_data_loader_workers(owner: int) -> Callable[[], None]:
     """From now on, DataLoader workers forked from this process (`owner`) keep running through a stop signal sent to
-    the whole group, until `owner` ends them: torch's worker set-up is wrapped to put this handler in after its own."""
+    the whole group, until `owner` ends them: torch's worker set-up is wrapped to put this handler in after its own.
+    Returns what puts torch's own set-up back (for a process that runs more than one session, as tests do)."""
     from torch.utils.data._utils import signal_handling
 
     original = getattr(signal_handling, "_set_worker_signal_handlers", None)
     if original is None or getattr(original, "vram_bench_owner", None) is not None:
-        return  # a torch without it (nothing to wrap), or wrapped already
+        return lambda: None  # a torch without it (nothing to wrap), or wrapped already
 
     def set_worker_signal_handlers(*args: object, **kwargs: object) -> object:
         result = original(*args, **kwargs)
@@ -57,6 +59,11 @@ def keep_data_loader_workers(owner: int) -> None:
 
     set_worker_signal_handlers.vram_bench_owner = owner  # type: ignore[attr-defined]
     signal_handling._set_worker_signal_handlers = set_worker_signal_handlers
+
+    def put_back() -> None:
+        signal_handling._set_worker_signal_handlers = original
+
+    return put_back
 
 
 def _in_data_loader_worker(owner: int, signum: int, frame: object) -> None:

@@ -83,7 +83,7 @@ def run_headless(
             flush(timeout)
 
     escalation = QuitEscalation(session, timeouts or QUIT_TIMEOUTS, all_written)
-    previous_handlers = _quit_on_signals(session, escalation)
+    previous_handlers, keep_loader_workers_undone = _quit_on_signals(session, escalation)
     fd = _fileno(stdin)
     quiet_stdin = _silence_sys_stdin(stdin) if fd is not None else None
     try:
@@ -108,6 +108,7 @@ def run_headless(
             escalation.stop()
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
+            keep_loader_workers_undone()
             if quiet_stdin is not None:
                 sys.stdin, devnull = quiet_stdin
                 devnull.close()
@@ -142,7 +143,7 @@ def _silence_sys_stdin(stdin: TextIO | None) -> tuple[TextIO, TextIO] | None:
     return stdin, devnull
 
 
-def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, object]:
+def _quit_on_signals(session: Session, escalation: QuitEscalation) -> tuple[dict[int, object], Callable[[], None]]:
     """SIGINT finishes the current step and exits; SIGTERM and SIGHUP (a dropped SSH link) write a final snapshot first;
     the requeue signal (SIGUSR1) too, then requeues the job if asked and exits 0.
     A DataLoader's worker forked by this process ignores SIGTERM and SIGHUP while this process lives (forked_children.py).
@@ -152,7 +153,7 @@ def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, 
     worker) inherits these handlers: there they do what the signal did before.
     """
     if threading.current_thread() is not threading.main_thread():
-        return {}
+        return {}, lambda: None
     previous: dict[int, object] = {}
     received = {"count": 0}
     owner = os.getpid()
@@ -176,11 +177,11 @@ def _quit_on_signals(session: Session, escalation: QuitEscalation) -> dict[int, 
 
     requeue = getattr(signal, f"SIG{session.config.requeue_signal}")  # a batch scheduler's "time is nearly up"
     handlers = {signal.SIGINT: False, signal.SIGTERM: True, signal.SIGHUP: True, requeue: True}
-    keep_data_loader_workers(owner)  # their own SIGTERM handler would die of a group-wide stop signal
+    put_back = keep_data_loader_workers(owner)  # their own SIGTERM handler would die of a group-wide stop signal
     for sig, final_snapshot in handlers.items():
         previous[sig] = signal.getsignal(sig)
         signal.signal(sig, lambda signum, frame, snap=final_snapshot: handle(signum, frame, snap))
-    return previous
+    return previous, put_back
 
 
 def _as_before(signum: int, frame: object, before: object) -> None:
