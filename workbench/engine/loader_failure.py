@@ -1,8 +1,8 @@
 """Whether a step's exception came out of a DataLoader: its worker processes died under it.
 
-A signal meant for the whole job (torchrun's SIGTERM, which it sends to every process of a rank's group; a
-terminal's ctrl+c, sent to the foreground job) also reaches the DataLoader's workers, and the step that asks
-them for its next batch then fails ("DataLoader worker ... exited unexpectedly", or a reset connection while a
+A signal meant for the whole job (torchrun's SIGTERM, which it sends to every process of a rank's group) also
+reaches the DataLoader's workers; those this process forked wait for it (forked_children.py), others (a
+`spawn` context) die, and the step that asks them for its next batch then fails ("DataLoader worker ... exited unexpectedly", or a reset connection while a
 batch's shared memory is handed over). That is the stop, not the user's code or a dead process group.
 """
 

@@ -576,9 +576,10 @@ class TrainingWorker(threading.Thread):
         elif is_out_of_memory(exc):
             message = f"out of memory in step(): {exc}. The step's tensors were released and the cache emptied; {self._memory_report()}"
         elif self.stopping_on_signal and raised_in_data_loader(exc):
-            message = (f"step {self.step + 1} was cut short while stopping: the signal also ended its DataLoader's worker "
-                       "processes (a launcher such as torchrun signals every process of a rank's group, and a terminal's "
-                       f"ctrl+c the whole job); the model and optimizer hold step {self.step}, the last whole one "
+            message = (f"step {self.step + 1} was cut short while stopping: its DataLoader's worker processes died (a "
+                       "launcher such as torchrun signals every process of a rank's group; workers this process did not "
+                       f"fork, as with `spawn`, do not wait for it); the model and optimizer hold step {self.step}, the "
+                       "last whole one "
                        f"({type(exc).__name__}: {exc})")
         broken: str | None = None
         renew = False
