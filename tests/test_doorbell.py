@@ -215,6 +215,21 @@ def test_closing_lets_the_listener_and_a_waiting_rank_go(bells):
         assert not listener.is_alive()
 
 
+def test_closing_a_rank_that_heard_a_proposal_it_has_not_answered_does_not_wait_for_the_listener(bells, monkeypatch):
+    """A stop that comes between hearing a proposal and its turn: the listener waited for the answer until
+    CLOSE_SECONDS ran out (rank 1 exited 2 s after rank 0 at every SIGTERM stop)."""
+    zero, one = bells
+    monkeypatch.setattr(doorbell, "CLOSE_SECONDS", 60.0)
+    zero.at_boundary(10)
+    zero.ring()
+    heard(one)  # heard, never answered: rank 1 is told to stop before its next boundary
+    listeners = [t for t in threading.enumerate() if t.name == "vram-bench-doorbell"]
+    closing, _ = in_thread(one.close)
+    closing.join(10)
+    assert not closing.is_alive(), "close() waited for the listener's answer wait"
+    assert not any(listener.is_alive() for listener in listeners if listener is one._listener)
+
+
 def test_the_keys_of_proposals_every_rank_is_through_with_leave_the_store(bells):
     """Each command used to leave its proposal, answers and decision in torchrun's store for the rest of the job."""
     zero, one = bells

@@ -250,6 +250,7 @@ class Doorbell:
         self._closed.set()
         self._asked, self._hold_until = False, 0.0
         self._heard.set()  # a training thread holding for a proposal goes on
+        self._answered.set()  # a listener waiting for a heard proposal's answer ends now, not CLOSE_SECONDS later
         try:
             if self.rank == 0:
                 with self._lock:
