@@ -351,6 +351,10 @@ def test_under_ddp_a_rank_that_raises_before_the_all_reduce_pauses_both_and_a_fi
     run.send("quit")
     assert run.finish(timeout=60) == 0
     assert resumed["reason"] == "rebuild"
+    recovery = [e["message"] for e in run.events if e["event"] == "error" and e.get("where") == "recovery"]
+    assert len(recovery) == 2 and "rebuilding on every rank" in recovery[0], recovery
+    assert "every rank now holds rank 0's weights" in recovery[1], recovery  # a warning: nothing failed there
+    assert not any(e["event"] == "error" and e.get("where") == "rebuild" for e in run.events)
     checksums_agree_after(run, mark)
 
 

@@ -808,7 +808,7 @@ class TrainingWorker(threading.Thread):
         assert self.lockstep is not None and self.broken is not None
         broken, self.broken = self.broken, None
         if self.lockstep.rank == 0:
-            self.bus.publish(Error(where="rebuild", message=f"{broken.reason}: rebuilding on every rank before training goes on"
+            self.bus.publish(Error(where="recovery", message=f"{broken.reason}: rebuilding on every rank before training goes on"
                                    + (" (the process groups are made again first)" if broken.renew_group else "")))
         if broken.renew_group:
             try:
@@ -829,7 +829,7 @@ class TrainingWorker(threading.Thread):
         # The failed step may have left the replicas apart (gradients never reduced): rank 0's copy goes to every rank.
         sent = broadcast_replicated_state(self.user_state, self._namespaces())
         if self.lockstep.rank == 0:
-            self.bus.publish(Error(where="rebuild", message=f"every rank now holds rank 0's weights and optimizer state "
+            self.bus.publish(Error(where="recovery", message=f"every rank now holds rank 0's weights and optimizer state "
                                    f"({sent} tensors broadcast)"))
 
     # Helpers -----------------------------------------------------------------------------
