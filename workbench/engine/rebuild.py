@@ -2,7 +2,9 @@
 
 Parameters and buffers move by module path and tensor name when the shapes
 match; optimizer state follows its parameters. What did not match is reported,
-never guessed. A carried tensor takes the old one's storage (same device and
+never guessed. A parameter holding NaN/Inf or garbage (`uninitialized.py`) is
+not carried: the rebuild that follows a fixed initialization would bring the
+garbage back. A carried tensor takes the old one's storage (same device and
 dtype) rather than a copy of it, and setup() runs with initialization skipped
 (`init_skipping.py`), so a rebuild needs memory only for what is new.
 """
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from workbench.engine.state_walk import Namespaces, find_with_globals
+from workbench.engine.uninitialized import holds_garbage
 
 
 @dataclass
@@ -24,6 +27,7 @@ class CarryReport:
     new: list[str] = field(default_factory=list)  # in the new state only: freshly initialised
     mismatched: list[str] = field(default_factory=list)  # same name, other shape: freshly initialised
     dropped: list[str] = field(default_factory=list)  # in the old state only: gone
+    garbage: list[str] = field(default_factory=list)  # old parameters holding NaN/Inf or absurd values: not carried
     unmatched_modules: list[str] = field(default_factory=list)
     shared: int = 0  # carried by handing the old storage over (same device and dtype), not copied
     carried: list[torch.Tensor] = field(default_factory=list, repr=False)  # the new tensors that got old values
@@ -74,6 +78,8 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
                     report.new.append(full)
                 elif source.shape != tensor.shape:
                     report.mismatched.append(f"{full} {tuple(source.shape)} -> {tuple(tensor.shape)}")
+                elif isinstance(source, torch.nn.Parameter) and holds_garbage(source):
+                    report.garbage.append(full)  # carried, it would keep the loss NaN: setup()'s new value stays
                 else:
                     if tensor.device == source.device and tensor.dtype == source.dtype and tensor.layout == source.layout:
                         tensor.data = source.data  # the new tensor takes the trained storage: no copy, no second allocation

@@ -71,6 +71,8 @@ from workbench.engine.memory.gc_freeze import Frozen, collect_all, freeze_surviv
 from workbench.engine.memory.gc_freeze import release as release_frozen
 from workbench.engine.memory.out_of_memory import is_out_of_memory
 from workbench.engine.nonfinite import describe_non_finite
+from workbench.engine.uninitialized import WHERE as UNINITIALIZED
+from workbench.engine.uninitialized import suspect_parameters, warning_sentence
 from workbench.engine.output import OutputRouter
 from workbench.engine.project import Project, deepest_frame_in
 from workbench.engine.rebuild import restore_globals
@@ -211,6 +213,8 @@ class TrainingWorker(threading.Thread):
         self.setup_error: str | None = None
         self.setup_error_location: str | None = None
         self.setup_traceback: str | None = None
+        self.setup_suspects: list[str] = []  # parameters setup() left holding garbage (uninitialized.py)
+        self._first_step_after_setup = 0
         self.exit_code = 0
         self.exit_reason = "quit"
         self._quit = False
@@ -352,6 +356,8 @@ class TrainingWorker(threading.Thread):
         self._state_bytes()  # once, here: the memory guard and the time limit plan a snapshot's time with it
         self.eval_watch.refresh(self.user_state)
         self.bus.publish(Setup(status="done", seconds=self.setup_seconds))
+        if self.resume_path is None:  # a resume's values come from the snapshot, read lazily: not read here
+            self._warn_of_uninitialized_parameters()
         self.reloader.track_loaded_modules()  # modules that setup imported are watched too
         resumed = True
         if self.resume_path is not None:
@@ -365,6 +371,16 @@ class TrainingWorker(threading.Thread):
             self._pause("user")
         else:
             self.state = RunState.RUNNING
+
+    def _warn_of_uninitialized_parameters(self) -> None:
+        """Before the first step blames itself for a NaN loss: parameters setup() left holding garbage."""
+        self._first_step_after_setup = self.step + 1
+        try:
+            self.setup_suspects = suspect_parameters(self.user_state, self._namespaces())
+        except Exception:  # noqa: BLE001 - a diagnosis: it must not become a failure of its own
+            self.setup_suspects = []
+        if self.setup_suspects:
+            self.bus.publish(Error(where=UNINITIALIZED, message=warning_sentence(self.setup_suspects)))
 
     def _resume_from(self, path: Path, init_log: InitLog) -> bool:
         """Load a snapshot into what setup() built; on a mismatch load nothing and say what differs.
@@ -547,6 +563,9 @@ class TrainingWorker(threading.Thread):
                 culprits = describe_non_finite(self.user_state)
             except Exception as exc:  # noqa: BLE001 - the diagnosis must not turn into a second failure
                 culprits = f"could not inspect the parameters ({exc})"
+            if self.setup_suspects and self.step == self._first_step_after_setup:
+                culprits += (f"; setup() had left garbage in {len(self.setup_suspects)} of them before this step "
+                             "(the `parameters` warning)")
             message = (f"loss is {loss} at step {self.step} (the first non-finite step); {culprits}. "
                        "Training paused: fix the code and save, or resume to continue anyway.")
             self._failure = StepFailure(message)

@@ -323,7 +323,8 @@ class Memory(Event):
 
 # `where` values of errors that are warnings: nothing failed and training goes on.
 WARNINGS = frozenset({"slow step", "eval mode", "contract", "run folder", "time limit", "pausing", "memory limit", "requeued",
-                      "torchrun", "restart", "stopping", "waiting", "recovery"})
+                      "torchrun", "restart", "stopping", "waiting", "recovery",
+                      "parameters"})
 
 
 @dataclass(frozen=True)

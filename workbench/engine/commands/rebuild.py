@@ -86,6 +86,8 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         report = carry_over(worker.user_state, new_state, before, namespaces)
         init_log.replay(report.carried)
         notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
+        if report.garbage:
+            notes.append(_garbage_note(report.garbage))
         if restored:
             notes.append(_restored_note(restored))
         agreed = True
@@ -151,8 +153,15 @@ def _rebuild_now(worker: TrainingWorker) -> None:
             notes=tuple(notes),
         )
     )
+    worker._warn_of_uninitialized_parameters()  # what the new setup() made and nothing carried over
     if worker.state is RunState.PAUSED and worker.pause_reason in AUTO_RESUME_REASONS:
         worker._resume("rebuild")
+
+
+def _garbage_note(names: list[str]) -> str:
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return (f"not carried over: {shown} held non-finite or absurdly large values (uninitialized memory, or a "
+            "diverged run), so they hold what the new setup() made, and their optimizer state starts again")
 
 
 def _restored_note(restored: list[str]) -> str:
