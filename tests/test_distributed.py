@@ -805,12 +805,18 @@ FSDP_PROJECT = textwrap.dedent(
                 "data": torch.Generator().manual_seed(bench.rank)}
 
 
+    def full_sum(model):  # every rank's shards (an all-gather on every rank alike)
+        return sum(float(p.full_tensor().double().sum()) for p in model.parameters())
+
+
     def step(state, bench):
+        before = full_sum(state["model"])
         x = torch.randn(16, 64, generator=state["data"])
         loss = (state["model"](x) - x).pow(2).mean()
         state["opt"].zero_grad()
         loss.backward()
         state["opt"].step()
+        bench.log(before=before, after=full_sum(state["model"]))
         return loss
     """
 )
@@ -833,6 +839,13 @@ def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_t
         run.send("rebuild")  # setup() again on every rank: the sharded tensors are carried over shard by shard
         rebuilt = run.wait_event("rebuild", timeout=60)
         assert rebuilt["ok"] and rebuilt["tensors_carried"] == 4 and rebuilt["optimizer_states_carried"] == 4, rebuilt
+        # Carried means the new model computes with the trained values: the first step after the rebuild starts from
+        # exactly what the last one before it ended with (before the fix, FSDP2 ran on the new, uninitialized storage).
+        at = next(i for i, e in enumerate(run.events) if e["event"] == "rebuild")
+        last = max(steps_of(run.events[:at], 0))
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 0 and e["step"] >= last + 3, timeout=60, what="steps after")
+        zero = steps_of(run.events, 0)
+        assert zero[last + 1]["scalars"]["before"] == pytest.approx(zero[last]["scalars"]["after"], rel=1e-12), (zero[last], zero[last + 1])
         run.send("quit")
         assert run.finish(timeout=60) == 0
     finally:

@@ -5,7 +5,8 @@ match; optimizer state follows its parameters. What did not match is reported,
 never guessed. A parameter holding NaN/Inf or garbage (`uninitialized.py`) is
 not carried: the rebuild that follows a fixed initialization would bring the
 garbage back. A carried tensor takes the old one's storage (same device and
-dtype) rather than a copy of it, and setup() runs with initialization skipped
+dtype) rather than a copy of it (a sharded one, FSDP2's, is copied into the
+storage FSDP2 made for the new one, shard by shard), and setup() runs with initialization skipped
 (`init_skipping.py`), so a rebuild needs memory only for what is new.
 """
 
@@ -81,7 +82,9 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
                 elif isinstance(source, torch.nn.Parameter) and holds_garbage(source):
                     report.garbage.append(full)  # carried, it would keep the loss NaN: setup()'s new value stays
                 else:
-                    if tensor.device == source.device and tensor.dtype == source.dtype and tensor.layout == source.layout:
+                    if _is_dtensor(tensor) or _is_dtensor(source):
+                        _copy_sharded(source, tensor)  # FSDP2 owns the new shard's storage: written in place
+                    elif tensor.device == source.device and tensor.dtype == source.dtype and tensor.layout == source.layout:
                         tensor.data = source.data  # the new tensor takes the trained storage: no copy, no second allocation
                         report.shared += 1
                     else:
@@ -104,6 +107,22 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
                 new_opt.state[new_param] = _moved_to(state, new_param)
                 report.optimizer_states += 1
     return report
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    return hasattr(tensor, "to_local") and hasattr(tensor, "placements")
+
+
+def _copy_sharded(source: torch.Tensor, target: torch.Tensor) -> None:
+    """A sharded parameter (DTensor) cannot take the old one's storage: FSDP2 all-gathers from the padded storage it
+    allocated for the new one, whatever the DTensor is later pointed at (the new model ran on uninitialized memory
+    while the rebuild said its tensors were carried). Same layout on both sides (a rebuild on the same ranks): each
+    rank copies its own shard, no collective. Otherwise DTensor's copy redistributes, on every rank alike."""
+    if (_is_dtensor(source) and _is_dtensor(target) and source.placements == target.placements
+            and source.device_mesh == target.device_mesh and source.to_local().shape == target.to_local().shape):
+        target.to_local().copy_(source.to_local())
+    else:
+        target.copy_(source)
 
 
 def _moved_to(state: dict[str, Any], param: torch.Tensor) -> dict[str, Any]:
