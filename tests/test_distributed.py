@@ -851,14 +851,17 @@ def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_t
     finally:
         run.close()
     assert not list(folder.parent.glob(".tmp-*")), "no temp folder left behind"
+    snapped = steps_of(run.events, 0)[taken["step"]]["scalars"]["after"]
     for nproc in ("2", "1"):  # the same world size, then another: DCP reshards
         again = start_fsdp(project, "--nproc-per-node", nproc, "--resume", "latest", "--max-steps", str(taken["step"] + 3))
         try:
             resumed = again.wait_event("resume", timeout=90)
             assert resumed["ok"] and resumed["step"] == taken["step"] and resumed["path"] == str(folder), resumed
             assert again.finish(timeout=60) == 0
-            steps = sorted(steps_of(again.events, 0))
-            assert steps[0] == taken["step"] + 1 and steps[-1] == taken["step"] + 3, steps
+            steps = steps_of(again.events, 0)
+            assert min(steps) == taken["step"] + 1 and max(steps) == taken["step"] + 3, sorted(steps)
+            # The first resumed step starts from exactly the weights the snapshotted step ended with.
+            assert steps[taken["step"] + 1]["scalars"]["before"] == pytest.approx(snapped, rel=1e-12), nproc
         finally:
             again.close()
 
