@@ -864,6 +864,26 @@ def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_t
             assert steps[taken["step"] + 1]["scalars"]["before"] == pytest.approx(snapped, rel=1e-12), nproc
         finally:
             again.close()
+    # A model that no longer fits: nothing is loaded and the resume says what differs (it ended the session as a
+    # "vram-bench internal error": DCP's CheckpointException is a BaseException); --resume-partial loads what fits.
+    (project / "train.py").write_text(FSDP_PROJECT.replace("        self.b = nn.Linear(256, 64)\n",
+                                                           "        self.b = nn.Linear(256, 64)\n        self.c = nn.Linear(64, 64)\n"))
+    for partial in (False, True):
+        again = start_fsdp(project, "--nproc-per-node", "2", "--resume", str(folder), "--max-steps", str(taken["step"] + 2),
+                           *(["--resume-partial"] if partial else []))
+        try:
+            resumed = again.wait_event("resume", timeout=90)
+            assert resumed["missing"] == ["model.c.weight", "model.c.bias"], resumed
+            assert any(m.startswith("optimizer opt: ") and "not in the snapshot" in m for m in resumed["mismatched"]), resumed
+            if partial:
+                assert resumed["ok"] and resumed["tensors"] == 4 and resumed["optimizers"] == 0, resumed
+                assert resumed["initialized"] == ["model.c.weight", "model.c.bias"]
+                assert again.finish(timeout=60) == 0
+            else:
+                assert not resumed["ok"] and "nothing was loaded" in resumed["error"] and "--resume-partial" in resumed["error"]
+                assert again.finish(timeout=60) == 2  # headless: a resume that loads nothing ends the run
+        finally:
+            again.close()
 
 
 def test_a_rank_killed_while_a_sharded_snapshot_is_written_leaves_the_previous_snapshot_whole(tmp_path: Path):

@@ -76,11 +76,19 @@ def launch_ranks(args: argparse.Namespace) -> int:
         torchrun(torchrun_argv(args))
     except ChildFailedError as exc:
         print(f"vram-bench: error: {failure_report(exc.failures)}", file=sys.stderr)
-        return 1
+        return job_status(exc.failures)
     except SignalException as exc:  # SIGTERM/SIGHUP/SIGINT to the launcher: forwarded to every rank, which stop cleanly
         print(f"vram-bench: {exc.sigval.name} forwarded to every rank; each stopped after its final snapshot", file=sys.stderr)
         return 0
     return 0
+
+
+def job_status(failures: dict[int, object]) -> int:
+    """2 when the ranks that ended on their own all ended with 2 (setup() failed, a resume loaded nothing: the
+    status one process gives), the others being those torchrun then stopped with a signal; otherwise 1."""
+    codes = {getattr(failure, "exitcode", None) for failure in failures.values()}
+    own = {code for code in codes if not (isinstance(code, int) and code < 0)}
+    return 2 if own == {2} else 1
 
 
 def failure_report(failures: dict[int, object]) -> str:

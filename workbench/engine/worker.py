@@ -424,9 +424,7 @@ class TrainingWorker(threading.Thread):
         if report.pending_optimizers:
             self._pending_optimizers = PendingOptimizers.after_resume(path, report.pending_optimizers, self.step)
             notes = self._pending_optimizers.notes_at_resume
-        if report.initialized:
-            shown = ", ".join(report.initialized[:6]) + (f" and {len(report.initialized) - 6} more" if len(report.initialized) > 6 else "")
-            notes += (f"not in the snapshot, so initialized as setup() does: {shown}",)
+        notes += _initialized_note(report.initialized)
         notes += self._put_back_globals(payload.get("globals", {}))
         self.bus.publish(
             ResumeLoaded(
@@ -465,19 +463,29 @@ class TrainingWorker(threading.Thread):
         """Every rank reads its part of a sharded snapshot (torch.distributed.checkpoint reshards to this world size)."""
         init_log.replay_all()  # DCP writes into the live shards: they must exist first
         try:
-            step, modules, optimizers, saved_globals = load_sharded(self.user_state, path, self._namespaces())
+            report, saved_globals = load_sharded(self.user_state, path, self._namespaces(), partial=self.resume_partial)
         except Exception as exc:  # noqa: BLE001 - said like any resume that does not fit; setup()'s state trains
-            message = (str(exc) if isinstance(exc, UserError) else f"resuming from {path} failed ({type(exc).__name__}: "
-                       f"{exc})") + "; training starts from what setup() built (initialized as usual)"
-            self.bus.publish(ResumeLoaded(ok=False, path=str(path), error=message))
+            mismatch = getattr(exc, "report", None)
+            if mismatch is not None:
+                message = f"nothing was loaded from {path}: {mismatch.problems()}. Pass --resume-partial to load what matches."
+            elif isinstance(exc, UserError):
+                message = str(exc)
+            else:
+                message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); nothing was loaded"
+            message += "; training starts from what setup() built (initialized as usual)"
+            self.bus.publish(ResumeLoaded(
+                ok=False, path=str(path), error=message, missing=tuple(mismatch.missing) if mismatch else (),
+                unexpected=tuple(mismatch.unexpected) if mismatch else (), mismatched=tuple(mismatch.mismatched) if mismatch else ()))
             self._resume_failed(message)
             return False
-        self.step = self.last_snapshot_step = self._first_step = step
+        self.step = self.last_snapshot_step = self._first_step = report.step
         self.last_snapshot_path = str(path)
-        self.bus.publish(ResumeLoaded(ok=True, path=str(path), step=step, tensors=modules, optimizers=optimizers,
-                                      seconds=time.monotonic() - started,
+        self.bus.publish(ResumeLoaded(ok=True, path=str(path), step=report.step, tensors=report.tensors,
+                                      optimizers=report.optimizers, seconds=time.monotonic() - started,
+                                      missing=tuple(report.missing), unexpected=tuple(report.unexpected),
+                                      mismatched=tuple(report.mismatched), initialized=tuple(report.initialized),
                                       notes=("sharded snapshot (torch.distributed.checkpoint): every rank read its part",
-                                             *self._put_back_globals(saved_globals))))
+                                             *_initialized_note(report.initialized), *self._put_back_globals(saved_globals))))
         return True
 
     def _namespaces(self) -> list[tuple[str, dict[str, Any]]]:
@@ -930,3 +938,10 @@ class TrainingWorker(threading.Thread):
         tb = traceback.TracebackException.from_exception(exc)
         tb.stack = traceback.StackSummary.from_list([f for f in tb.stack if not f.filename.startswith(package)])
         return "".join(tb.format())
+
+
+def _initialized_note(initialized: list[str]) -> tuple[str, ...]:
+    if not initialized:
+        return ()
+    shown = ", ".join(initialized[:6]) + (f" and {len(initialized) - 6} more" if len(initialized) > 6 else "")
+    return (f"not in the snapshot, so initialized as setup() does: {shown}",)

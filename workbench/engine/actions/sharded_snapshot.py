@@ -22,14 +22,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # DCP's own flattening: its keys exactly
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
 
-from workbench.engine.actions.snapshot import prune_snapshots
+from workbench.engine.actions.snapshot import ResumeMismatch, ResumeReport, prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
 from workbench.errors import UserError
 from workbench.protocol.events import Snapshot
@@ -60,7 +65,7 @@ def write_sharded(
     if is_main:
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(temp, ignore_errors=True)
-    dcp.save(_state_dict(state, namespaces), checkpoint_id=str(temp))
+    _checkpoint_call(dcp.save, _state_dict(state, namespaces), checkpoint_id=str(temp))
     if is_main:
         facts = {"format": FORMAT, "step": step, "code_version": code_version, "saved_at": time.time(),
                  "world_size": dist.get_world_size() if dist.is_initialized() else 1, "globals": dict(training_globals or {})}
@@ -85,18 +90,85 @@ def read_facts(path: Path) -> dict[str, Any]:
     return facts
 
 
-def load_sharded(state: Any, path: Path, namespaces: Namespaces = ()) -> tuple[int, int, int, dict[str, Any]]:
-    """Every rank at once: read its part of the snapshot into the live state.
-    Returns (step, modules, optimizers, the module globals training changed: rank 0's)."""
+def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: bool = False) -> tuple[ResumeReport, dict[str, Any]]:
+    """Every rank at once: read its part of the snapshot into the live state. Returns what was loaded (the same
+    report as a one-file snapshot's) and the module globals training had changed (rank 0's).
+
+    Checked first against the snapshot's metadata, as a one-file snapshot is: a model that does not fit loads
+    nothing (a ResumeMismatch naming what differs; every rank reads the same metadata, so every rank decides
+    alike); with `partial`, the tensors that fit and no optimizer. DCP's own failures arrive as a
+    CheckpointException, a BaseException: turned into an exception the session reports."""
     facts = read_facts(path)
+    report = ResumeReport(path=str(path), step=int(facts["step"]))
     state_dict = _state_dict(state, namespaces)
-    dcp.load(state_dict, checkpoint_id=str(path))
     modules, optimizers = _pairs(state, namespaces)
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    unfit = _compare(state_dict, saved, modules, optimizers, report)
+    if not report.clean and not partial:
+        raise ResumeMismatch(report)
+    load = {key: value for key, value in state_dict.items() if key not in unfit["optimizers"]}
+    for top, names in unfit["tensors"].items():
+        load[top] = {k: v for k, v in load[top].items() if k not in names}
+    _checkpoint_call(dcp.load, load, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=partial))
     for name, module in modules.items():
-        set_model_state_dict(module, state_dict[f"model/{name}"])
+        set_model_state_dict(module, load[f"model/{name}"], options=StateDictOptions(strict=not partial))
+        report.tensors += len(load[f"model/{name}"])
     for name, (module, optimizer) in optimizers.items():
-        set_optimizer_state_dict(module, optimizer, state_dict[f"optim/{name}"])
-    return int(facts["step"]), len(modules), len(optimizers), dict(facts.get("globals") or {})
+        if f"optim/{name}" in load:
+            set_optimizer_state_dict(module, optimizer, load[f"optim/{name}"])
+            report.optimizers += 1
+    report.initialized = list(report.missing)  # initialized as setup() does (before the load: DCP fills live shards)
+    return report, dict(facts.get("globals") or {})
+
+
+def _compare(state_dict: dict[str, Any], saved: dict[str, Any], modules: dict[str, torch.nn.Module],
+             optimizers: dict[str, Any], report: ResumeReport) -> dict[str, Any]:
+    """Fill `report` with what differs between the live state and the snapshot's metadata (keys as DCP flattens
+    them); returns what a partial load leaves out: {"tensors": {top key: inner keys}, "optimizers": {top keys}}."""
+    unfit: dict[str, Any] = {"tensors": {}, "optimizers": set()}
+    for name in modules:
+        top = f"model/{name}"
+        live = state_dict[top]
+        for key, tensor in live.items():
+            flat, shown = f"{top}.{key}", f"{name}.{key}"
+            meta = saved.get(flat)
+            if meta is None:
+                report.missing.append(shown)
+                unfit["tensors"].setdefault(top, set()).add(key)
+            elif isinstance(meta, TensorStorageMetadata) and tuple(meta.size) != tuple(tensor.shape):
+                report.mismatched.append(f"{shown} {tuple(meta.size)} -> {tuple(tensor.shape)}")
+                unfit["tensors"].setdefault(top, set()).add(key)
+        report.unexpected.extend(k[len("model/"):] for k in saved if k.startswith(f"{top}.") and k[len(top) + 1:] not in live)
+    tops = {f"model/{name}" for name in modules}
+    report.unexpected.extend(sorted({k.split(".", 1)[0][len("model/"):] + ".*" for k in saved
+                                     if k.startswith("model/") and k.split(".", 1)[0] not in tops}))
+    flat_live, _ = flatten_state_dict({key: value for key, value in state_dict.items() if key.startswith("optim/")})
+    for name in optimizers:
+        top = f"optim/{name}"
+        absent = [k for k in flat_live if k.startswith(f"{top}.") and k not in saved]
+        differ = [k for k, v in flat_live.items() if k.startswith(f"{top}.") and isinstance(v, torch.Tensor)
+                  and isinstance(saved.get(k), TensorStorageMetadata) and tuple(saved[k].size) != tuple(v.shape)]
+        if absent or differ:
+            unfit["optimizers"].add(top)
+            what = [f"{len(absent)} of its entries are not in the snapshot" if absent else "",
+                    f"{len(differ)} differ in shape" if differ else ""]
+            example = (absent or differ)[0][len(top) + 1:]
+            report.mismatched.append(f"optimizer {name}: " + " and ".join(w for w in what if w) + f" (such as {example})")
+    return unfit
+
+
+def _checkpoint_call(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """DCP raises CheckpointException, a BaseException that `except Exception` does not catch (it ended the
+    session as an internal error): re-raised as a RuntimeError that names each rank's failure once."""
+    try:
+        return call(*args, **kwargs)
+    except CheckpointException as exc:
+        by_message: dict[str, list[int]] = {}
+        for rank, (error, _) in sorted(exc.failures.items()):
+            by_message.setdefault(f"{type(error).__name__}: {error}", []).append(rank)
+        said = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {message}"
+                         for message, ranks in by_message.items())
+        raise RuntimeError(f"torch.distributed.checkpoint failed ({said})") from None
 
 
 def folder_bytes(path: Path) -> int:
