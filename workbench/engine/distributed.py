@@ -62,6 +62,14 @@ class RankInfo:
         return self.rank == 0
 
 
+def setup_error_hint(exc: BaseException) -> str:
+    """What to do about a setup() error vram-bench's own set-up causes ("" for any other error)."""
+    if isinstance(exc, (ValueError, RuntimeError)) and "initialize the default process group twice" in str(exc):
+        return (" (vram-bench made the default process group before setup() ran, from torchrun's environment: "
+                "drop this call, or make it only `if not torch.distributed.is_initialized()`)")
+    return ""
+
+
 def rank_info_from_env(env: dict[str, str] | None = None) -> RankInfo | None:
     """The rank facts torchrun sets; None when this process was not started by a launcher."""
     env = dict(os.environ if env is None else env)

@@ -61,7 +61,7 @@ from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.hotswap.reloader import Reloader
 from workbench.engine.init_skipping import InitLog, skipping_init
 from workbench.engine.ddp_diagnosis import is_unused_parameter_error, unused_parameter_sentence
-from workbench.engine.distributed import broadcast_replicated_state, is_dead_group_error
+from workbench.engine.distributed import broadcast_replicated_state, is_dead_group_error, setup_error_hint
 from workbench.engine.loader_failure import raised_in_data_loader
 from workbench.engine.control_plane import RanksLost
 from workbench.engine.lockstep import Broken, Lockstep, StepFailure, is_error_pause
@@ -337,7 +337,7 @@ class TrainingWorker(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
             seconds = time.monotonic() - self.setup_started
             file, line = self._where(exc)
-            self.setup_error = f"setup() raised {type(exc).__name__}: {exc}"
+            self.setup_error = f"setup() raised {type(exc).__name__}: {exc}{setup_error_hint(exc)}"
             self.setup_error_location = f"{file}:{line}" if file else None
             self.setup_traceback = self._format(exc)
             self.bus.publish(Setup(status="failed", seconds=seconds))
