@@ -140,6 +140,9 @@ def _find_leaks(state: Any, max_suspects: int, namespaces: dict[str, dict] | Non
 
 def _storages(t: torch.Tensor) -> list[tuple[StorageKey, int]]:
     """(key, nbytes) of each storage the tensor keeps alive; [] for meta tensors and ones we cannot read."""
+    local = _local_of(t)
+    if local is not None:
+        return _storages(local)
     try:
         if t.is_meta:
             return []
@@ -149,6 +152,14 @@ def _storages(t: torch.Tensor) -> list[tuple[StorageKey, int]]:
         return [_strided_storage(part) for part in _sparse_parts(t, layout)]
     except Exception:  # noqa: BLE001 - tensor subclasses, functional wrappers, odd layouts: leave them out
         return []
+
+
+def _local_of(t: torch.Tensor) -> torch.Tensor | None:
+    """A DTensor's shard on this rank (FSDP2's parameters, their gradients and optimizer state); None for others.
+    The wrapper's own storage is not the memory: owned or not, what is held is the local tensor's storage
+    (for FSDP2's parameters, a view of the padded storage FSDP2 keeps per parameter)."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) and hasattr(t, "placements") else None
 
 
 def _strided_storage(t: torch.Tensor) -> tuple[StorageKey, int]:
@@ -411,6 +422,8 @@ class _Census:
                 self._add(t)
 
     def _add(self, t: torch.Tensor) -> None:
+        if _local_of(t) is not None:
+            return  # its local tensor, a live tensor of its own, is counted: not the global shape twice
         facts, storages = _facts(t), _storages(t)
         if facts is None or not storages:
             return
