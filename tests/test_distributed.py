@@ -999,3 +999,46 @@ def test_the_straggler_is_the_rank_clearly_slower_than_the_median():
     assert straggler([row(0, 10.0), row(1, 10.5), row(2, 30.0), row(3, 9.8)]) == 2
     assert straggler([row(0, 10.0), row(1, 11.0)]) is None  # within 20% of the median: nobody is named
     assert straggler([row(0, 10.0)]) is None
+
+
+RANK_0_EVALUATE = '''
+
+def evaluate(state, bench):
+    if bench.is_main:  # the classic slip: under FSDP the forward's all-gathers run on rank 0 alone
+        with torch.no_grad():
+            return {"val": float(state["model"](torch.ones(4, 64)).sum())}
+    return {}
+'''
+
+
+def test_an_evaluate_that_runs_the_fsdp2_forward_on_rank_0_only_pauses_every_rank_and_a_fix_recovers(tmp_path: Path):
+    """Found in a port of pytorch/examples' FSDP2 trainer: rank 0's evaluation collectives paired up with rank 1's
+    next step's (a wrong val_loss, then a hang blamed on a rank that "did not join"); the recovery that followed
+    broadcast DTensors, which c10d cannot, and ended the session as an internal error."""
+    project = project_folder(tmp_path, FSDP_PROJECT + RANK_0_EVALUATE)
+    run = start_fsdp(project, "--nproc-per-node", "2", "--collective-timeout", "4")
+    try:
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")
+        run.send("evaluate")
+        said = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "evaluate"
+                            and "different number of collectives" in e["message"], timeout=60, what="the mismatch")
+        assert "rank 0: 1, rank 1: 0" in said["message"] and "bench.is_main" in said["message"], said["message"]
+        paused = run.wait_event("paused", timeout=10)
+        assert paused["reason"] == "error"
+        held = paused["step"]
+        time.sleep(1)
+        assert max(steps_of(run.events, 0)) == held, "no step ran on the mispaired groups"
+        save(project / "train.py", '    if bench.is_main:  # the classic slip', '    if True:  # fixed')
+        rebuilt = run.wait_event("rebuild", timeout=60)  # new groups first, then setup() again, shards carried over
+        assert rebuilt["ok"] and rebuilt["tensors_carried"] == 4, rebuilt
+        run.wait_event("resumed", timeout=30, reason="rebuild")
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= held + 3, timeout=60, what="steps after")
+        run.send("evaluate")
+        assert "val" in run.wait_event("evaluate", timeout=30)["scalars"]
+        run.send("quit")
+        assert run.finish(timeout=60) == 0
+    finally:
+        run.close()
+    assert not [e for e in run.events if e["event"] == "error" and e.get("where") == "worker"], "no internal error"
+    zero = steps_of(run.events, 0)
+    assert zero[held + 1]["scalars"]["before"] == pytest.approx(zero[held]["scalars"]["after"], rel=1e-12)

@@ -70,6 +70,7 @@ from workbench.engine.thread_device import use_on_this_thread
 from workbench.engine.memory.gc_freeze import Frozen, collect_all, freeze_survivors
 from workbench.engine.memory.gc_freeze import release as release_frozen
 from workbench.engine.memory.out_of_memory import is_out_of_memory
+from workbench.engine.collective_count import mismatch_sentence, training_operations
 from workbench.engine.nonfinite import describe_non_finite
 from workbench.engine.uninitialized import WHERE as UNINITIALIZED
 from workbench.engine.uninitialized import suspect_parameters, warning_sentence
@@ -683,7 +684,30 @@ class TrainingWorker(threading.Thread):
             self._pause("max steps")
 
     # Between steps: what the loop and the command handlers (workbench/engine/commands/) share ----
-    def _run_evaluate(self) -> None:
+    def _run_evaluate(self, agreed: bool = False) -> None:
+        """Run the user's evaluate(). `agreed`: every rank runs it now, at a boundary the ranks agreed on (the
+        `evaluate` command), so they can then check that each ran the same collectives in it (collective_count.py);
+        `--eval-every` runs it after a step, where a rank whose step failed does not come."""
+        ranks = agreed and self.lockstep is not None and self.lockstep.world_size > 1
+        before = training_operations() if ranks else None
+        self._evaluate_once()
+        if ranks:
+            self._check_evaluate_collectives(before)
+
+    def _check_evaluate_collectives(self, before: int | None) -> None:
+        """Every rank, after evaluate(): the same number of training-group operations, or every rank pauses."""
+        assert self.lockstep is not None
+        after = training_operations()
+        issued = self.lockstep.plane.gather_json(None if before is None or after is None else after - before)
+        sentence = mismatch_sentence(issued, "evaluate()")
+        if sentence is None:
+            return
+        self.broken = Broken("evaluate() ran a different number of collectives on each rank", renew_group=True)
+        if self.lockstep.rank == 0:
+            self.bus.publish(Error(where="evaluate", message=sentence))
+        self._pause("error", announce=False)  # every rank saw the same counts: each pauses here, at the same boundary
+
+    def _evaluate_once(self) -> None:
         """Run the user's evaluate(); its scalars join the chart. A failure is reported, training goes on."""
         evaluate = self.project.function("evaluate")
         started = time.perf_counter()
@@ -855,9 +879,9 @@ class TrainingWorker(threading.Thread):
             return
         # The failed step may have left the replicas apart (gradients never reduced): rank 0's copy goes to every rank.
         sent = broadcast_replicated_state(self.user_state, self._namespaces())
-        if self.lockstep.rank == 0:
+        if self.lockstep.rank == 0 and sent:
             self.bus.publish(Error(where="recovery", message=f"every rank now holds rank 0's weights and optimizer state "
-                                   f"({sent} tensors broadcast)"))
+                                   f"({sent} tensors broadcast; sharded ones, if any, stay each rank's own)"))
 
     # Helpers -----------------------------------------------------------------------------
     def _pause(self, reason: str, announce: bool = True) -> None:

@@ -16,4 +16,4 @@ def evaluate(worker: TrainingWorker, command: Evaluate) -> None:
     if worker.project.function("evaluate") is None:
         worker._command_error("the project defines no evaluate(state, bench) function")
     else:
-        worker._run_evaluate()
+        worker._run_evaluate(agreed=True)
