@@ -1042,3 +1042,80 @@ def test_an_evaluate_that_runs_the_fsdp2_forward_on_rank_0_only_pauses_every_ran
     assert not [e for e in run.events if e["event"] == "error" and e.get("where") == "worker"], "no internal error"
     zero = steps_of(run.events, 0)
     assert zero[held + 1]["scalars"]["before"] == pytest.approx(zero[held]["scalars"]["after"], rel=1e-12)
+
+
+FSDP1_PROJECT = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(64, 256)
+            self.b = nn.Linear(256, 64)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+
+    def full_sum(model):  # every rank's shards (an all-gather on every rank alike)
+        with FSDP.summon_full_params(model):
+            return sum(float(p.double().sum()) for p in model.parameters())
+
+
+    def setup(bench):
+        torch.manual_seed(0)
+        model = FSDP(Net(), device_id=bench.device)  # a CPU device works for FSDP1 when named
+        return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=1e-3),
+                "data": torch.Generator().manual_seed(bench.rank)}
+
+
+    def step(state, bench):
+        before = full_sum(state["model"])
+        x = torch.randn(16, 64, generator=state["data"])
+        loss = (state["model"](x) - x).pow(2).mean()
+        state["opt"].zero_grad()
+        loss.backward()
+        state["opt"].step()
+        bench.log(before=before, after=full_sum(state["model"]))
+        return loss
+    """
+)
+
+
+def test_fsdp1_state_is_snapshotted_by_every_rank_and_resumed_exactly_and_a_rebuild_is_refused(tmp_path: Path):
+    """FSDP1's state_dict() is a collective: rank 0 alone called it for a snapshot, which paired with the other
+    rank's next step and hung it until the collective timeout."""
+    project = project_folder(tmp_path, FSDP1_PROJECT)
+    run = start_fsdp(project, "--nproc-per-node", "2", "--collective-timeout", "10")
+    try:
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")
+        run.send("snapshot")
+        taken = run.wait_event("snapshot", timeout=60)
+        folder = Path(taken["path"])
+        assert folder.suffix == ".dcp" and len(list(folder.glob("*.distcp"))) == 2, taken
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= taken["step"] + 5, timeout=30,
+                     what="steps after the snapshot")
+        run.send("rebuild")
+        refused = run.wait_event("rebuild", timeout=30)
+        assert not refused["ok"] and "FSDP1's FullyShardedDataParallel" in refused["error"], refused
+        assert "--resume latest" in refused["error"]
+        mark = max(steps_of(run.events, 0))
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= mark + 3, timeout=30, what="training on")
+        run.send("quit")
+        assert run.finish(timeout=60) == 0
+    finally:
+        run.close()
+    assert not [e for e in run.events if e["event"] == "error" and e.get("where") in ("step", "waiting", "worker")]
+    snapped = steps_of(run.events, 0)[taken["step"]]["scalars"]["after"]
+    again = start_fsdp(project, "--nproc-per-node", "2", "--resume", str(folder), "--max-steps", str(taken["step"] + 2))
+    try:
+        resumed = again.wait_event("resume", timeout=90)
+        assert resumed["ok"] and resumed["step"] == taken["step"] and resumed["tensors"] == 4, resumed
+        assert again.finish(timeout=60) == 0
+    finally:
+        again.close()
+    assert steps_of(again.events, 0)[taken["step"] + 1]["scalars"]["before"] == pytest.approx(snapped, rel=1e-12)

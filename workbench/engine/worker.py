@@ -34,7 +34,7 @@ from workbench.engine.actions.snapshot import (
     load_snapshot,
     write_snapshot,
 )
-from workbench.engine.actions.sharded_snapshot import is_sharded, load_sharded, write_sharded
+from workbench.engine.actions.sharded_snapshot import has_fsdp1, is_sharded, load_sharded, write_sharded
 from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.bench import Bench, to_scalar
 from workbench.engine.commands import ApplyChanges  # registers the handlers
@@ -392,6 +392,9 @@ class TrainingWorker(threading.Thread):
         if path.is_dir():
             return self._resume_sharded(path, init_log, started)
         try:
+            if has_fsdp1(find_with_globals(self.user_state, self._namespaces())[0].values()):
+                raise UserError(f"{path} is a one-file snapshot: a model wrapped in FSDP1's FullyShardedDataParallel "
+                                "loads sharded snapshots only (step-N.dcp, which vram-bench writes for it)")
             payload = load_snapshot(path)
             report = apply_snapshot(
                 self.user_state, payload, path, partial=self.resume_partial, namespaces=self._namespaces(),
@@ -762,8 +765,10 @@ class TrainingWorker(threading.Thread):
         """The tensors a snapshot writes, estimated once (before any snapshot has been timed)."""
         if self._state_bytes_estimate is None:
             modules, optimizers = find_with_globals(self.user_state, self._namespaces())
+            # Parameters and buffers, not `state_dict()`: FSDP1's gathers every shard (a collective, and the whole
+            # model's memory on each rank at once).
             self._state_bytes_estimate = payload_bytes(
-                [m.state_dict() for m in modules.values()] + [o.state_dict() for o in optimizers.values()]
+                [[*m.parameters(), *m.buffers()] for m in modules.values()] + [o.state_dict() for o in optimizers.values()]
             )
         return self._state_bytes_estimate
 

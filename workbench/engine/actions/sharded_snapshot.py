@@ -45,11 +45,21 @@ FORMAT = "vram-bench-dcp-1"
 
 
 def is_sharded(state: Any, namespaces: Namespaces = ()) -> bool:
-    """True when some parameter of the state is a DTensor (FSDP2, tensor parallel): rank 0 alone cannot save it."""
+    """True when some parameter of the state is a DTensor (FSDP2, tensor parallel), or some module is wrapped in
+    FSDP1's FullyShardedDataParallel: rank 0 alone cannot save it (FSDP1's own `state_dict()` gathers every
+    shard, a collective: called on rank 0 alone, it paired with the other ranks' next step and hung it)."""
     from torch.distributed.tensor import DTensor
 
     modules, _ = find_with_globals(state, namespaces)
-    return any(isinstance(p, DTensor) for module in modules.values() for p in module.parameters())
+    return (any(isinstance(p, DTensor) for module in modules.values() for p in module.parameters())
+            or has_fsdp1(modules.values()))
+
+
+def has_fsdp1(modules: Any) -> bool:
+    """Whether any of these modules is, or holds, an FSDP1 FullyShardedDataParallel wrapper."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return any(isinstance(sub, FullyShardedDataParallel) for module in modules for sub in module.modules())
 
 
 def write_sharded(

@@ -12,6 +12,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine.actions.cleanup import trim_c_heap
+from workbench.engine.actions.sharded_snapshot import has_fsdp1
 from workbench.engine.control_plane import RanksLost
 from workbench.engine.dispatch import handles
 from workbench.protocol.events import Error, Rebuild, Rebuilt
@@ -26,6 +27,8 @@ from workbench.engine.rebuild import (
 )
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
 from workbench.engine.setup_rebinds import copies, names_bound_by
+from workbench.engine.state_walk import find_with_globals
+from workbench.errors import UserError
 
 if TYPE_CHECKING:
     from workbench.engine.worker import TrainingWorker
@@ -67,6 +70,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     # The globals as they were: setup() re-binds `global model`; the old ones are carried from, or put back.
     before = copies(namespaces)
     try:
+        refuse_fsdp1(worker.user_state, namespaces)
         bound_by_held: list[tuple[int, str, list[str]]] = []  # (version, module, names) of each held change
         for changeset in held:
             version = worker.reloader.commit(changeset)
@@ -111,9 +115,9 @@ def _rebuild_now(worker: TrainingWorker) -> None:
             message = f"rebuild failed: {exc}; what the other ranks built was dropped, so every rank keeps its old state and code"
         else:
             kept = "every rank keeps its old state and code" if worker.lockstep else "the old state and code stay"
-            message = f"rebuild failed: {type(exc).__name__}: {exc}; {kept}"
+            message = f"rebuild failed: {exc if isinstance(exc, UserError) else f'{type(exc).__name__}: {exc}'}; {kept}"
         worker.bus.publish(Error(where="rebuild", message=message, file=file, line=line,
-                                 traceback=None if others else worker._format(exc)))
+                                 traceback=None if others or isinstance(exc, UserError) else worker._format(exc)))
         traceback.clear_frames(exc.__traceback__)
         collect_all()  # the half-built new state (a rebuild that ran out of memory, say)
         worker.probe.empty_cache()
@@ -162,6 +166,16 @@ def _garbage_note(names: list[str]) -> str:
     shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
     return (f"not carried over: {shown} held non-finite or absurdly large values (uninitialized memory, or a "
             "diverged run), so they hold what the new setup() made, and their optimizer state starts again")
+
+
+def refuse_fsdp1(state: Any, namespaces: list[tuple[str, dict[str, Any]]]) -> None:
+    """FSDP1's `state_dict()` hands out gathered copies, not its flat parameters: carried into them, the trained
+    values would be dropped while the rebuild said they were carried. Said before setup() runs (on every rank alike)."""
+    modules, _ = find_with_globals(state, namespaces)
+    if has_fsdp1(modules.values()):
+        raise UserError("a rebuild cannot carry the state of a model wrapped in FSDP1's FullyShardedDataParallel over "
+                        "(its state_dict() gathers copies); wrap it with fully_shard (FSDP2) to rebuild in place, or "
+                        "take a snapshot (s), quit, and start again with --resume latest")
 
 
 def _restored_note(restored: list[str]) -> str:
