@@ -1044,46 +1044,14 @@ def test_an_evaluate_that_runs_the_fsdp2_forward_on_rank_0_only_pauses_every_ran
     assert zero[held + 1]["scalars"]["before"] == pytest.approx(zero[held]["scalars"]["after"], rel=1e-12)
 
 
-FSDP1_PROJECT = textwrap.dedent(
-    """
-    import torch
-    from torch import nn
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = nn.Linear(64, 256)
-            self.b = nn.Linear(256, 64)
-
-        def forward(self, x):
-            return self.b(torch.relu(self.a(x)))
-
-
-    def full_sum(model):  # every rank's shards (an all-gather on every rank alike)
-        with FSDP.summon_full_params(model):
-            return sum(float(p.double().sum()) for p in model.parameters())
-
-
-    def setup(bench):
-        torch.manual_seed(0)
-        model = FSDP(Net(), device_id=bench.device)  # a CPU device works for FSDP1 when named
-        return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=1e-3),
-                "data": torch.Generator().manual_seed(bench.rank)}
-
-
-    def step(state, bench):
-        before = full_sum(state["model"])
-        x = torch.randn(16, 64, generator=state["data"])
-        loss = (state["model"](x) - x).pow(2).mean()
-        state["opt"].zero_grad()
-        loss.backward()
-        state["opt"].step()
-        bench.log(before=before, after=full_sum(state["model"]))
-        return loss
-    """
+# The same project wrapped in FSDP1's FullyShardedDataParallel (a CPU device works for it when named).
+FSDP1_PROJECT = (
+    FSDP_PROJECT.replace("from torch.distributed.fsdp import fully_shard", "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP")
+    .replace("    fully_shard(model.a)\n    fully_shard(model.b)\n    fully_shard(model)\n", "    model = FSDP(model, device_id=bench.device)\n")
+    .replace("    return sum(float(p.full_tensor().double().sum()) for p in model.parameters())",
+             "    with FSDP.summon_full_params(model):\n        return sum(float(p.double().sum()) for p in model.parameters())")
 )
+assert "FSDP(model" in FSDP1_PROJECT and "summon_full_params" in FSDP1_PROJECT and "fully_shard(" not in FSDP1_PROJECT
 
 
 def test_fsdp1_state_is_snapshotted_by_every_rank_and_resumed_exactly_and_a_rebuild_is_refused(tmp_path: Path):

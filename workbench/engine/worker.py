@@ -403,13 +403,7 @@ class TrainingWorker(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - a snapshot that does not fit must not cost the session
             init_log.replay_all()
             report = getattr(exc, "report", None)
-            if report is not None:
-                message = f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
-            elif isinstance(exc, UserError):
-                message = str(exc)
-            else:
-                message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); nothing was loaded"
-            message += "; training starts from what setup() built (initialized as usual)"
+            message = _resume_failure_sentence(exc, path)
             self.bus.publish(
                 ResumeLoaded(
                     ok=False,
@@ -470,13 +464,7 @@ class TrainingWorker(threading.Thread):
             report, saved_globals = load_sharded(self.user_state, path, self._namespaces(), partial=self.resume_partial)
         except Exception as exc:  # noqa: BLE001 - said like any resume that does not fit; setup()'s state trains
             mismatch = getattr(exc, "report", None)
-            if mismatch is not None:
-                message = f"nothing was loaded from {path}: {mismatch.problems()}. Pass --resume-partial to load what matches."
-            elif isinstance(exc, UserError):
-                message = str(exc)
-            else:
-                message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); nothing was loaded"
-            message += "; training starts from what setup() built (initialized as usual)"
+            message = _resume_failure_sentence(exc, path)
             self.bus.publish(ResumeLoaded(
                 ok=False, path=str(path), error=message, missing=tuple(mismatch.missing) if mismatch else (),
                 unexpected=tuple(mismatch.unexpected) if mismatch else (), mismatched=tuple(mismatch.mismatched) if mismatch else ()))
@@ -974,3 +962,15 @@ def _initialized_note(initialized: list[str]) -> tuple[str, ...]:
         return ()
     shown = ", ".join(initialized[:6]) + (f" and {len(initialized) - 6} more" if len(initialized) > 6 else "")
     return (f"not in the snapshot, so initialized as setup() does: {shown}",)
+
+
+def _resume_failure_sentence(exc: Exception, path: Path) -> str:
+    """Why a resume loaded nothing (a snapshot that does not fit names what differs), and what trains instead."""
+    report = getattr(exc, "report", None)
+    if report is not None:
+        message = f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
+    elif isinstance(exc, UserError):
+        message = str(exc)
+    else:
+        message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); nothing was loaded"
+    return message + "; training starts from what setup() built (initialized as usual)"

@@ -127,7 +127,8 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
         if f"optim/{name}" in load:
             set_optimizer_state_dict(module, optimizer, load[f"optim/{name}"])
             report.optimizers += 1
-    report.initialized = list(report.missing)  # initialized as setup() does (before the load: DCP fills live shards)
+    # Initialized as setup() does (before the load: DCP fills live shards): missing, or of another shape.
+    report.initialized = [f"{top[len('model/'):]}.{key}" for top, keys in unfit["tensors"].items() for key in keys]
     return report, dict(facts.get("globals") or {})
 
 
@@ -144,10 +145,10 @@ def _compare(state_dict: dict[str, Any], saved: dict[str, Any], modules: dict[st
             meta = saved.get(flat)
             if meta is None:
                 report.missing.append(shown)
-                unfit["tensors"].setdefault(top, set()).add(key)
+                unfit["tensors"].setdefault(top, []).append(key)
             elif isinstance(meta, TensorStorageMetadata) and tuple(meta.size) != tuple(tensor.shape):
                 report.mismatched.append(f"{shown} {tuple(meta.size)} -> {tuple(tensor.shape)}")
-                unfit["tensors"].setdefault(top, set()).add(key)
+                unfit["tensors"].setdefault(top, []).append(key)
         report.unexpected.extend(k[len("model/"):] for k in saved if k.startswith(f"{top}.") and k[len(top) + 1:] not in live)
     tops = {f"model/{name}" for name in modules}
     report.unexpected.extend(sorted({k.split(".", 1)[0][len("model/"):] + ".*" for k in saved

@@ -131,8 +131,15 @@ def _find_leaks(state: Any, max_suspects: int, namespaces: dict[str, dict] | Non
     chains = _referrer_chains([p.root for p in pending], _global_names(namespaces))
     suspects = tuple(
         Suspect(description=p.description, bytes=p.bytes, referrers=chain, count=p.count) for p, chain in zip(pending, chains)
+        if not _torch_own_cache(chain)
     )
     return LeakReport(groups, suspects, total, unowned, time.perf_counter() - start)
+
+
+def _torch_own_cache(chain: tuple[str, ...]) -> bool:
+    """Held by one of torch's own module globals (DTensor's redistribution planner cache keeps each DeviceMesh's
+    rank map): not the user's to let go of, so not a suspect (its bytes still count as unowned)."""
+    return bool(chain) and chain[-1].startswith("module global torch.")
 
 
 # --------------------------------------------------------------------------- storages
