@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # DCP's own flattening: its keys exactly
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -33,6 +32,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+try:  # DCP's own flattening (private): its keys exactly. Without it the optimizers are not checked ahead.
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+except ImportError:  # pragma: no cover - a torch that moved it
+    flatten_state_dict = None
 
 from workbench.engine.actions.snapshot import ResumeMismatch, ResumeReport, prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
@@ -153,6 +157,8 @@ def _compare(state_dict: dict[str, Any], saved: dict[str, Any], modules: dict[st
     tops = {f"model/{name}" for name in modules}
     report.unexpected.extend(sorted({k.split(".", 1)[0][len("model/"):] + ".*" for k in saved
                                      if k.startswith("model/") and k.split(".", 1)[0] not in tops}))
+    if flatten_state_dict is None:
+        return unfit
     flat_live, _ = flatten_state_dict({key: value for key, value in state_dict.items() if key.startswith("optim/")})
     for name in optimizers:
         top = f"optim/{name}"
