@@ -934,6 +934,14 @@ def test_a_forward_swapped_under_fsdp2_runs_on_both_ranks(tmp_path: Path):
         assert reload["ok"] and reload["changed"] == ["Net.forward"], reload
         run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e.get("code_version") == 1, timeout=30,
                      what="rank 1 on the new forward")
+        # The memory breakdown counts what this rank holds: its shards (a DTensor's own storage and numel are the
+        # whole tensor's, which made every rank report the full model, and its optimizer state, as its own).
+        run.send("breakdown")
+        parts = {p["name"]: p for p in run.wait_event("breakdown", timeout=30)["devices"][0]["parts"]}
+        whole = (64 * 256 + 256 + 256 * 64 + 64) * 4
+        assert parts["parameters"]["bytes"] == whole // 2, parts["parameters"]
+        assert parts["parameters"]["detail"].startswith(f"{whole // 8:,} elements"), parts["parameters"]
+        assert parts["optimizer state"]["bytes"] < whole + 1024, parts["optimizer state"]  # 2 moments of half the model
         run.send("quit")
         assert run.finish(timeout=60) == 0
     finally:

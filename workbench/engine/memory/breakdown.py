@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from workbench.engine.memory.shards import held_here
 from workbench.engine.state_walk import find_modules_and_optimizers
 from workbench.units import human_bytes
 from workbench.engine.versions import SAVED_MEASURE_STEPS
@@ -191,7 +192,8 @@ class _Tally:
     dtypes: dict[str, int] = field(default_factory=dict)  # dtype -> bytes
 
     def add(self, tensor: torch.Tensor, nbytes: int | None) -> None:
-        """Count `tensor`; `nbytes` is None when its storage was already counted."""
+        """Count `tensor` (a DTensor: its shard here); `nbytes` is None when its storage was already counted."""
+        tensor = held_here(tensor)
         self.tensors += 1
         self.elements += tensor.numel()
         if nbytes is None:
@@ -244,6 +246,7 @@ class _Storages:
 
 def _storage_identity(tensor: torch.Tensor) -> tuple[tuple[Any, ...], int]:
     """(identity, bytes) of the memory behind `tensor`; see the module docstring for the choice."""
+    tensor = held_here(tensor)
     device = str(tensor.device)
     try:
         storage = tensor.untyped_storage()
@@ -341,8 +344,9 @@ def _count_optimizer(
             device_tally.state_keys.setdefault(key, None)
             if frozen:
                 device_tally.frozen_optimizer.add(tensor, nbytes)
-            if nbytes and tensor.is_floating_point() and tensor.numel() > 1:
-                kept = tensor.numel() * EIGHT_BIT_BYTES_PER_ELEMENT
+            here = held_here(tensor)
+            if nbytes and here.is_floating_point() and here.numel() > 1:
+                kept = here.numel() * EIGHT_BIT_BYTES_PER_ELEMENT
                 device_tally.eight_bit_saving += max(nbytes - kept, 0)
     if not touched:  # no state yet: say so on the devices of the parameters it will train
         for group in opt.param_groups:

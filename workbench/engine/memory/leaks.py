@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from workbench.engine.memory.gc_freeze import thawed
+from workbench.engine.memory.shards import local_shard  # a DTensor's memory: owned or not, its local tensor's storage
 from workbench.engine.state_walk import find_modules_and_optimizers
 
 MODEL = "model"
@@ -147,7 +148,7 @@ def _torch_own_cache(chain: tuple[str, ...]) -> bool:
 
 def _storages(t: torch.Tensor) -> list[tuple[StorageKey, int]]:
     """(key, nbytes) of each storage the tensor keeps alive; [] for meta tensors and ones we cannot read."""
-    local = _local_of(t)
+    local = local_shard(t)
     if local is not None:
         return _storages(local)
     try:
@@ -159,14 +160,6 @@ def _storages(t: torch.Tensor) -> list[tuple[StorageKey, int]]:
         return [_strided_storage(part) for part in _sparse_parts(t, layout)]
     except Exception:  # noqa: BLE001 - tensor subclasses, functional wrappers, odd layouts: leave them out
         return []
-
-
-def _local_of(t: torch.Tensor) -> torch.Tensor | None:
-    """A DTensor's shard on this rank (FSDP2's parameters, their gradients and optimizer state); None for others.
-    The wrapper's own storage is not the memory: owned or not, what is held is the local tensor's storage
-    (for FSDP2's parameters, a view of the padded storage FSDP2 keeps per parameter)."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) and hasattr(t, "placements") else None
 
 
 def _strided_storage(t: torch.Tensor) -> tuple[StorageKey, int]:
@@ -429,7 +422,7 @@ class _Census:
                 self._add(t)
 
     def _add(self, t: torch.Tensor) -> None:
-        if _local_of(t) is not None:
+        if local_shard(t) is not None:
             return  # its local tensor, a live tensor of its own, is counted: not the global shape twice
         facts, storages = _facts(t), _storages(t)
         if facts is None or not storages:
