@@ -10,24 +10,16 @@ from __future__ import annotations
 import torch
 
 from tests.conftest import is_event, save
+from tests.test_rebuild import MODEL_PY  # Net: body (4 -> 8), head (8 -> 1)
 from workbench.engine.rebuild import carry_over
 from workbench.engine.uninitialized import holds_garbage, suspect_parameters
 from workbench.protocol.events import Rebuild
 
 TRAIN_PY = """\
 import torch
+from model import Net
 
 INITIALIZED = ("head",)
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = torch.nn.Linear(4, 8)
-        self.head = torch.nn.Linear(8, 1)
-
-    def forward(self, x):
-        return self.head(torch.relu(self.body(x)))
 
 
 def setup(bench):
@@ -88,7 +80,7 @@ def test_a_rebuild_does_not_carry_a_parameter_holding_garbage_nor_its_optimizer_
 
 
 def test_garbage_setup_leaves_is_named_before_the_first_step_and_the_fixed_setup_rebuilt_trains(start_session):
-    live = start_session({"train.py": TRAIN_PY})
+    live = start_session({"train.py": TRAIN_PY, "model.py": MODEL_PY})
     warning = live.wait_for(is_event("error", where="parameters"), timeout=30)
     assert "in 2 parameters: model.body.weight, model.body.bias" in warning.message, warning.message
     assert warning.is_warning and "uninitialized memory" in warning.message and "rebuild" in warning.message

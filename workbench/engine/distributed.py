@@ -275,6 +275,7 @@ def broadcast_replicated_state(state: object, namespaces: list[tuple[str, dict]]
     reduced. Walks the same modules and optimizers in the same order on every rank; returns the tensors sent.
     Sharded tensors (DTensors: FSDP2's parameters and optimizer state) are not replicas: each rank keeps its own
     shard (c10d cannot broadcast a DTensor either: it ended the session on FSDP2's recovery)."""
+    from workbench.engine.memory.shards import local_shard
     from workbench.engine.state_walk import find_with_globals
 
     modules, optimizers = find_with_globals(state, namespaces)
@@ -292,7 +293,7 @@ def broadcast_replicated_state(state: object, namespaces: list[tuple[str, dict]]
     seen: set[int] = set()
     sent = 0
     for tensor in tensors:
-        if id(tensor) in seen or not isinstance(tensor, torch.Tensor) or hasattr(tensor, "placements"):
+        if id(tensor) in seen or not isinstance(tensor, torch.Tensor) or local_shard(tensor) is not None:
             continue
         seen.add(id(tensor))
         dist.broadcast(tensor, src=0)

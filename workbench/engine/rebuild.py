@@ -5,9 +5,10 @@ match; optimizer state follows its parameters. What did not match is reported,
 never guessed. A parameter holding NaN/Inf or garbage (`uninitialized.py`) is
 not carried: the rebuild that follows a fixed initialization would bring the
 garbage back. A carried tensor takes the old one's storage (same device and
-dtype) rather than a copy of it (a sharded one, FSDP2's, is copied into the
-storage FSDP2 made for the new one, shard by shard), and setup() runs with initialization skipped
-(`init_skipping.py`), so a rebuild needs memory only for what is new.
+dtype) rather than a copy of it (a sharded one, FSDP2's, is copied shard by
+shard into the storage FSDP2 made for the new one), and setup() runs with
+initialization skipped (`init_skipping.py`), so a rebuild needs memory only
+for what is new.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from workbench.engine.memory.shards import local_shard
 from workbench.engine.state_walk import Namespaces, find_with_globals
 from workbench.engine.uninitialized import holds_garbage
 
@@ -82,7 +84,7 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
                 elif isinstance(source, torch.nn.Parameter) and holds_garbage(source):
                     report.garbage.append(full)  # carried, it would keep the loss NaN: setup()'s new value stays
                 else:
-                    if _is_dtensor(tensor) or _is_dtensor(source):
+                    if local_shard(tensor) is not None or local_shard(source) is not None:
                         _copy_sharded(source, tensor)  # FSDP2 owns the new shard's storage: written in place
                     elif tensor.device == source.device and tensor.dtype == source.dtype and tensor.layout == source.layout:
                         tensor.data = source.data  # the new tensor takes the trained storage: no copy, no second allocation
@@ -109,18 +111,15 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
     return report
 
 
-def _is_dtensor(tensor: torch.Tensor) -> bool:
-    return hasattr(tensor, "to_local") and hasattr(tensor, "placements")
-
-
 def _copy_sharded(source: torch.Tensor, target: torch.Tensor) -> None:
     """A sharded parameter (DTensor) cannot take the old one's storage: FSDP2 all-gathers from the padded storage it
     allocated for the new one, whatever the DTensor is later pointed at (the new model ran on uninitialized memory
     while the rebuild said its tensors were carried). Same layout on both sides (a rebuild on the same ranks): each
     rank copies its own shard, no collective. Otherwise DTensor's copy redistributes, on every rank alike."""
-    if (_is_dtensor(source) and _is_dtensor(target) and source.placements == target.placements
-            and source.device_mesh == target.device_mesh and source.to_local().shape == target.to_local().shape):
-        target.to_local().copy_(source.to_local())
+    old, new = local_shard(source), local_shard(target)
+    if (old is not None and new is not None and source.placements == target.placements  # type: ignore[attr-defined]
+            and source.device_mesh == target.device_mesh and old.shape == new.shape):  # type: ignore[attr-defined]
+        new.copy_(old)
     else:
         target.copy_(source)
 

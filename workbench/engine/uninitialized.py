@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from workbench.engine.memory.shards import held_here
 from workbench.engine.state_walk import Namespaces, find_with_globals
 
 WHERE = "parameters"  # in events.WARNINGS: a warning, training goes on (a NaN loss pauses it as ever)
@@ -36,7 +37,7 @@ def suspect_parameters(state: Any, namespaces: Namespaces = ()) -> list[str]:
 def holds_garbage(param: torch.Tensor) -> bool:
     """Non-finite, or a root mean square above HUGE_RMS: one reduction in the tensor's own dtype (no float32 copy
     of a big half-precision parameter); this rank's shard of a DTensor."""
-    tensor = (param.to_local() if hasattr(param, "to_local") else param).detach()
+    tensor = held_here(param).detach()
     if tensor.numel() == 0 or not tensor.is_floating_point() or tensor.device.type == "meta":
         return False
     try:

@@ -402,19 +402,7 @@ class TrainingWorker(threading.Thread):
             )
         except Exception as exc:  # noqa: BLE001 - a snapshot that does not fit must not cost the session
             init_log.replay_all()
-            report = getattr(exc, "report", None)
-            message = _resume_failure_sentence(exc, path)
-            self.bus.publish(
-                ResumeLoaded(
-                    ok=False,
-                    path=str(path),
-                    error=message,
-                    missing=tuple(report.missing) if report else (),
-                    unexpected=tuple(report.unexpected) if report else (),
-                    mismatched=tuple(report.mismatched) if report else (),
-                )
-            )
-            self._resume_failed(message)
+            self._resume_failed(_failed_resume(exc, path))
             return False
         self.step = self.last_snapshot_step = self._first_step = report.step
         self.last_snapshot_path = str(path)
@@ -448,9 +436,10 @@ class TrainingWorker(threading.Thread):
         notes = (f"put back from the snapshot (module globals that training changed, not setup()): {', '.join(done)}",) if done else ()
         return notes + ((f"not put back: {', '.join(left)}",) if left else ())
 
-    def _resume_failed(self, message: str) -> None:
+    def _resume_failed(self, event: ResumeLoaded) -> None:
         """Nothing was loaded: said; headless ends (exit 2), the app pauses on what setup() built."""
-        self.bus.publish(Error(where="resume", message=message))
+        self.bus.publish(event)
+        self.bus.publish(Error(where="resume", message=event.error or ""))
         if self.exit_on_setup_failure:
             self.exit_code, self.exit_reason, self._quit = 2, "resume failed", True
         else:
@@ -463,12 +452,7 @@ class TrainingWorker(threading.Thread):
         try:
             report, saved_globals = load_sharded(self.user_state, path, self._namespaces(), partial=self.resume_partial)
         except Exception as exc:  # noqa: BLE001 - said like any resume that does not fit; setup()'s state trains
-            mismatch = getattr(exc, "report", None)
-            message = _resume_failure_sentence(exc, path)
-            self.bus.publish(ResumeLoaded(
-                ok=False, path=str(path), error=message, missing=tuple(mismatch.missing) if mismatch else (),
-                unexpected=tuple(mismatch.unexpected) if mismatch else (), mismatched=tuple(mismatch.mismatched) if mismatch else ()))
-            self._resume_failed(message)
+            self._resume_failed(_failed_resume(exc, path))
             return False
         self.step = self.last_snapshot_step = self._first_step = report.step
         self.last_snapshot_path = str(path)
@@ -964,8 +948,9 @@ def _initialized_note(initialized: list[str]) -> tuple[str, ...]:
     return (f"not in the snapshot, so initialized as setup() does: {shown}",)
 
 
-def _resume_failure_sentence(exc: Exception, path: Path) -> str:
-    """Why a resume loaded nothing (a snapshot that does not fit names what differs), and what trains instead."""
+def _failed_resume(exc: Exception, path: Path) -> ResumeLoaded:
+    """A resume that loaded nothing, one-file or sharded: why (a snapshot that does not fit names what differs), and
+    what trains instead."""
     report = getattr(exc, "report", None)
     if report is not None:
         message = f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
@@ -973,4 +958,7 @@ def _resume_failure_sentence(exc: Exception, path: Path) -> str:
         message = str(exc)
     else:
         message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); nothing was loaded"
-    return message + "; training starts from what setup() built (initialized as usual)"
+    message += "; training starts from what setup() built (initialized as usual)"
+    return ResumeLoaded(ok=False, path=str(path), error=message, missing=tuple(report.missing) if report else (),
+                        unexpected=tuple(report.unexpected) if report else (),
+                        mismatched=tuple(report.mismatched) if report else ())
