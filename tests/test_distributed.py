@@ -1052,6 +1052,53 @@ def test_an_evaluate_that_runs_the_fsdp2_forward_on_rank_0_only_pauses_every_ran
     assert zero[held + 1]["scalars"]["before"] == pytest.approx(zero[held]["scalars"]["after"], rel=1e-12)
 
 
+EVALUATE_ON_RANK_0 = PROJECT.replace("import torch\n", "import torch\nimport torch.distributed as dist\n", 1) + textwrap.dedent(
+    """
+
+    def evaluate(state, bench):
+        total = torch.ones(1)
+        if bench.is_main:  # the slip: a collective on rank 0 alone
+            dist.all_reduce(total)
+        return {"val": float(total), "at": float(bench.step)}
+    """
+)
+
+
+def test_eval_every_runs_evaluate_on_every_rank_at_one_boundary_and_a_collective_on_rank_0_alone_is_reported_and_paused(
+        tmp_path: Path):
+    """Run by each rank after its own step, `--eval-every`'s evaluate() put rank 0's all_reduce beside rank 1's next
+    gradient all-reduce; now rank 0 queues the `evaluate` command, every rank runs it at one boundary, rank 0's stream
+    says where each rank is while they wait, and the ranks' counts pause both."""
+    project = project_folder(tmp_path, EVALUATE_ON_RANK_0)
+    run = Headless(project / "train.py", "--nproc-per-node", "2", "--eval-every", "5", "--collective-timeout", "15")
+    try:
+        waiting = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "waiting", timeout=60, what="the report")
+        message = waiting["message"]
+        assert message.startswith("the ranks' evaluate() has run for"), message
+        assert "rank 0: in evaluate() for" in message and "(`dist.all_reduce(total)`)" in message, message
+        assert "rank 1: done with evaluate(), waiting" in message, message
+        assert "rank 0 waits inside torch/" in message and "for rank 1, which finished evaluate() without" in message, message
+        said = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "evaluate"
+                            and "different number of collectives" in e["message"], timeout=40, what="the mismatch")
+        assert "rank 0: 1, rank 1: 0" in said["message"], said["message"]
+        paused = run.wait_event("paused", timeout=10)
+        held = paused["step"]
+        assert held < 10, "no step ran between the evaluate() and the pause"
+        save(project / "train.py", "    if bench.is_main:  # the slip", "    if True:  # fixed")
+        assert run.wait_event("rebuild", timeout=60)["ok"]
+        run.wait_event("resumed", timeout=30, reason="rebuild")
+        run.wait_for(lambda e: e["event"] == "evaluate" and e["scalars"]["val"] == 2.0, timeout=60, what="an evaluation after")
+        run.send("quit")
+        assert run.finish(timeout=60) == 0
+    finally:
+        run.close()
+    zero = [e for e in run.events if e["event"] == "evaluate" and e["scalars"]["val"] == 2.0]
+    one = {e["step"]: e for e in rank_log(run) if e["event"] == "evaluate" and e["scalars"]["val"] == 2.0}
+    for event in zero:  # both ranks ran it at the same boundary: after the same step, the same all-reduced value
+        assert event["step"] in one and one[event["step"]]["scalars"] == event["scalars"], (event, one)
+        assert event["step"] % 5 in (0, 1, 2), event  # queued after a 5th step, run a turn or two later
+
+
 # The same project wrapped in FSDP1's FullyShardedDataParallel (a CPU device works for it when named).
 FSDP1_PROJECT = (
     FSDP_PROJECT.replace("from torch.distributed.fsdp import fully_shard", "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP")

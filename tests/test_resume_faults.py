@@ -16,7 +16,8 @@ import torch
 
 from tests.conftest import is_event, save
 from workbench.engine.actions.snapshot import find_snapshot, load_snapshot, snapshots_in
-from workbench.protocol.events import Interrupt, Resume, TakeSnapshot
+from workbench.engine.run_state import RunState
+from workbench.protocol.events import Evaluate, Interrupt, Resume, TakeSnapshot
 
 TRAIN_PY = """\
 import time
@@ -191,6 +192,35 @@ def test_interrupt_stops_a_hung_step_and_the_model_survives(start_session):
     save(live.entry, HANGS.replace("while bench.step == 3:", "while bench.step == -1:"))
     live.wait_for(is_event("resumed", reason="reload"), timeout=15)
     assert live.events.steps(2)[-1].step >= 4
+
+
+HANGING_EVALUATE = TRAIN_PY + """
+
+def evaluate(state, bench):
+    while bench.step >= 0:  # a stuck evaluation
+        time.sleep(0.01)
+    return {"val": 1.0}
+"""
+
+
+def test_a_hung_evaluate_is_said_after_the_slow_step_minimum_and_interrupt_stops_it_while_training_goes_on(start_session):
+    """evaluate() had no watch: a hung one said nothing and `i` answered "no step is running"."""
+    live = start_session({"train.py": HANGING_EVALUATE}, slow_step_factor=5, slow_step_seconds=0.5)
+    model = live.wait_running(3) and live.session.worker.user_state["model"]
+    live.send(Evaluate())
+    warning = live.wait_for(lambda e: e.name == "error" and e.where == "slow step", timeout=15)
+    assert warning.message.startswith("evaluate() has run for") and "press i" in warning.message, warning.message
+    live.send(Interrupt())
+    error = live.wait_for(is_event("error", where="evaluate"), timeout=15)
+    assert error.message == "evaluate() was interrupted (i); training goes on" and error.line == line_in(live.entry, "time.sleep(0.01)")
+    after = live.events.steps(3)[-1].step
+    assert after > 3 and live.session.worker.state is RunState.RUNNING
+    assert live.session.worker.user_state["model"] is model
+    assert not [e for e in live.events.of("error") if e.where in ("worker", "step")]
+
+
+def line_in(path: Path, code: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if code in line)
 
 
 OOM = TRAIN_PY.replace(

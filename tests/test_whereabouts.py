@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from workbench.engine.whereabouts import Board, Place, ThreadCpu, describe, describe_all, frames_of, takes_interrupt
+from workbench.engine.whereabouts import (
+    Board,
+    Place,
+    ThreadCpu,
+    evaluate_advice,
+    describe,
+    describe_all,
+    frames_of,
+    takes_interrupt,
+)
 
 WAITER = '''
 import threading
@@ -156,3 +165,20 @@ def test_ranks_at_the_same_place_are_said_once_and_silent_ranks_in_ranges():
     assert lines[2] == "rank 4: in step 58 for 31 s, at data.py:12 in next_batch (`while not ready():`), busy (99% of a core)"
     assert lines[3] == "ranks 7-9: not held up (training, or between steps)"
     assert describe_all({0: own}, 2, now)[1] == "rank 1: not held up (training, or between steps)"
+
+
+def test_ranks_in_an_agreed_evaluate_are_placed_in_it_or_done_with_it_and_only_those_in_it_take_an_interrupt():
+    now = time.time()
+    inside = Place(0, "evaluate", 40, 6.0, "train.py:70 in evaluate", "dist.all_reduce(total)",
+                   "torch/distributed/c10d_logger.py:81 in wrapper", 0.0, None, now)
+    done = Place(1, "evaluated", 40, 6.0, None, None, None, 0.0, None, now)
+    spinning = Place(1, "evaluate", 40, 6.0, "train.py:72 in evaluate", "while True: pass", None, 0.99, None, now)
+    assert describe(inside, now) == ("rank 0: in evaluate() for 6 s, at train.py:70 in evaluate (`dist.all_reduce(total)`), "
+                                     "inside torch/distributed/c10d_logger.py:81 in wrapper, idle (0% of a core)")
+    assert describe(done, now) == "rank 1: done with evaluate(), waiting 6 s for the other ranks to finish theirs"
+    assert takes_interrupt(spinning) and not takes_interrupt(inside) and not takes_interrupt(done)
+    advice = evaluate_advice({0: inside, 1: done}, "a training collective gives up after 5 min")
+    assert advice.startswith("rank 0 waits inside torch/distributed/c10d_logger.py:81 in wrapper for rank 1, which "
+                             "finished evaluate() without that collective"), advice
+    assert advice.endswith("A training collective gives up after 5 min."), advice
+    assert "press i" in evaluate_advice({0: inside, 1: spinning}, "")  # a rank busy in it: stuck, not unmatched

@@ -44,7 +44,7 @@ from workbench.engine.thread_device import use_on_this_thread
 from workbench.engine.time_limit import TimeLimit
 from workbench.units import human_bytes
 from workbench.engine.watchdog import StepWatchdog
-from workbench.engine.whereabouts import Board, RankWatch, takes_interrupt
+from workbench.engine.whereabouts import IN_USER_CODE, Board, RankWatch, takes_interrupt
 from workbench.engine.worker import ApplyChanges, RunState, TrainingWorker
 from workbench.engine.distributed import RankRole, shared_store_restart_note
 from workbench.engine.launcher_watch import LauncherWatch
@@ -400,7 +400,7 @@ class Session:
             if self._interrupt_board is not None:
                 self._interrupt_ranks()
             elif not self.worker.interrupt():
-                self.bus.publish(Error(where="command", message="no step is running: nothing to interrupt"))
+                self.bus.publish(Error(where="command", message="no step or evaluate() is running: nothing to interrupt"))
         else:
             self.worker.commands.put(command)
             started = self.worker.step_started
@@ -416,7 +416,7 @@ class Session:
         here = self._rank_watch.interrupt_here()
         try:
             self._interrupt_board.interrupt()
-            places = [p for p in self._interrupt_board.places().values() if p.kind == "step" and p.rank != 0]
+            places = [p for p in self._interrupt_board.places().values() if p.kind in IN_USER_CODE and p.rank != 0]
         except Exception as exc:  # noqa: BLE001 - the store gone: this rank's own interrupt still went
             self.bus.publish(Error(where="command", message=f"the other ranks could not be told to interrupt "
                                    f"({type(exc).__name__}: {exc})"))
@@ -424,11 +424,12 @@ class Session:
         taking = sorted(p.rank for p in places if takes_interrupt(p)) + ([0] if here else [])
         waiting = sorted(p.rank for p in places if not takes_interrupt(p))
         if not taking and not waiting:
-            self.bus.publish(Error(where="command", message="no step is running: nothing to interrupt"))
+            self.bus.publish(Error(where="command", message="no step or evaluate() is running: nothing to interrupt"))
             return
         said = []
         if taking:
-            said.append(f"interrupting the step of rank{'s' if len(taking) > 1 else ''} {', '.join(map(str, sorted(taking)))} "
+            what = "evaluate()" if any(p.kind == "evaluate" for p in places) or self.worker.evaluate_started else "the step"
+            said.append(f"interrupting {what} of rank{'s' if len(taking) > 1 else ''} {', '.join(map(str, sorted(taking)))} "
                         "(at its next line of Python)")
         if waiting:
             said.append(f"rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} "

@@ -1,4 +1,4 @@
-"""Warn when a step runs far longer than usual: a hung data loader, a deadlock, an endless loop.
+"""Warn when a step (or evaluate()) runs far longer than usual: a hung data loader, a deadlock, an endless loop.
 
 It only reads two values the training thread writes (when the running step began,
 and recent step times), and says once per step what the user can do: interrupt.
@@ -41,6 +41,7 @@ class StepWatchdog(threading.Thread):
                 self._watch_ranks(suspended)
                 if self._rank_watch.reports:
                     continue  # rank 0's report says what this warning would, with every rank's place
+            self._watch_evaluate(suspended)
             started = self._worker.step_started
             history = list(self._worker.step_ms_history)
             if started is None or started == self._warned_for or len(history) < 3:
@@ -58,6 +59,18 @@ class StepWatchdog(threading.Thread):
                         "the model stays",
                     )
                 )
+
+    def _watch_evaluate(self, suspended: SuspendedTime) -> None:
+        """The user's evaluate() has no median to compare with: it is slow once it runs as long as a slow step's
+        minimum, and said once per call."""
+        started = self._worker.evaluate_started
+        if started is None or started == self._warned_for:
+            return
+        running = time.monotonic() - started - suspended.since(started)
+        if running >= self._minimum:
+            self._warned_for = started
+            self._publish(Error(where="slow step", message=f"evaluate() has run for {running:.0f} s: if it is stuck, "
+                                "press i (command `interrupt`) to stop it; training goes on, the model stays"))
 
     def _watch_ranks(self, suspended: SuspendedTime) -> None:
         assert self._rank_watch is not None

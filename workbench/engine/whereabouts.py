@@ -45,6 +45,7 @@ STORE_TIMEOUT = timedelta(seconds=10)  # the board's store calls: a store that s
 REPORT_AGAIN_SECONDS = 60.0  # rank 0 repeats its report this often while the wait goes on
 _PACKAGE = os.path.dirname(workbench.__file__)
 _TORCH_PARTS = (os.sep + "torch" + os.sep, os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+IN_USER_CODE = ("step", "evaluate")  # places inside the user's code: `i` may stop them
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,10 @@ class Place:
     """One rank's place, as it wrote it: what its training thread is doing and for how long."""
 
     rank: int
-    kind: str  # "step" (inside the user's step), "exchange" (vram-bench's exchange between steps), "paused", "between"
+    # "step" (inside the user's step), "evaluate" (inside the user's evaluate(), run by every rank at once),
+    # "evaluated" (done with it, waiting for the others' counts), "exchange" (vram-bench's exchange between steps),
+    # "paused", "between"
+    kind: str
     step: int  # steps this rank has finished
     seconds: float  # how long it has been there
     frame: str | None = None  # the innermost line of the project: "train.py:25 in load_batch"
@@ -79,6 +83,10 @@ def describe(place: Place, now: float | None = None, ranks: list[int] | None = N
     seconds = place.seconds + age
     if place.kind == "step":
         what = f"in step {place.step + 1} for {_duration(seconds)}"
+    elif place.kind == "evaluate":
+        what = f"in evaluate() for {_duration(seconds)}"
+    elif place.kind == "evaluated":
+        what = f"done with evaluate(), waiting {_duration(seconds)} for the other ranks to finish theirs"
     elif place.kind == "exchange":
         what = f"waiting for the other ranks between steps {place.step} and {place.step + 1} for {_duration(seconds)}"
     elif place.kind == "paused":
@@ -88,9 +96,9 @@ def describe(place: Place, now: float | None = None, ranks: list[int] | None = N
         what = f"between steps {place.step} and {place.step + 1}"
     if place.frame and place.kind != "paused":
         what += f", at {place.frame}" + (f" (`{place.code}`)" if place.code else "")
-    if place.inside and place.kind == "step":
+    if place.inside and place.kind in IN_USER_CODE:
         what += f", inside {place.inside}"
-    if place.cpu is not None and place.kind in ("step", "exchange"):
+    if place.cpu is not None and place.kind in (*IN_USER_CODE, "exchange"):
         what += f", {'busy' if place.cpu >= 0.5 else 'idle'}" + ("" if group else f" ({place.cpu:.0%} of a core)")
     if age > STALE_SECONDS:
         what += f" (as it said {_duration(age)} ago; it has said nothing since: gone, or stopped?)"
@@ -126,11 +134,11 @@ def waited_for(own: Place, places: dict[int, Place]) -> str | None:
     failed = [p for p in others if p.failure]
     if failed:
         return f"rank {failed[0].rank} (its step failed)"
-    busy = [p for p in others if p.kind == "step" and p.cpu is not None and p.cpu >= 0.5]
+    busy = [p for p in others if p.kind in IN_USER_CODE and p.cpu is not None and p.cpu >= 0.5]
     if busy:
         return f"rank {busy[0].rank} (busy at {busy[0].frame})" if busy[0].frame else f"rank {busy[0].rank} (busy)"
-    if own.kind == "step" and own.cpu is not None and own.cpu >= 0.5:
-        return None  # rank 0's own step is the long one: a slow step, not a wait
+    if own.kind in IN_USER_CODE and own.cpu is not None and own.cpu >= 0.5:
+        return None  # rank 0's own step (or evaluate()) is the long one: slow, not a wait
     return "the other ranks"
 
 
@@ -203,7 +211,7 @@ def takes_interrupt(place: Place) -> bool:
     """Whether `i` should stop this held rank's step: not when it waits idle inside a library (torch's collective,
     most likely, waiting for the rank that is stuck). Interrupted there, it would report an interrupt in place of the
     collective's own error, which says the training group is dead and must be made again."""
-    return place.kind == "step" and not (place.inside is not None and (place.cpu or 0.0) < 0.5)
+    return place.kind in IN_USER_CODE and not (place.inside is not None and (place.cpu or 0.0) < 0.5)
 
 
 class ThreadCpu:
@@ -311,7 +319,7 @@ class RankWatch:
             if now - self._told_at >= REFRESH_SECONDS:
                 self._board.tell(place)
                 self._told_at = now
-            if place.kind == "step":
+            if place.kind in IN_USER_CODE:
                 self._check_interrupt(place)
         else:
             self._board.forget()
@@ -332,6 +340,15 @@ class RankWatch:
                 return None
             frame, code, inside, _ = self._frames()
             return Place(rank, "step", worker.step, seconds, frame, code, inside, cpu, None, time.time())
+        evaluation = worker.evaluation_since
+        if evaluation is not None:  # every rank runs evaluate() at once (the `evaluate` command, --eval-every)
+            self._exchange_since = None
+            seconds = now - evaluation - self._stopped_since(evaluation)
+            if seconds < TELL_SECONDS:
+                return None
+            frame, code, inside, _ = self._frames()
+            kind = "evaluate" if worker.evaluate_started is not None else "evaluated"
+            return Place(rank, kind, worker.step, seconds, frame, code, inside, cpu, None, time.time())
         frame, code, _, in_exchange = self._frames()
         self._exchange_since = (self._exchange_since or now) if in_exchange else None
         since = self._exchange_since
@@ -390,7 +407,8 @@ class RankWatch:
         places = self._board.places()
         places[0] = own
         failed = [p for r, p in sorted(places.items()) if r != 0 and p.failure]
-        slow = own.seconds >= max(self._slow_seconds, self._slow_factor * self._median_step())
+        evaluating = own.kind in ("evaluate", "evaluated")  # no median to compare with: the slow step's minimum
+        slow = own.seconds >= max(self._slow_seconds, 0.0 if evaluating else self._slow_factor * self._median_step())
         if not failed and not slow:
             return
         said = frozenset((p.rank, p.kind, p.failure or "") for p in places.values())
@@ -402,13 +420,15 @@ class RankWatch:
             median = self._median_step()
             headline = f"step {own.step + 1} has run for {_duration(own.seconds)} on rank 0" + (
                 f" ({own.seconds / median:.0f}x its median, {_short_duration(median)})" if median > 0 else "")
+        elif evaluating:
+            headline = f"the ranks' evaluate() has run for {_duration(own.seconds)} (after step {own.step})"
         else:
             headline = f"rank 0 has waited {_duration(own.seconds)} for the other ranks between steps"
         lines = describe_all(places, self._board.world_size)
         self._publish(Error(where="waiting", message=f"{headline}. Where each rank is: " + "; ".join(lines) + ". "
-                            + self._advice(own, failed)))
+                            + self._advice(own, failed, places)))
 
-    def _advice(self, own: Place, failed: list[Place]) -> str:
+    def _advice(self, own: Place, failed: list[Place], places: dict[int, Place]) -> str:
         left = self._collective_timeout - own.seconds
         timeout = (f"a training collective gives up after --collective-timeout ({_duration(self._collective_timeout)}"
                    + (f", about {_duration(left)} from now" if left > 0 else "") + "); then every rank pauses, and "
@@ -417,6 +437,25 @@ class RankWatch:
             return (f"Ranks waiting inside a collective wait for rank {failed[0].rank}, which will not join it: {timeout}. "
                     "Save a fix meanwhile; it applies when they pause.")
         interrupt = "If a rank is stuck, press i (command `interrupt`): it reaches every rank held in a step."
+        if own.kind in ("evaluate", "evaluated"):
+            return evaluate_advice(places, timeout)
         if own.kind == "exchange":  # vram-bench's own exchange: it waits for every rank as long as a step may take
             return interrupt
         return f"{interrupt} Otherwise {timeout}."
+
+
+def evaluate_advice(places: dict[int, Place], timeout: str) -> str:
+    """Rank 0 held in the ranks' evaluate(): most likely a collective that some ranks ran in it and others did not."""
+    inside = sorted(r for r, p in places.items() if p.kind == "evaluate")
+    done = sorted(r for r, p in places.items() if p.kind == "evaluated")
+    waiting = [places[r] for r in inside if places[r].inside is not None and (places[r].cpu or 0.0) < 0.5]
+    if not done or not waiting:
+        return "If a rank is stuck in it, press i (command `interrupt`): it stops evaluate() on every rank held in it."
+    return (f"{_ranks(inside)} {'waits' if len(inside) == 1 else 'wait'} inside {waiting[0].inside} for {_ranks(done)}, "
+            "which finished evaluate() without that collective: every rank must run the same collectives in "
+            "evaluate() (under FSDP or DDP a forward runs them: run it on every rank, not only where bench.is_main). "
+            f"{timeout[0].upper()}{timeout[1:]}.")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return rank_list(ranks) if len(ranks) > 1 else f"rank {ranks[0]}"

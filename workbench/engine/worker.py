@@ -46,6 +46,7 @@ from workbench.protocol.events import (
     Command,
     Rebuild,
     Error,
+    Evaluate,
     Evaluation,
     Exit,
     MemorySnapshotTaken,
@@ -201,6 +202,9 @@ class TrainingWorker(threading.Thread):
         self.exit_on_error_pause = False  # headless with stdin closed: nobody could resume
         self.last_profile: Profile | None = None
         self.step_started: float | None = None  # monotonic time the running step began (None between steps)
+        self.evaluate_started: float | None = None  # monotonic time the user's running evaluate() began
+        # Under torchrun, an agreed evaluation (evaluate() and the ranks' check of its collectives): when it began.
+        self.evaluation_since: float | None = None
         self.step_ms_history: deque[float] = deque(maxlen=50)
         self._recording = False
         self.eval_watch = EvalModeWatch()  # warns when steps run with the trained model in eval mode
@@ -506,7 +510,7 @@ class TrainingWorker(threading.Thread):
                 self._interrupt_raised()
                 raise
             finally:
-                self._step_ends()
+                self._user_call_ends()
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a failing step pauses; the model survives
             self.bench._take_logged()
             self._step_failed(exc)
@@ -533,7 +537,7 @@ class TrainingWorker(threading.Thread):
         if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
             self.bus.publish(warning)
         if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
-            self._run_evaluate()
+            self._evaluate_due()
         if self._profile is not None and self._profile.step_done():
             profile, self._profile = self._profile, None
 
@@ -623,13 +627,14 @@ class TrainingWorker(threading.Thread):
         return "; ".join(parts) + ". Lower the batch size (or use the memory lab's techniques) and save to resume."
 
     def interrupt(self) -> bool:
-        """From another thread: raise KeyboardInterrupt in the running step (at its next Python bytecode).
+        """From another thread: raise KeyboardInterrupt in the running step or evaluate() (at its next Python
+        bytecode).
 
-        Under a lock with the step's start and end, so it can only land inside a step; one still
-        pending when the step ends is cancelled there.
+        Under a lock with the call's start and end, so it can only land inside one; one still
+        pending when the call ends is cancelled there.
         """
         with self._interrupt_lock:
-            if self.step_started is None or self.ident is None:
+            if (self.step_started is None and self.evaluate_started is None) or self.ident is None:
                 return False
             _set_async_exc(self.ident, KeyboardInterrupt)
             self._interrupt_pending = True
@@ -640,9 +645,10 @@ class TrainingWorker(threading.Thread):
         with self._interrupt_lock:
             self._interrupt_pending = False
 
-    def _step_ends(self) -> None:
+    def _user_call_ends(self) -> None:
+        """The user's step or evaluate() returned or raised."""
         with self._interrupt_lock:
-            self.step_started = None
+            self.step_started = self.evaluate_started = None
             if self._interrupt_pending:  # sent too late to land in the step: cancel it (never when none was sent)
                 self._interrupt_pending = False
                 if sys.getprofile() is None and sys.gettrace() is None:
@@ -659,15 +665,31 @@ class TrainingWorker(threading.Thread):
             self._pause("max steps")
 
     # Between steps: what the loop and the command handlers (workbench/engine/commands/) share ----
+    def _evaluate_due(self) -> None:
+        """`--eval-every`, after a step. Under torchrun rank 0 queues the `evaluate` command instead, so every rank
+        runs evaluate() at the same boundary and the ranks check its collectives: run by each rank after its own step,
+        a collective that evaluate() ran on some ranks only paired with the others' next step (a wrong value, or a
+        hang), and a rank whose step failed never came."""
+        if self.lockstep is None or self.lockstep.world_size == 1:
+            self._run_evaluate()
+        elif self.lockstep.rank == 0:
+            self.commands.put(Evaluate())  # rings the doorbell: every rank runs it a turn or two from now
+
     def _run_evaluate(self, agreed: bool = False) -> None:
         """Run the user's evaluate(). `agreed`: every rank runs it now, at a boundary the ranks agreed on (the
-        `evaluate` command), so they can then check that each ran the same collectives in it (collective_count.py);
-        `--eval-every` runs it after a step, where a rank whose step failed does not come."""
+        `evaluate` command, which `--eval-every` queues under torchrun), so they can then check that each ran the
+        same collectives in it (collective_count.py)."""
         ranks = agreed and self.lockstep is not None and self.lockstep.world_size > 1
-        before = training_operations() if ranks else None
-        self._evaluate_once()
-        if ranks:
+        if not ranks:
+            self._evaluate_once()
+            return
+        self.evaluation_since = time.monotonic()  # where this rank is, for the `waiting` report (whereabouts.py)
+        try:
+            before = training_operations()
+            self._evaluate_once()
             self._check_evaluate_collectives(before)
+        finally:
+            self.evaluation_since = None
 
     def _check_evaluate_collectives(self, before: int | None) -> None:
         """Every rank, after evaluate(): the same number of training-group operations, or every rank pauses."""
@@ -686,17 +708,24 @@ class TrainingWorker(threading.Thread):
         """Run the user's evaluate(); its scalars join the chart. A failure is reported, training goes on."""
         evaluate = self.project.function("evaluate")
         started = time.perf_counter()
+        with self._interrupt_lock:
+            self.evaluate_started = time.monotonic()
         try:
-            out = evaluate(self.user_state, self.bench)  # type: ignore[misc]
-            if not isinstance(out, dict):
-                raise StepOutputError(f"evaluate() returned {type(out).__name__}; return a dict of scalars")
-            scalars = {str(k): _scalar(v, str(k)) for k, v in out.items()}
-        except Exception as exc:  # noqa: BLE001
+            try:
+                out = evaluate(self.user_state, self.bench)  # type: ignore[misc]
+                if not isinstance(out, dict):
+                    raise StepOutputError(f"evaluate() returned {type(out).__name__}; return a dict of scalars")
+                scalars = {str(k): _scalar(v, str(k)) for k, v in out.items()}
+            except KeyboardInterrupt:
+                self._interrupt_raised()
+                raise
+            finally:
+                self._user_call_ends()
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a failing evaluate() is reported; training goes on
             file, line = self._where(exc)
-            self.bus.publish(
-                Error(where="evaluate", message=f"evaluate() raised {type(exc).__name__}: {exc}", file=file, line=line,
-                      traceback=self._format(exc))
-            )
+            said = ("evaluate() was interrupted (i); training goes on" if isinstance(exc, KeyboardInterrupt)
+                    else f"evaluate() raised {type(exc).__name__}: {exc}")
+            self.bus.publish(Error(where="evaluate", message=said, file=file, line=line, traceback=self._format(exc)))
             traceback.clear_frames(exc.__traceback__)
             return
         self.telemetry.record_step(self.step, scalars, 0.0, count=False)
