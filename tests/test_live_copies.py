@@ -150,3 +150,43 @@ def test_an_equal_hyperparameter_with_another_name_is_not_blamed(start_session):
     reload = live.wait_for(is_event("reload", file="train.py"))
     notes = [note for note in reload.notes if "was built with" in note]
     assert len(notes) == 1 and "['lr']" in notes[0] and "weight_decay" not in notes[0], reload.notes
+
+
+SCHEDULED_PY = ADAMW_PY.replace("LR = 0.01  # equal to AdamW's default weight_decay", "LR = 0.01\nWARMUP = 4") + """
+
+def lr_at(it):  # nanoGPT's shape: the schedule reads the constant, step() writes the result into every group
+    return LR * min(1.0, (it + 1) / WARMUP)
+
+
+def scheduled_step(state, bench):
+    for group in state["opt"].param_groups:
+        group["lr"] = lr_at(bench.step)
+    return step(state, bench)
+"""
+SCHEDULED_PY = SCHEDULED_PY.replace("def step(state, bench):", "def plain_step(state, bench):").replace(
+    "    return step(state, bench)\n", "    return plain_step(state, bench)\n").replace("def scheduled_step(", "def step(")
+
+
+def test_no_note_says_an_optimizer_keeps_its_lr_when_the_projects_code_sets_it_every_step(start_session):
+    """All three trainers ported from pytorch/examples and nanoGPT set param_group['lr'] in step(); the note said the
+    optimizer "keeps that value" on every save of the LR anyway (and setup()'s "what it built keeps the old value")."""
+    live = start_session({"train.py": SCHEDULED_PY})
+    live.wait_running(5)
+    save(live.entry, SCHEDULED_PY.replace("LR = 0.01", "LR = 0.05"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.changed == ("LR",)
+    assert not [note for note in reload.notes if "LR" in note], reload.notes
+    live.events.steps(2, lambda e: e.code_version == 1)
+    assert live.session.worker.user_state["opt"].param_groups[0]["lr"] == 0.05  # what the note would have denied
+
+
+def test_where_code_sets_finds_the_first_subscript_assignment_of_the_key(tmp_path):
+    from workbench.engine.hotswap.sets_in_code import where_code_sets
+
+    source = tmp_path / "train.py"
+    source.write_text("x = {}\nx['momentum'] = 1\n\ndef f(opt):\n    for g in opt.param_groups:\n        g['lr'] *= 0.5\n"
+                      "    a, opt.param_groups[0]['lr'] = 1, 2\n")
+    namespaces = [("train", {"__file__": str(source)})]
+    assert where_code_sets(namespaces, "lr") == "train.py:6"
+    assert where_code_sets(namespaces, "weight_decay") is None
+    assert where_code_sets([("x", {"__file__": None}), ("y", {})], "lr") is None

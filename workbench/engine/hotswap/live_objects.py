@@ -23,6 +23,7 @@ import torch
 
 from workbench.engine.hotswap.code_identity import CodeChanges, CodeName, code_name, same_content
 from workbench.engine.hotswap.patches import Patch, RunInNamespace
+from workbench.engine.hotswap.sets_in_code import where_code_sets
 
 _MAX_DEPTH = 6
 _MAX_OBJECTS = 5_000
@@ -183,6 +184,7 @@ class UpdateLiveCopies(Patch):
                     changes[name] = (new, old) if rolling_back else (old, new)
         if not changes:
             return
+        _, namespaces = split_roots(self.roots)
         for path, opt in _optimizers(self.roots):
             for i, group in enumerate(opt.param_groups):
                 for name, (old, new) in changes.items():
@@ -191,10 +193,14 @@ class UpdateLiveCopies(Patch):
                     # of the constant's (lr in LR, BASE_LR), only that one is meant.
                     named = [key for key in equal if key.lower() in name.lower().split("_")]
                     for key in named or equal:
-                        self.optimizer_constants.add(name)
+                        self.optimizer_constants.add(name)  # nor the note that setup() was built from it
+                        if where_code_sets(namespaces, key) is not None:
+                            continue  # the project sets param_groups' value itself (a schedule): no false "keeps"
                         self.notes.append(
                             f"{path} was built with {name} = {old!r} (param_groups[{i}][{key!r}]): it keeps "
-                            f"that value unless your code sets it to the {'rolled-back-to' if rolling_back else 'new'} {new!r}"
+                            f"that value, as no code of the project sets [{key!r}]; to use the "
+                            f"{'rolled-back-to' if rolling_back else 'new'} {new!r}, set it in step() "
+                            f"(`for group in opt.param_groups: group[{key!r}] = {name}`) or rebuild (R)"
                         )
 
     def undo(self) -> None:
