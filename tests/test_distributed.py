@@ -1099,6 +1099,24 @@ def test_eval_every_runs_evaluate_on_every_rank_at_one_boundary_and_a_collective
         assert event["step"] % 5 in (0, 1, 2), event  # queued after a 5th step, run a turn or two later
 
 
+def test_the_evaluation_due_at_the_last_step_runs_on_every_rank_before_the_run_ends(tmp_path: Path):
+    """Under torchrun --eval-every's evaluation is a command a turn or two after its step: at the last step of
+    --max-steps the run ended first, and the final evaluation never ran."""
+    project = project_folder(tmp_path, EVALUATE_ON_RANK_0.replace("    if bench.is_main:  # the slip", "    if True:  # every rank"))
+    run = Headless(project / "train.py", "--nproc-per-node", "2", "--eval-every", "5", "--max-steps", "10")
+    try:
+        assert run.finish(timeout=90) == 0
+    finally:
+        run.close()
+    assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "max steps", run.events[-1]
+    zero = [e for e in run.events if e["event"] == "evaluate"]
+    one = [e for e in rank_log(run) if e["event"] == "evaluate"]
+    assert [e["step"] for e in zero][-1] == 10 and [e["step"] for e in one][-1] == 10, (zero, one)
+    assert all(e["scalars"]["val"] == 2.0 for e in zero + one)
+    assert max(steps_of(run.events, 0)) == max(steps_of(rank_log(run), 1)) == 10
+    assert not [e for e in run.events if e["event"] in ("paused", "error")]
+
+
 # The same project wrapped in FSDP1's FullyShardedDataParallel (a CPU device works for it when named).
 FSDP1_PROJECT = (
     FSDP_PROJECT.replace("from torch.distributed.fsdp import fully_shard", "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP")

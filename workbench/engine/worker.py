@@ -238,6 +238,10 @@ class TrainingWorker(threading.Thread):
         self.last_step_time: float | None = None  # when the last step ended (Unix seconds)
         self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
         self._pause_announced = False  # under torchrun: this rank's non-finite loss is on its way to every rank
+        # Under torchrun: the step after which --eval-every's evaluation is due (every rank knows it; rank 0 queues it),
+        # and whether this rank ends once it has run (it was due at the last step of --max-steps).
+        self._evaluation_due_after: int | None = None
+        self.exit_after_evaluation = False
         self.setup_rebinds = SetupRebinds()  # globals setup() re-bound: a rebuild's setup() reads what it found
         self.training_globals = TrainingGlobals()  # counters step() keeps in globals: snapshots hold them
         self.broken: Broken | None = None  # under torchrun: the state must be rebuilt (maybe on new groups) to go on
@@ -659,7 +663,11 @@ class TrainingWorker(threading.Thread):
     def _check_max_steps(self) -> None:
         if self.max_steps is None or self.step < self.max_steps:
             return
-        if self.exit_at_max_steps:
+        if self.exit_at_max_steps and self._evaluation_due_after == self.step:
+            # Under torchrun the evaluation due at this last step is a command a turn or two away: every rank stops
+            # stepping (no event: nobody paused anything) and ends once it has run (commands/evaluate.py).
+            self.state, self.pause_reason, self.exit_after_evaluation = RunState.PAUSED, "max steps", True
+        elif self.exit_at_max_steps:
             self.exit_reason, self._quit = "max steps", True
         elif self.state is RunState.RUNNING:
             self._pause("max steps")
@@ -672,7 +680,9 @@ class TrainingWorker(threading.Thread):
         hang), and a rank whose step failed never came."""
         if self.lockstep is None or self.lockstep.world_size == 1:
             self._run_evaluate()
-        elif self.lockstep.rank == 0:
+            return
+        self._evaluation_due_after = self.step
+        if self.lockstep.rank == 0:
             self.commands.put(Evaluate())  # rings the doorbell: every rank runs it a turn or two from now
 
     def _run_evaluate(self, agreed: bool = False) -> None:
