@@ -7,7 +7,9 @@ then, and rank 0's own stream would say nothing, or only that its own step is sl
 longer than TELL_SECONDS writes its place into the job's c10d store (one key per rank, refreshed while held,
 removed when it moves on): which step, which line of the project, inside what, how much CPU its training
 thread uses. Rank 0 reads them once it is held up itself, and says in one `waiting` warning which rank is
-where: at once when another rank's step failed, else when the wait is as long as a slow step's.
+where: at once when another rank's step failed, else when the wait is as long as a slow step's. The same holds
+for the `evaluate()` every rank runs at once (the `evaluate` command, --eval-every): a collective some ranks run in
+it and others do not leaves the first waiting for partners that finished theirs, and the report says so.
 
 `i` (interrupt) reaches every held rank the same way: a counter in the store, read by held ranks only, so a
 rank stuck in an endless loop on another node can be stopped from rank 0's app.
