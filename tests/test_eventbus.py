@@ -133,3 +133,42 @@ def test_racing_exits_from_many_threads_publish_exactly_one() -> None:
     for t in threads:
         t.join()
     assert len(reader.drain()) == 1
+
+
+def _switches() -> int:
+    """The calling thread's voluntary context switches so far: each time it slept and was woken (Linux)."""
+    with open("/proc/thread-self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_while_steps_flow_a_lingering_reader_sleeps_once_a_batch() -> None:
+    """It woke for the first step after each batch and then lingered: two wakeups a batch. Each wakeup of a thread
+    beside training cost a 2-rank run steps (bench/RESULTS.md, eleventh sitting)."""
+    bus = EventBus()
+    sub = bus.subscribe()
+    stop = threading.Event()
+
+    def publish() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            bus.publish(_step(n))
+            time.sleep(0.002)
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    try:
+        sub.wait(timeout=1.0, linger=0.05)  # the first batch: steps are flowing from here on
+        before, batches = _switches(), 0
+        for _ in range(20):
+            assert sub.wait(timeout=1.0, linger=0.05), "steps flow: every batch has some"
+            batches += 1
+        per_batch = (_switches() - before) / batches
+    finally:
+        stop.set()
+        publisher.join()
+    assert per_batch < 1.5, per_batch
+    bus.publish(Error(where="step", message="boom"))  # and anything else still arrives at once
+    started = time.monotonic()
+    assert any(isinstance(e, Error) for e in sub.wait(timeout=1.0, linger=5.0))
+    assert time.monotonic() - started < 1.0

@@ -38,6 +38,7 @@ class Subscription(Generic[E]):
         self._urgent = threading.Event()  # something other than routine telemetry is queued
         self._accept = accept
         self._notify = notify  # the reader's own wakeup, set for anything but routine telemetry
+        self._flowing = False  # the last drain held only routine telemetry: steps are coming (see `wait`)
         self.dropped = 0
 
     def _offer(self, event: Event) -> None:
@@ -64,13 +65,20 @@ class Subscription(Generic[E]):
             try:
                 out.append(self._items.popleft())
             except IndexError:
+                self._flowing = bool(out) and all(isinstance(event, ROUTINE) for event in out)
                 return out
 
     def wait(self, timeout: float | None = None, linger: float = 0.0) -> list[Event]:
         """Wait up to `timeout` seconds for at least one event, then drain.
 
         With `linger`, a queue holding only routine telemetry is drained up to `linger` seconds later (at once when
-        anything else arrives meanwhile), so one wakeup carries a batch of steps rather than one."""
+        anything else arrives meanwhile), so one wakeup carries a batch of steps rather than one. While steps flow (the
+        last batch held only telemetry), the reader lingers straight away rather than waking for the first new step
+        and then lingering: one wakeup a batch, not two (each wakeup of a thread beside training costs it, measured on a
+        2-rank run; bench/RESULTS.md)."""
+        if linger > 0 and self._flowing and not self._items:
+            self._urgent.wait(linger)  # returns at once when anything but routine telemetry is queued
+            return self.drain()
         if not self._items:
             self._wakeup.wait(timeout)
         if linger > 0 and self._items:
