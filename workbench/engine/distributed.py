@@ -18,6 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from workbench.engine.control_group import new_control_group
 from workbench.engine.control_plane import ControlPlane
 from workbench.engine.doorbell import Doorbell
 from workbench.engine.prepare_ahead import P, PrepareAhead
@@ -157,7 +158,7 @@ class ProcessGroups:
             dist.init_process_group(backend=self._backend(), timeout=self.collective_timeout, **self._device_id())
             self.created_default = True
         self._store = dist.distributed_c10d._get_default_store()
-        self.control = dist.new_group(backend="gloo", timeout=self.control_timeout)
+        self.control = new_control_group(self.control_timeout)
 
     def _backend(self) -> str:
         return "nccl" if self.device.type == "cuda" else "gloo"
@@ -186,7 +187,7 @@ class ProcessGroups:
         store = dist.PrefixStore(f"vram-bench/generation-{self.generation}", self._store)
         dist.init_process_group(backend=self._backend(), store=store, rank=self.info.rank, world_size=self.info.world_size,
                                 timeout=self.collective_timeout, **self._device_id())
-        self.control = dist.new_group(backend="gloo", timeout=self.control_timeout)
+        self.control = new_control_group(self.control_timeout)
         return self.control
 
     def doorbell(self) -> Doorbell:
