@@ -9,7 +9,7 @@ from workbench.protocol.eventbus import EventBus, write_until_exit
 
 # Steps and memory samples are written in batches at most this far apart (anything else at once): one wakeup per step
 # would take the GIL from the training thread at every step (workbench/protocol/eventbus.py).
-STEP_BATCH_SECONDS = 0.1
+STEP_BATCH_SECONDS = 0.5
 
 
 class EventLogWriter(threading.Thread):
