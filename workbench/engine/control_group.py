@@ -58,6 +58,8 @@ def default_gloo_devices() -> list | None:
         if not isinstance(backend, c10d.ProcessGroupGloo):
             return None
         devices = list(backend.options._devices)
+        probe = c10d.ProcessGroupGloo._Options()  # the options the constructor will be given: settable here too
+        probe._devices, probe._timeout = devices, timedelta(seconds=1)
         return devices or None
     except Exception:  # noqa: BLE001 - no CPU backend (NCCL only), or another torch: a device of its own then
         return None
