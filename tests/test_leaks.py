@@ -111,6 +111,10 @@ def test_model_and_optimizer_are_owned_with_exact_bytes() -> None:
     assert 0 < report.seconds < 5
 
 
+def _comparable(groups: tuple) -> list:
+    return [g for g in groups if g.owner != UNOWNED or g.bytes >= 1024]
+
+
 def test_a_loss_list_holding_graphs_is_the_top_suspect(make_module) -> None:
     leaky = make_module("leaky", "LOSSES = []\n")
     state = make_state()
@@ -127,8 +131,10 @@ def test_a_loss_list_holding_graphs_is_the_top_suspect(make_module) -> None:
     assert not any(f"[{BATCH}, {HIDDEN}]" in s.description for s in report.suspects)
     # Walking the graphs gives their saved tensors Python objects, which PyTorch keeps; the report counts
     # them from the first time, so asking again (nothing changed) gives the same answer.
+    # Another test's session still winding down in this process may make a few tiny tensors in between: unowned
+    # groups under 1 KiB are not compared (a graph's saved activations counted twice would be 13 KiB a step here).
     again = find_leaks(state)
-    assert again.groups == report.groups
+    assert _comparable(again.groups) == _comparable(report.groups)
     assert [(s.description, s.bytes, s.count) for s in again.suspects] == [
         (s.description, s.bytes, s.count) for s in report.suspects
     ]
