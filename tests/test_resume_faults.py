@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import is_event, save
+from tests.process_output import finish
 from workbench.engine.actions.snapshot import find_snapshot, load_snapshot, snapshots_in
 from workbench.engine.run_state import RunState
 from workbench.protocol.events import Evaluate, Interrupt, Resume, TakeSnapshot
@@ -274,7 +275,7 @@ def test_sigterm_writes_a_final_snapshot_and_exits_cleanly(tmp_path):
         line = proc.stdout.readline()
         steps += json.loads(line)["event"] == "step" if line else 0
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    out, err = finish(proc, timeout=60)
     events = [json.loads(line) for line in out.splitlines()]
     assert proc.returncode == 0, err
     snapshot = next(e for e in events if e["event"] == "snapshot")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import is_event, make_project, open_session
+from tests.process_output import finish
 from tests.test_resume_faults import TRAIN_PY, take_snapshot
 from workbench.engine.actions.snapshot import find_snapshot, load_snapshot, write_snapshot
 from workbench.protocol.events import Resume, TakeSnapshot
@@ -118,7 +119,7 @@ def test_sigterm_during_a_slow_setup_writes_no_snapshot_of_the_untrained_model(t
         line = proc.stdout.readline()  # type: ignore[union-attr]
     assert json.loads(line)["status"] == "running"
     proc.send_signal(signal.SIGTERM)  # mid-setup: the untrained model must not become the "latest" snapshot
-    out, err = proc.communicate(timeout=60)
+    out, err = finish(proc, timeout=60)
     events = [json.loads(x) for x in out.splitlines() if x.strip()]
     assert proc.returncode == 0, err
     assert not [e for e in events if e["event"] == "snapshot"], "a snapshot of the untrained model was written"

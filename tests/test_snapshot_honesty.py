@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import is_event, make_project
+from tests.process_output import finish
 from tests.test_resume_faults import TRAIN_PY, take_snapshot
 
 BIG_TRAIN_PY = TRAIN_PY.replace("torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)",
@@ -77,7 +78,7 @@ def test_sigterm_with_snapshots_failing_says_the_final_one_failed_names_the_last
             for _ in range(5):
                 read_until(proc, "step")
             proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=60)
+            out, err = finish(proc, timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
