@@ -30,7 +30,7 @@ from workbench.protocol.lines import read_lines
 QUIT_TIMEOUTS = QuitTimeouts()  # read when a session starts: a test driver may lower it
 # Steps and memory samples are printed in batches at most this far apart (anything else at once): one wakeup per step
 # would take the GIL from the training thread at every step (workbench/protocol/eventbus.py).
-STEP_BATCH_SECONDS = 0.05
+STEP_BATCH_SECONDS = 0.25  # as the socket sends them; 50 ms cost rank 0 three times the CPU (bench/RESULTS.md)
 
 
 def _read_commands(session: Session, fd: int, on_quit: Callable[[], None]) -> None:
