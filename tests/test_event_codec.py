@@ -171,6 +171,10 @@ STEP_CASES = [
     dict(step=3, loss=2.0, ms=0.25, saved_bytes=0, rank=7),
     dict(step=3, loss=2.0, ms=0.25, scalars={"ünï": 1.0, 'quote"d': 2.5}, rank=0),
     dict(step=0, loss=1, ms=3, code_version=0),  # ints where floats are declared
+    dict(step=5, loss=0.30000000000000004, ms=0.1, scalars={"lr": 3e-4, "grad_norm": 1.5e300}, code_version=2),
+    dict(step=5, loss=-0.0, ms=0.1, scalars={"lr": 3e-4, "tokens": 4096}, rank=3),  # an int among the scalars
+    dict(step=5, loss=2.5, ms=0.1, scalars={"bad": math.nan}, rank=1),
+    dict(step=5, loss=2.5, ms=0.1, scalars={7: 1.0}),  # a key that is not a string
 ]
 
 

@@ -160,6 +160,34 @@ class Step(Event):
                               saved_bytes=saved_bytes, rank=rank)
         return event
 
+    def _encode(self) -> str:
+        """The usual step (finite floats, int counters, no GPU fields) in one f-string: about 3x faster than the
+        field-by-field encoder, which writes every other step. The same text either way. Rank 0 encodes every rank's
+        steps it streams (thousands a second for a small model) beside its training thread."""
+        d = self.__dict__
+        time_, loss, ms, scalars, rank = d["time"], d["loss"], d["ms"], d["scalars"], d["rank"]
+        if (type(time_) is float and type(loss) is float and type(ms) is float and type(d["step"]) is int
+                and type(d["code_version"]) is int and d["peak_allocated"] is None and d["gpu"] is None
+                and d["saved_bytes"] is None and (rank is None or type(rank) is int) and type(scalars) is dict
+                and math.isfinite(loss) and math.isfinite(ms) and math.isfinite(time_)):
+            written = _finite_floats(scalars) if scalars else "{}"
+            if written is not None:
+                tail = "}" if rank is None else f',"rank":{int.__repr__(rank)}}}'
+                return (f'{{"event":"step","time":{float.__repr__(time_)},"step":{int.__repr__(d["step"])},'
+                        f'"loss":{float.__repr__(loss)},"ms":{float.__repr__(ms)},"scalars":{written},'
+                        f'"code_version":{int.__repr__(d["code_version"])}{tail}')
+        return super()._encode()
+
+
+def _finite_floats(scalars: dict[str, float]) -> str | None:
+    """A dict of str keys and finite float values as json.dumps writes it; None for anything else."""
+    parts = []
+    for key, value in scalars.items():
+        if type(key) is not str or type(value) is not float or not math.isfinite(value):
+            return None
+        parts.append(f"{_string(key)}:{float.__repr__(value)}")
+    return "{" + ",".join(parts) + "}"
+
 
 @dataclass(frozen=True)
 class Evaluation(Event):
