@@ -12,7 +12,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 date -u; nproc; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/nvidia-smi.txt"
-[ -z "$SKIP_CHECKS" ] && timeout 120 python3 -m pytest -m cuda tests/test_cuda.py tests/test_device_seam.py -o addopts="" -q -p no:cacheprovider 2>&1 | tee "$out/pytest-cuda.txt"
+[ -z "$SKIP_CHECKS" ] && timeout 120 python3 -m pytest -m cuda tests/test_cuda.py tests/test_device_seam.py tests/test_step_values.py -o addopts="" -q -p no:cacheprovider 2>&1 | tee "$out/pytest-cuda.txt"
 [ -z "$SKIP_CHECKS" ] && timeout 180 python3 bench/gpu_checks.py --out /tmp/gpu-checks 2>&1 | tee "$out/gpu-checks.txt"
 # What reading the loss every step (a device sync) costs against a loop that never waits, and vram-bench beside them.
 [ -z "$SKIP_CHECKS" ] && timeout ${SYNC_S:-150} python3 bench/loss_sync.py --rounds 3 --steps 1500 2>&1 | tee "$out/loss-sync.txt"

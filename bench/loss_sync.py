@@ -1,10 +1,11 @@
 """What reading the loss every step costs on a GPU: a plain loop that never waits for the GPU, the same loop with
-`loss.item()` every step (what vram-bench does to show the loss), and the same model under `vram-bench run --headless`.
+`loss.item()` every step (what vram-bench did to show the loss until it read it a step late), and the same model under
+`vram-bench run --headless`, which copies the loss off the GPU without waiting (workbench/engine/step_values.py).
 
 On a GPU, `.item()` waits for the step's kernels: the CPU cannot queue the next step while the GPU runs this one, so
 the GPU idles for whatever Python runs between two steps plus a kernel launch. That is negligible for long steps and
-could be several percent for GPU-bound steps of a few ms. This measures it before anyone changes when vram-bench reads
-the loss. On a CPU the three are the same work (a baseline for the script itself, not a finding).
+could be several percent for GPU-bound steps of a few ms. vram-bench should now be as fast as the loop that never
+waits. On a CPU the three are the same work (a baseline for the script itself, not a finding).
 
     python bench/loss_sync.py [--device cuda] [--rounds 5] [--steps 2000] [--width 2048] [--depth 4] [--batch 256]
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from workbench.engine.step_values import reads_later, to_scalar
+
 if TYPE_CHECKING:
     from workbench.engine.distributed import RankInfo
 
@@ -24,34 +26,22 @@ class Bench:
         self.local_rank = ranks.local_rank if ranks is not None else 0
         self.world_size = ranks.world_size if ranks is not None else 1
         self.is_main = self.rank == 0
-        self._logged: dict[str, float] = {}
+        self._logged: dict[str, Any] = {}  # floats, or device scalars read later
 
     def log(self, **scalars: Any) -> None:
         """Add extra chart series for the current step: `bench.log(lr=LR, grad_norm=g)`."""
         for name, value in scalars.items():
-            self._logged[name] = to_scalar(value, name)
+            # A CUDA scalar is read with the step's loss, without waiting for the GPU (step_values.py); anything else
+            # now, so a value that is not a number is refused at the line that logged it.
+            self._logged[name] = value if reads_later(value) else to_scalar(value, name)
 
-    def _take_logged(self) -> dict[str, float]:
+    def _take_logged(self) -> dict[str, Any]:
         logged, self._logged = self._logged, {}
         return logged
 
     def __repr__(self) -> str:
         ranks = f", rank={self.rank}/{self.world_size}" if self.world_size > 1 else ""
         return f"Bench(device={self.device}, step={self.step}{ranks}, run_dir={str(self.run_dir)!r})"
-
-
-def to_scalar(value: Any, name: str) -> float:
-    """A Python number or a one-element tensor as a float; anything else is the user's mistake."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise TypeError(f"{name!r} is a tensor of shape {tuple(value.shape)}; log a scalar (e.g. .mean())")
-        return float(value.item())  # no detach(): item() reads the value, autograd or not
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"{name!r} is a {type(value).__name__}; log numbers or one-element tensors") from None
-    return float(value)
 
 
 def is_finite(value: float) -> bool:

@@ -76,6 +76,7 @@ def dispatch(worker: TrainingWorker, command: Command) -> None:
             f"no handler is registered for {type(command).__name__}; register one with "
             f"@handles({type(command).__name__}) in a module that workbench/engine/commands/__init__.py imports"
         )
+    worker._settle_values()  # every step's loss is reported before a command acts (workbench/engine/step_values.py)
     if handler.needs_state and worker.user_state is None:
         worker._command_error(handler.refusal)
         return

@@ -36,7 +36,7 @@ from workbench.engine.actions.snapshot import (
 )
 from workbench.engine.actions.sharded_snapshot import has_fsdp1, is_sharded, load_sharded, write_sharded
 from workbench.engine.actions.snapshot_integrity import payload_bytes
-from workbench.engine.bench import Bench, to_scalar
+from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.dispatch import dispatch
 from workbench.errors import UserError
@@ -83,12 +83,13 @@ from workbench.engine.training_globals import TrainingGlobals, put_back
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
 from workbench.engine.runs import RunRecord
 from workbench.engine.saved_bytes import SavedBytes
+from workbench.engine.step_values import StepOutputError, StepRecord, scalar_now, start_reading
 from workbench.engine.state_walk import find_with_globals
 from workbench.engine.telemetry import Telemetry
 from workbench.engine.thread_priority import lower_current_thread
 from workbench.engine.time_limit import ASSUMED_WRITE_SECONDS_PER_BYTE, TimeLimit
 
-__all__ = ["AUTO_RESUME_REASONS", "ApplyChanges", "RunState", "TrainingWorker", "split_step_output"]
+__all__ = ["AUTO_RESUME_REASONS", "ApplyChanges", "RunState", "TrainingWorker"]
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
@@ -98,29 +99,6 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     active in that thread (cProfile inside the user's step) makes its next Python call spin forever.
     """
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
-
-
-class StepOutputError(TypeError):
-    """`step` returned something that is not a loss."""
-
-
-def split_step_output(out: Any) -> tuple[float, dict[str, float]]:
-    """A float / one-element tensor, or a dict of scalars with "loss" → (loss, other scalars)."""
-    if isinstance(out, dict):
-        if "loss" not in out:
-            raise StepOutputError(f"step() returned a dict without a 'loss' key (keys: {', '.join(map(str, out)) or 'none'})")
-        scalars = {str(k): _scalar(v, str(k)) for k, v in out.items()}
-        return scalars.pop("loss"), scalars
-    if out is None:
-        raise StepOutputError("step() returned None; return the loss (a float or a 0-d tensor) or a dict with 'loss'")
-    return _scalar(out, "loss"), {}
-
-
-def _scalar(value: Any, name: str) -> float:
-    try:
-        return to_scalar(value, name)
-    except TypeError as exc:
-        raise StepOutputError(f"step() returned {exc}") from None
 
 
 class CommandQueue(queue.SimpleQueue):  # type: ignore[type-arg]
@@ -236,6 +214,8 @@ class TrainingWorker(threading.Thread):
         self.lockstep: Lockstep | None = None  # under torchrun: every rank runs the same commands at the same boundary
         self.last_loss: float | None = None
         self.last_step_time: float | None = None  # when the last step ended (Unix seconds)
+        self._unread: StepRecord | None = None  # the last step, its loss still on its way from the GPU (step_values.py)
+        self._values_read_at = 0.0  # perf_counter when the last step's values were read
         self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
         self._pause_announced = False  # under torchrun: this rank's non-finite loss is on its way to every rank
         # Under torchrun: the step after which --eval-every's evaluation is due (every rank knows it; rank 0 queues it),
@@ -269,6 +249,8 @@ class TrainingWorker(threading.Thread):
                 self._agree_on_setup()
             while not self._quit:
                 idle = self.state is not RunState.RUNNING and not self._step_once
+                if idle:
+                    self._settle_values()  # nothing is queued behind the last step: its loss before waiting
                 self._handle_commands(block=idle)
                 if self._quit:
                     break
@@ -293,6 +275,7 @@ class TrainingWorker(threading.Thread):
                 Error(where="worker", message=f"vram-bench internal error: {exc!r}", traceback=traceback.format_exc())
             )
         finally:
+            self._settle_values_at_exit()
             if self.lockstep is not None and not self._lost and not self._left_alone:
                 self._finish_lockstep()
             if self._profile is not None:
@@ -508,8 +491,7 @@ class TrainingWorker(threading.Thread):
                     saved_bytes = saved.bytes
                 else:
                     out = step_fn(self.user_state, self.bench)
-                loss, scalars = split_step_output(out)
-                scalars.update(self.bench._take_logged())
+                values = start_reading(out, self.bench._take_logged())
             except KeyboardInterrupt:
                 self._interrupt_raised()
                 raise
@@ -520,22 +502,27 @@ class TrainingWorker(threading.Thread):
             self._step_failed(exc)
             return
         ms = (time.perf_counter() - started) * 1000
-        self.step_ms_history.append(ms)
         if gpu is not None:
             peak = self.probe.peak_allocated(gpu)
             if peak is not None:
                 self.telemetry.step_peaks[gpu] = peak
         self._track_new_modules()
         self.step += 1
-        self.last_loss, self.last_step_time = loss, time.time()
-        if self.lockstep is not None:
-            self.lockstep.record_step(self.step, loss, ms, self.reloader.version, self.last_step_time)
-        self.telemetry.record_step(self.step, {"loss": loss, **scalars}, ms)
-        self.telemetry.versions.record_step(ms, loss, scalars, self.telemetry.step_peaks.get(gpu) if gpu is not None else None)
+        self.last_step_time = time.time()
         peak = self.telemetry.step_peaks.get(gpu) if gpu is not None else None
-        self.bus.publish(Step.quick(self.step, loss, ms, scalars, self.reloader.version,
-                                    gpu=gpu if peak is not None else None, peak_allocated=peak, saved_bytes=saved_bytes,
-                                    rank=self.lockstep.rank if self.lockstep is not None else None))
+        later = values.reader is not None and not values.ready
+        record = StepRecord(self.step, values, started, ms, later, self.reloader.version, self.last_step_time,
+                            saved_bytes, gpu if peak is not None else None, peak)
+        earlier, self._unread = self._unread, None
+        if later:  # its loss is read at the next step's end, once that step is queued, or when something needs it
+            self._unread = record
+        checks: list[tuple[float, int]] = []  # checked last: a pause for a NaN then comes after both steps' events
+        if earlier is not None and (loss := self._record_values(earlier)) is not None:
+            checks.append((loss, earlier.step))
+        if not later:
+            if (loss := self._record_values(record)) is None:
+                return
+            checks.append((loss, record.step))
         if self._pending_optimizers is not None:
             self._load_pending_optimizers()
         if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
@@ -549,16 +536,67 @@ class TrainingWorker(threading.Thread):
                 self.last_profile = profile.finish()
                 return self.last_profile
 
+            self._settle_values()
             self._publish_or_report("profile", finish)
-        if not math.isfinite(loss) and not self._pause_announced:
+        for loss, step in checks:
+            if not self._check_finite(loss, step):
+                break
+
+    def _record_values(self, record: StepRecord) -> float | None:
+        """A step's loss and scalars into the charts, the versions table, the ranks' rows and a `step` event; the
+        loss, for `_check_finite`. None: reading it from the GPU raised (an error of the step's own kernels, which
+        CUDA reports late), reported as the step's failure."""
+        try:
+            loss, scalars = record.values.read()
+        except Exception as exc:  # noqa: BLE001 - as if the step had raised it: paused, the model kept
+            self._step_failed(exc)
+            return None
+        if record.late:  # the step returned before the GPU ran it: its time is the GPU's pace, value to value
+            read_at = time.perf_counter()
+            record.ms = (read_at - max(self._values_read_at, record.started)) * 1000
+        else:
+            read_at = record.started + record.ms / 1000
+        self._values_read_at = read_at
+        self.step_ms_history.append(record.ms)
+        self.last_loss = loss
+        if self.lockstep is not None:
+            self.lockstep.record_step(record.step, loss, record.ms, record.version, record.ended)
+        self.telemetry.record_step(record.step, {"loss": loss, **scalars}, record.ms)
+        self.telemetry.versions.record_step(record.ms, loss, scalars, record.peak)
+        self.bus.publish(Step.quick(record.step, loss, record.ms, scalars, record.version, gpu=record.gpu,
+                                    peak_allocated=record.peak, saved_bytes=record.saved_bytes,
+                                    rank=self.lockstep.rank if self.lockstep is not None else None, time=record.ended))
+        return loss
+
+    def _settle_values(self) -> None:
+        """The last step's loss, waiting for the GPU if it must: before anything that reads it or reports after it
+        (a command, a pause, an evaluation, a profile, the exit), so every `step` event comes in order and none is lost."""
+        record, self._unread = self._unread, None
+        if record is not None and (loss := self._record_values(record)) is not None:
+            self._check_finite(loss, record.step)
+
+    def _settle_values_at_exit(self) -> None:
+        """The last step's loss as the run ends; a GPU that cannot give it (a broken context) loses that step's event
+        only, never the exit."""
+        try:
+            self._settle_values()
+        except Exception as exc:  # noqa: BLE001 - the exit and the final snapshot must still happen
+            self.bus.publish(Error(where="step", message=f"the loss of step {self.step} could not be read: {exc}"))
+
+    def _check_finite(self, loss: float, step: int) -> bool:
+        """A non-finite loss pauses (every rank under torchrun), naming the parameters that went bad; False then."""
+        if math.isfinite(loss):
+            return True
+        if not self._pause_announced:
             try:
                 culprits = describe_non_finite(self.user_state)
             except Exception as exc:  # noqa: BLE001 - the diagnosis must not turn into a second failure
                 culprits = f"could not inspect the parameters ({exc})"
-            if self.setup_suspects and self.step == self._first_step_after_setup:
+            if self.setup_suspects and step == self._first_step_after_setup:
                 culprits += (f"; setup() had left garbage in {len(self.setup_suspects)} of them before this step "
                              "(the `parameters` warning)")
-            message = (f"loss is {loss} at step {self.step} (the first non-finite step); {culprits}. "
+            late = f", read after step {self.step} was queued" if step != self.step else ""
+            message = (f"loss is {loss} at step {step} (the first non-finite step{late}); {culprits}. "
                        "Training paused: fix the code and save, or resume to continue anyway.")
             self._failure = StepFailure(message)
             self.bus.publish(Error(where="step", message=message))
@@ -570,6 +608,7 @@ class TrainingWorker(threading.Thread):
                 self.lockstep.announce_pause(self, "non-finite loss", self._failure)
             else:
                 self._pause("non-finite loss")
+        return False
 
     def _track_new_modules(self) -> None:
         """A module the step imported lazily is tracked for reloads (an O(1) check per step)."""
@@ -578,6 +617,7 @@ class TrainingWorker(threading.Thread):
             self.reloader.track_loaded_modules()
 
     def _step_failed(self, exc: BaseException) -> None:
+        self._settle_values()  # the step before this one, reported before its failure
         file, line = self._where(exc)
         message = f"step() raised {type(exc).__name__}: {exc}"
         if isinstance(exc, StepOutputError):
@@ -663,6 +703,7 @@ class TrainingWorker(threading.Thread):
     def _check_max_steps(self) -> None:
         if self.max_steps is None or self.step < self.max_steps:
             return
+        self._settle_values()
         if self.exit_at_max_steps and self._evaluation_due_after == self.step:
             # Under torchrun the evaluation due at this last step is a command a turn or two away: every rank stops
             # stepping (no event: nobody paused anything) and ends once it has run (commands/evaluate.py).
@@ -689,6 +730,7 @@ class TrainingWorker(threading.Thread):
         """Run the user's evaluate(). `agreed`: every rank runs it now, at a boundary the ranks agreed on (the
         `evaluate` command, which `--eval-every` queues under torchrun), so they can then check that each ran the
         same collectives in it (collective_count.py)."""
+        self._settle_values()
         ranks = agreed and self.lockstep is not None and self.lockstep.world_size > 1
         if not ranks:
             self._evaluate_once()
@@ -725,7 +767,7 @@ class TrainingWorker(threading.Thread):
                 out = evaluate(self.user_state, self.bench)  # type: ignore[misc]
                 if not isinstance(out, dict):
                     raise StepOutputError(f"evaluate() returned {type(out).__name__}; return a dict of scalars")
-                scalars = {str(k): _scalar(v, str(k)) for k, v in out.items()}
+                scalars = {str(k): scalar_now(v, str(k), "evaluate() returned ") for k, v in out.items()}
             except KeyboardInterrupt:
                 self._interrupt_raised()
                 raise
@@ -785,6 +827,7 @@ class TrainingWorker(threading.Thread):
 
     def _final_snapshot(self) -> None:
         """The quit's snapshot, and what it did (`final_snapshot`): failed means the exit status says so too."""
+        self._settle_values()
         if self.step == self._first_step:
             self.final_snapshot = FinalSnapshot("nothing trained", self.step)
         elif self.step == self.last_snapshot_step and self.last_snapshot_path is not None:
@@ -901,6 +944,7 @@ class TrainingWorker(threading.Thread):
 
     # Helpers -----------------------------------------------------------------------------
     def _pause(self, reason: str, announce: bool = True) -> None:
+        self._settle_values()
         self.state, self.pause_reason = RunState.PAUSED, reason
         self._pause_announced = False
         self.bus.publish(Paused(reason=reason, step=self.step))
