@@ -55,6 +55,9 @@ class StubWorker:
         self.user_state = None
         self.refused: list[str] = []
 
+    def _settle_values(self) -> None:
+        """The last step's loss, read before any command acts (workbench/engine/step_values.py)."""
+
     def _command_error(self, message: str) -> None:
         self.refused.append(message)
 
@@ -104,6 +107,7 @@ def test_a_session_whose_setup_failed_refuses_them_in_the_same_words(start_sessi
 
 def test_a_handler_acts_through_the_worker_it_is_given():
     worker = SimpleNamespace(user_state={"model": None}, seen=[])
+    worker._settle_values = lambda: worker.seen.append("last step's values read")
 
     class Probe(Command):
         word = "probe"
@@ -112,6 +116,6 @@ def test_a_handler_acts_through_the_worker_it_is_given():
     try:
         command = Probe()
         dispatch(worker, command)
-        assert worker.seen == [command]
+        assert worker.seen == ["last step's values read", command]  # a command never acts before a step is reported
     finally:
         del HANDLERS[Probe]
