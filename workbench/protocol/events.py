@@ -161,7 +161,7 @@ class Step(Event):
         return event
 
     def _encode(self) -> str:
-        """The usual step (finite floats, int counters, no GPU fields) in one f-string: about 3x faster than the
+        """The usual step (finite floats, int counters, no GPU fields) in one f-string: 2-3x faster than the
         field-by-field encoder, which writes every other step. The same text either way. Rank 0 encodes every rank's
         steps it streams (thousands a second for a small model) beside its training thread."""
         d = self.__dict__
