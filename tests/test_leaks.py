@@ -132,11 +132,12 @@ def test_a_loss_list_holding_graphs_is_the_top_suspect(make_module) -> None:
     # Walking the graphs gives their saved tensors Python objects, which PyTorch keeps; the report counts
     # them from the first time, so asking again (nothing changed) gives the same answer.
     # Another test's session still winding down in this process may make a few tiny tensors in between: unowned
-    # groups under 1 KiB are not compared (a graph's saved activations counted twice would be 13 KiB a step here).
+    # groups and suspects under 1 KiB are not compared (a graph's saved activations counted twice would be 13 KiB a
+    # step here).
     again = find_leaks(state)
     assert _comparable(again.groups) == _comparable(report.groups)
-    assert [(s.description, s.bytes, s.count) for s in again.suspects] == [
-        (s.description, s.bytes, s.count) for s in report.suspects
+    assert [(s.description, s.bytes, s.count) for s in again.suspects if s.bytes >= 1024] == [
+        (s.description, s.bytes, s.count) for s in report.suspects if s.bytes >= 1024
     ]
     # The same chain for this leak; tensors of other tests' sessions still in the process may be reached
     # along another of their equally long paths.

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_project
+from tests.process_output import finish
 from tests.test_resume_faults import TRAIN_PY
 from workbench.engine.actions.requeue import requeue_job
 from workbench.engine.time_limit import TimeLimit, parse_duration, slurm_time_limit
@@ -69,7 +70,7 @@ def test_the_requeue_signal_snapshots_requeues_the_slurm_job_and_exits_0(tmp_pat
             if json.loads(line)["event"] == "step":
                 break
         proc.send_signal(signal.SIGUSR1)
-        out, err = proc.communicate(timeout=60)
+        out, err = finish(proc, timeout=60)  # with the lines the loop's reader had buffered
     finally:
         if proc.poll() is None:
             proc.kill()
