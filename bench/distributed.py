@@ -136,6 +136,8 @@ UNDER_VRAM_BENCH = textwrap.dedent(
             loss = train_step(state)
             time.sleep(max(0.0, float(os.environ["BENCH_STEP_MS"]) / 1000 - (time.perf_counter() - started)))
             return loss
+        for _ in range(int(os.environ.get("BENCH_TRAIN_STEPS_PER_STEP", "1")) - 1):  # bench/distributed_pairs.py
+            train_step(state)
         return train_step(state)
     """
 )

@@ -11,6 +11,7 @@ of the pairs' ratios, and their mean with a 95 % interval; the target is >= 0.98
 
     python bench/distributed_pairs.py [--model small] [--pairs 60] [--window 2] [--settle 0.5]
     python bench/distributed_pairs.py --pairs 30 --against "VRAM_BENCH_EXCHANGE_MS=5000"   # two settings, one run
+    python bench/distributed_pairs.py --pairs 40 --against "" --train-steps-per-step 4  # the per-step path's cost
 
 The jobs are the project of bench/distributed.py (`project`, `MODELS`), so the two benchmarks measure the
 same loop.
@@ -138,6 +139,9 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=0.5, help="seconds after SIGCONT before a window starts")
     parser.add_argument("--ours-args", default="", help="more options for vram-bench's job (to find what a cost comes from, "
                         "e.g. \"--sample-hz 1\")")
+    parser.add_argument("--train-steps-per-step", type=int, default=1, metavar="K",
+                        help="vram-bench's job trains K steps of the loop per vram-bench step (its rate counts all K): "
+                        "what vram-bench's per-step path costs, found by doing it K times less often")
     parser.add_argument("--against", default=None, help="the baseline is vram-bench run otherwise, not plain torchrun: "
                         "NAME=VALUE environment and options, e.g. \"VRAM_BENCH_EXCHANGE_MS=5000\" (two settings in one run)")
     args = parser.parse_args()
@@ -157,7 +161,8 @@ def main() -> None:
             extra_env, options = split_against(args.against)
             plain, baseline_events = vram_bench_job("plain", plain_dir, {**env, **extra_env}, options)
             files.append(baseline_events)
-        ours, events = vram_bench_job("vram-bench", ours_dir, env, args.ours_args.split())
+        ours_env = {**env, "BENCH_TRAIN_STEPS_PER_STEP": str(args.train_steps_per_step)}
+        ours, events = vram_bench_job("vram-bench", ours_dir, ours_env, args.ours_args.split())
         files.append(events)
         windows: list[tuple[str, float, float]] = []
         leaked: list[float] = []
@@ -201,7 +206,8 @@ def main() -> None:
         our_times = rank_0_step_times(ours_dir)
     rates = {"plain": [], "vram-bench": []}
     for name, start, end in windows:
-        rates[name].append(window_rate(plain_times if name == "plain" else our_times, start, end))
+        rates[name].append(window_rate(plain_times if name == "plain" else our_times, start, end)
+                           * (1 if name == "plain" else args.train_steps_per_step))
     ratios = [ours / plain for plain, ours in zip(rates["plain"], rates["vram-bench"])]
     mean = statistics.fmean(ratios)
     half = 1.96 * statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else float("nan")
@@ -211,7 +217,8 @@ def main() -> None:
     baseline = "plain torchrun" if args.against is None else f"vram-bench with {args.against}"
     print(f"  {baseline}: median {statistics.median(rates['plain']):.1f} steps/s "
           f"(windows {min(rates['plain']):.1f}-{max(rates['plain']):.1f})")
-    print(f"  vram-bench{(' ' + args.ours_args) if args.ours_args else ''}: median {statistics.median(rates['vram-bench']):.1f} steps/s "
+    k = f" ({args.train_steps_per_step} training steps a step)" if args.train_steps_per_step > 1 else ""
+    print(f"  vram-bench{(' ' + args.ours_args) if args.ours_args else ''}{k}: median {statistics.median(rates['vram-bench']):.1f} steps/s "
           f"(windows {min(rates['vram-bench']):.1f}-{max(rates['vram-bench']):.1f})")
     print(f"  vram-bench / {'plain' if args.against is None else 'baseline'}: median of pairs {statistics.median(ratios):.3f}; mean {mean:.3f} "
           f"(95 % interval {mean - half:.3f}-{mean + half:.3f}); target >= 0.98")
