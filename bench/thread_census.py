@@ -23,8 +23,11 @@ import time
 from pathlib import Path
 
 import torch
-
-from distributed import MODELS, REPO, project  # bench/ is this script's folder, hence on sys.path
+from distributed import (  # bench/ is this script's folder, hence on sys.path
+    MODELS,
+    REPO,
+    project,
+)
 from distributed_pairs import PLAIN_FOREVER, Job, vram_bench_job
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -103,9 +106,9 @@ def main() -> None:
         runtime.mkdir(mode=0o700)
         env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_RUNTIME_DIR": str(runtime)}
         for _ in range(args.rounds):
-            for kind in results:
-                results[kind].append(census(kind, Path(tmp), args.model, args.window, env))
-                rate, groups = results[kind][-1]
+            for kind, runs in results.items():
+                runs.append(census(kind, Path(tmp), args.model, args.window, env))
+                rate, groups = runs[-1]
                 print(f"  {kind}: {rate:.0f} steps/s; " + ", ".join(f"{n} {us:.1f}" for n, us in sorted(groups.items())
                                                                      if us >= 0.5) + " us CPU a step", flush=True)
     widths, batch = MODELS[args.model]

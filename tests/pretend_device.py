@@ -51,8 +51,8 @@ class PretendReader:
         value.device.note("copy", value.value)
         return value
 
-    def mark(self, value: DeviceScalar) -> PretendDevice:
-        return value.device
+    def mark(self, values: list[DeviceScalar]) -> PretendDevice:
+        return values[0].device
 
     def ready(self, mark: PretendDevice) -> bool:
         return mark.ready

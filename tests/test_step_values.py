@@ -63,7 +63,7 @@ def test_each_loss_is_read_after_the_next_step_is_queued_and_every_step_is_repor
         start_session, pretend_gpu):
     live = start_session(project(), max_steps=6, exit_at_max_steps=False)
     live.wait_for(is_event("paused", reason="max steps"), timeout=30)
-    steps, paused = steps_before(live, "paused")
+    steps, _ = steps_before(live, "paused")
     assert [e.step for e in steps] == [1, 2, 3, 4, 5, 6]
     assert [e.loss for e in steps] == [1 / i for i in range(1, 7)]
     assert [e.scalars["lr"] for e in steps] == [100 + i for i in range(1, 7)]
@@ -139,3 +139,12 @@ def test_a_cuda_loss_is_copied_without_waiting_and_reads_the_right_value():
     values = start_reading(loss, {"lr": torch.tensor(0.25, device="cuda")})
     assert values.reader is step_values.CUDA_READER
     assert values.read() == (4096.0, {"lr": 0.25})
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_values_on_two_gpus_wait_for_both_copies():
+    x = torch.full((2048, 2048), 1.0, device="cuda:1")
+    values = start_reading(torch.tensor(1.5, device="cuda:0"), {"far": (x @ x).mean()})  # 2048.0, queued on cuda:1
+    assert len(values.mark) == 2
+    assert values.read() == (1.5, {"far": 2048.0})

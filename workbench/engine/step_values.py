@@ -53,8 +53,8 @@ class DeferredReader(Protocol):
     def copy(self, value: Any) -> Any:
         """Start the copy to the host; what will hold the value once `mark`'s event has happened."""
 
-    def mark(self, value: Any) -> Any:
-        """An event after every copy started so far on `value`'s device."""
+    def mark(self, values: list[Any]) -> Any:
+        """What marks the end of the copies of `values` (started so far on their devices)."""
 
     def ready(self, mark: Any) -> bool: ...
 
@@ -73,16 +73,20 @@ class CudaReader:
     def copy(self, value: Any) -> Any:
         return value.detach().to("cpu", non_blocking=True)  # into pinned memory: asynchronous
 
-    def mark(self, value: Any) -> Any:
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(value.device))
-        return event
+    def mark(self, values: list[Any]) -> Any:
+        events = []
+        for device in dict.fromkeys(value.device for value in values):  # a model split over GPUs: one event each
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        return events
 
     def ready(self, mark: Any) -> bool:
-        return bool(mark.query())
+        return all(event.query() for event in mark)
 
     def wait(self, mark: Any) -> None:
-        mark.synchronize()
+        for event in mark:
+            event.synchronize()
 
     def read(self, copied: Any) -> float:
         return float(copied.item())  # a host tensor: no device wait
@@ -149,14 +153,15 @@ def start_reading(out: Any, logged: dict[str, Any]) -> StepValues:
     else:
         named = {"loss": out}
     values = StepValues()
-    last_copied: Any = None
+    copied: list[Any] = []
     for source, prefix in ((named, "step() returned "), (logged, "bench.log: ")):
         for name, value in source.items():
             target = None if source is named and name == "loss" else name
             reader = _reader_for(value)
             if reader is not None and (values.reader is None or values.reader is reader):
                 values.pending.append((target, reader.copy(value)))
-                values.reader, last_copied = reader, value
+                values.reader = reader
+                copied.append(value)
                 read: float | None = None
             else:
                 read = scalar_now(value, name, prefix)  # a host value, or a second device kind: read now (rare)
@@ -165,7 +170,7 @@ def start_reading(out: Any, logged: dict[str, Any]) -> StepValues:
             else:
                 values.scalars[name] = read
     if values.reader is not None:
-        values.mark = values.reader.mark(last_copied)
+        values.mark = values.reader.mark(copied)
     return values
 
 
