@@ -47,6 +47,9 @@ class PretendReader:
     def accepts(self, value: Any) -> bool:
         return isinstance(value, DeviceScalar)
 
+    def keep(self, value: DeviceScalar) -> DeviceScalar:
+        return DeviceScalar(value.value, value.device)  # frozen: a copy of what it holds now
+
     def copy(self, value: DeviceScalar) -> DeviceScalar:
         value.device.note("copy", value.value)
         return value

@@ -148,3 +148,16 @@ def test_values_on_two_gpus_wait_for_both_copies():
     values = start_reading(torch.tensor(1.5, device="cuda:0"), {"far": (x @ x).mean()})  # 2048.0, queued on cuda:1
     assert len(values.mark) == 2
     assert values.read() == (1.5, {"far": 2048.0})
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_logged_cuda_value_changed_in_place_afterwards_is_read_as_it_was_when_logged(tmp_path):
+    from workbench.engine.bench import Bench
+
+    bench = Bench(torch.device("cuda"), tmp_path)
+    norm = torch.tensor(3.0, device="cuda")
+    bench.log(grad_norm=norm)
+    norm.zero_()  # the user's code goes on with the same tensor
+    values = start_reading(torch.tensor(1.0, device="cuda"), bench._take_logged())
+    assert values.read() == (1.0, {"grad_norm": 3.0})

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.engine.step_values import reads_later, to_scalar
+from workbench.engine.step_values import kept_for_later, to_scalar
 
 if TYPE_CHECKING:
     from workbench.engine.distributed import RankInfo
@@ -33,7 +33,8 @@ class Bench:
         for name, value in scalars.items():
             # A CUDA scalar is read with the step's loss, without waiting for the GPU (step_values.py); anything else
             # now, so a value that is not a number is refused at the line that logged it.
-            self._logged[name] = value if reads_later(value) else to_scalar(value, name)
+            kept = kept_for_later(value)
+            self._logged[name] = kept if kept is not None else to_scalar(value, name)
 
     def _take_logged(self) -> dict[str, Any]:
         logged, self._logged = self._logged, {}

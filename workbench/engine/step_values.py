@@ -50,6 +50,9 @@ class DeferredReader(Protocol):
     def accepts(self, value: Any) -> bool:
         """A one-element value on this device, read without waiting."""
 
+    def keep(self, value: Any) -> Any:
+        """The value as it is now, safe from the user's later in-place changes (`bench.log` mid-step)."""
+
     def copy(self, value: Any) -> Any:
         """Start the copy to the host; what will hold the value once `mark`'s event has happened."""
 
@@ -69,6 +72,9 @@ class CudaReader:
 
     def accepts(self, value: Any) -> bool:
         return type(value) is torch.Tensor and value.is_cuda and value.numel() == 1
+
+    def keep(self, value: Any) -> Any:
+        return value.detach().clone()  # queued on the device like the rest: no wait
 
     def copy(self, value: Any) -> Any:
         return value.detach().to("cpu", non_blocking=True)  # into pinned memory: asynchronous
@@ -174,9 +180,11 @@ def start_reading(out: Any, logged: dict[str, Any]) -> StepValues:
     return values
 
 
-def reads_later(value: Any) -> bool:
-    """A value some device reads without waiting (`bench.log` keeps it as it is)."""
-    return _reader_for(value) is not None
+def kept_for_later(value: Any) -> Any | None:
+    """For `bench.log`: a device value kept as it is now, to be read with the step's loss; None for any other value
+    (read at once, so a value that is not a number is refused at the line that logged it)."""
+    reader = _reader_for(value)
+    return reader.keep(value) if reader is not None else None
 
 
 def _reader_for(value: Any) -> DeferredReader | None:
