@@ -107,9 +107,10 @@ class StepValues:
 
     __slots__ = ("loss", "mark", "pending", "reader", "scalars")
 
-    def __init__(self) -> None:  # made every step: plain slots, no dataclass machinery
-        self.loss: float | None = None
-        self.scalars: dict[str, float | None] = {}
+    def __init__(self, loss: float | None = None, scalars: dict[str, float | None] | None = None) -> None:
+        # Made every step: plain slots, no dataclass machinery.
+        self.loss = loss
+        self.scalars: dict[str, float | None] = {} if scalars is None else scalars
         self.pending: list[tuple[str | None, Any]] = []  # (scalar name, or None for the loss; the copy's holder)
         self.reader: DeferredReader | None = None
         self.mark: Any = None
@@ -150,6 +151,9 @@ class StepRecord:
 def start_reading(out: Any, logged: dict[str, Any]) -> StepValues:
     """What `step` returned (a number / one-element tensor, or a dict of them with "loss") and what it logged with
     `bench.log`, each read now or copied off its device; raises `StepOutputError` for anything that is not a loss."""
+    kind = type(out)
+    if not logged and (kind is float or (kind is torch.Tensor and not out.is_cuda)):  # the usual step, read at once
+        return StepValues(scalar_now(out, "loss", "step() returned "))
     if isinstance(out, dict):
         if "loss" not in out:
             raise StepOutputError(f"step() returned a dict without a 'loss' key (keys: {', '.join(map(str, out)) or 'none'})")
