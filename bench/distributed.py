@@ -4,9 +4,9 @@
   same model and loop under plain `torchrun` (no vram-bench), interleaved rounds, median ratio
   (target >= 98%). Both count steps/s between 20% and 100% of the steps from their own timestamps
   (steady state: the first fifth holds imports, warm-up and vram-bench's first-steps measurements).
-  Two step sizes: `--model small` (64 -> 256 -> 1, batch 64: about 1.5-2 ms a step on 2 cores, the
-  worst case for any per-step cost) and `--model medium` (512 -> 2048 -> 2048 -> 1, batch 256: tens
-  of ms, a step shaped like real training). The CPU both sides used per step (every process of the
+  Three step sizes: `--model small` (64 -> 256 -> 1, batch 64: about 1.5-2 ms a step on 2 cores, the
+  worst case for any per-step cost), `--model mid` (128 -> 512 -> 512 -> 1, batch 128: about 6 ms) and
+  `--model medium` (512 -> 2048 -> 2048 -> 1, batch 256: about 100 ms, a step shaped like real training). The CPU both sides used per step (every process of the
   run, from getrusage) is shown beside it, and the time between two steps on rank 0 (from one step's
   return to the next one's start, timed inside the step function on both sides): what vram-bench adds
   to every step, whatever the step's size, so the ratio for other step sizes can be read off it.
@@ -166,7 +166,7 @@ PLAIN = textwrap.dedent(
 )
 
 
-MODELS = {"small": ([64, 256, 1], 64), "medium": ([512, 2048, 2048, 1], 256)}
+MODELS = {"small": ([64, 256, 1], 64), "mid": ([128, 512, 512, 1], 128), "medium": ([512, 2048, 2048, 1], 256)}
 
 
 def children_cpu() -> float:
@@ -300,7 +300,7 @@ def project(root: Path, name: str, model: str = "small", functions: int = 0) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=None, help="steps a round (default: 3000 small, 300 medium)")
+    parser.add_argument("--steps", type=int, default=None, help="steps a round (default: 3000 small, 1500 mid, 300 medium)")
     parser.add_argument("--model", choices=sorted(MODELS), default="small", help="the step's size (see above)")
     parser.add_argument("--saves", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="1 round of 100 steps, 2 saves (a smoke test)")
@@ -311,7 +311,7 @@ def main() -> None:
     if args.exchange_ms is not None:
         os.environ["VRAM_BENCH_EXCHANGE_MS"] = str(args.exchange_ms)
     if args.steps is None:
-        args.steps = 3000 if args.model == "small" else 300
+        args.steps = {"small": 3000, "mid": 1500}.get(args.model, 300)
     if args.quick:
         args.rounds, args.steps, args.saves = 1, 100, 2
     with tempfile.TemporaryDirectory() as tmp:

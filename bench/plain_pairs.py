@@ -9,6 +9,7 @@ a 95 % interval. Switches:
     EXTRA_GLOO=1              an idle second gloo group (as vram-bench's control group had until 2026-11-28)
     EXTRA_GLOO=shared         the same, on the default group's gloo device (workbench/engine/control_group.py)
     EXTRA_PY_HZ=N EXTRA_WORK=K  one more Python thread waking N times a second for sum(range(K))
+    EXTRA_NICE=N / EXTRA_IDLE=1   ... at nice N / under SCHED_IDLE (Linux)
 
     python bench/plain_pairs.py "EXTRA_THREAD=1" "EXTRA_THREAD=1 EXTRA_GLOO=1" --pairs 40
 """
@@ -46,6 +47,10 @@ elif os.environ.get("EXTRA_GLOO"):
     extra = dist.new_group(backend="gloo")
 if float(os.environ.get("EXTRA_PY_HZ", 0)):
     def tick(period=1 / float(os.environ["EXTRA_PY_HZ"]), work=int(os.environ.get("EXTRA_WORK", 10))):
+        if os.environ.get("EXTRA_NICE"):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), int(os.environ["EXTRA_NICE"]))
+        if os.environ.get("EXTRA_IDLE"):
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
         while True:
             time.sleep(period)
             sum(range(work))
