@@ -113,6 +113,8 @@ def test_a_device_error_met_when_reading_a_loss_pauses_like_a_failed_step_and_tr
     live = start_session(project(sleep=0.005, fail_at=3))
     error = live.wait_for(is_event("error", where="step"), timeout=30)
     assert "illegal memory access" in error.message
+    # The pretend device fails the first wait after step 3 was queued: the read of step 2's loss, a step late.
+    assert error.message.startswith("reading step 2's loss from the device raised RuntimeError"), error.message
     paused = live.wait_for(is_event("paused"), timeout=10)
     live.send(Resume())
     later = live.events.steps(3)

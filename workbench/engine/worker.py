@@ -549,7 +549,7 @@ class TrainingWorker(threading.Thread):
         try:
             loss, scalars = record.values.read()
         except Exception as exc:  # noqa: BLE001 - as if the step had raised it: paused, the model kept
-            self._step_failed(exc)
+            self._step_failed(exc, read_of=record.step)
             return None
         if record.late:  # the step returned before the GPU ran it: its time is the GPU's pace, value to value
             read_at = time.perf_counter()
@@ -616,10 +616,16 @@ class TrainingWorker(threading.Thread):
             self._module_count = len(sys.modules)
             self.reloader.track_loaded_modules()
 
-    def _step_failed(self, exc: BaseException) -> None:
+    def _step_failed(self, exc: BaseException, read_of: int | None = None) -> None:
+        """Pause for a step that raised; `read_of`: the step whose values raised as they were read from the device (the
+        step itself had returned: CUDA reports an error of a step's kernels at the next sync)."""
         self._settle_values()  # the step before this one, reported before its failure
         file, line = self._where(exc)
         message = f"step() raised {type(exc).__name__}: {exc}"
+        if read_of is not None:
+            message = (f"reading step {read_of}'s loss from the device raised {type(exc).__name__}: {exc} (an error in "
+                       "the work queued on the device so far: a device reports a kernel's error only when something "
+                       "waits for it, here the loss read a step late)")
         if isinstance(exc, StepOutputError):
             message = str(exc)
         elif isinstance(exc, KeyboardInterrupt):
