@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import stat
 import threading
 import time
 from collections import deque
@@ -63,6 +64,37 @@ def _close_in_forked_child() -> None:
 
 
 os.register_at_fork(after_in_child=_close_in_forked_child)
+
+
+def close_connections_to(path: str) -> int:
+    """Close every Unix socket of this process whose own address is `path`: the listener bound there and each
+    connection accepted on it. For a forked child only (the parent's socket objects still name these fds). Linux
+    (/proc/self/fd); elsewhere nothing is closed. Returns how many were closed."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return 0
+    closed = 0
+    for fd in fds:
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            probe = socket.socket(fileno=fd)
+        except OSError:  # the listing's own fd, gone already
+            continue
+        try:
+            mine = probe.family == socket.AF_UNIX and probe.getsockname() == path
+        except OSError:
+            mine = False
+        finally:
+            probe.detach()  # the probe never closes: only a socket of ours is closed, below
+        if mine:
+            try:
+                os.close(fd)
+                closed += 1
+            except OSError:
+                pass
+    return closed
 
 
 class SessionServer:
@@ -137,12 +169,15 @@ class SessionServer:
             time.sleep(0.01)
 
     def _drop_fds_in_child(self) -> None:
-        """In a forked child (no threads there): close our copies of the listening and client sockets, nothing more."""
+        """In a forked child (no threads there): close our copies of the listening and client sockets, nothing more.
+        Then any other connection to our socket: one the accept thread had accepted but not yet listed when the parent
+        forked is in no list here, and would keep that client's connection open after the session died."""
         for sock in (self._listener, *(c.conn for c in self._clients.values())):
             try:
                 os.close(sock.detach())
             except OSError:
                 pass
+        close_connections_to(os.fspath(self.path))
 
     def clients(self) -> list[_Client]:
         with self._lock:
