@@ -10,6 +10,8 @@ import importlib.util
 import re
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -318,3 +320,38 @@ def test_tensors_held_by_a_data_iterator_or_closure_in_the_state_belong_to_the_s
     assert "[300000]" not in suspects and "[50000]" not in suspects, report.suspects
     owners = {(g.shape, g.owner) for g in report.groups}
     assert ((300000,), "state") in owners and ((50000,), "state") in owners
+
+
+def _build_tuples_until(stop: threading.Event, errors: list[BaseException], pause: float) -> None:
+    """Another thread's `tuple(generator)` calls, as a sampler or a user's thread makes them: the tuple is tracked by
+    gc while the generator runs, and shrunk in place at the end, which fails if anything else holds it then."""
+    def item(i: int) -> int:
+        if pause:
+            time.sleep(pause)  # a thread that blocks now and then
+        return sum(range(200)) + i  # or one that only computes (the GIL leaves it only when asked)
+
+    while not stop.is_set():
+        try:
+            tuple(item(i) for i in range(3))
+        except SystemError as exc:  # "bad argument to internal function": the census held the tuple
+            errors.append(exc)
+            return
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.0005], ids=["busy thread", "thread that sleeps"])
+def test_the_census_never_breaks_another_threads_tuple_under_construction(pause: float) -> None:
+    """gc.get_objects() hands the census every object, a tuple another thread is still filling included; if that
+    thread resumed while the census held it, its tuple(...) raised SystemError (every time, before others_held.py)."""
+    stop, errors = threading.Event(), []
+    builder = threading.Thread(target=_build_tuples_until, args=(stop, errors, pause), daemon=True)
+    builder.start()
+    state = {"model": torch.nn.Linear(4, 4)}
+    kept = [torch.randn(64) for _ in range(4)]
+    try:
+        for _ in range(3):
+            find_leaks(state)
+    finally:
+        stop.set()
+        builder.join(10)
+    assert not errors, f"another thread's tuple(...) failed while the census ran: {errors[0]!r}"
+    assert kept and sys.getswitchinterval() == pytest.approx(0.005)  # the interval is put back

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from workbench.engine.memory.others_held import other_threads_held
 from workbench.engine.memory.gc_freeze import thawed
 from workbench.engine.memory.shards import local_shard  # a DTensor's memory: owned or not, its local tensor's storage
 from workbench.engine.state_walk import find_modules_and_optimizers
@@ -114,7 +115,9 @@ def find_leaks(state: Any, *, max_suspects: int = 5, namespaces: dict[str, dict]
     in `sys.modules` under the name the user knows (the project's entry file).
     """
     start = time.perf_counter()
-    with thawed():  # frozen objects are invisible to gc.get_objects and gc.get_referrers
+    # Frozen objects are invisible to gc.get_objects and gc.get_referrers; and while the census holds every object,
+    # no other thread may finish building a tuple it holds (others_held.py).
+    with thawed(), other_threads_held():
         return _find_leaks(state, max_suspects, namespaces, start)
 
 
