@@ -80,7 +80,7 @@ def close_connections_to(path: str) -> int:
             if not stat.S_ISSOCK(os.fstat(fd).st_mode):
                 continue
             probe = socket.socket(fileno=fd)
-        except OSError:  # the listing's own fd, gone already
+        except (OSError, ValueError):  # the listing's own fd (gone already), or a socket Python cannot wrap
             continue
         try:
             mine = probe.family == socket.AF_UNIX and probe.getsockname() == path
