@@ -8,7 +8,6 @@ edits, and reads rank 0's event stream (which carries every rank's `step` events
 
 from __future__ import annotations
 
-import json
 import textwrap
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.event_log_file import logged_events
 from tests.test_headless import Headless
 
 PROJECT = textwrap.dedent(
@@ -81,8 +81,7 @@ def rank_log(run: Headless) -> list[dict[str, Any]]:
     start = next(e for e in run.events if e["event"] == "start")
     del start
     runs = sorted((run.entry.parent / ".vram-bench" / "runs").iterdir())
-    path = runs[-1] / "events-rank1.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return logged_events(runs[-1] / "events-rank1.jsonl")
 
 
 def steps_of(events: list[dict[str, Any]], rank: int) -> dict[int, dict[str, Any]]:
@@ -767,8 +766,7 @@ def test_an_attached_client_follows_torchruns_restart_to_the_new_rank_0(tmp_path
 
 def rank_log_of(project: Path) -> list[dict[str, Any]]:
     runs = sorted((project / ".vram-bench" / "runs").iterdir())
-    path = runs[-1] / "events-rank1.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return logged_events(runs[-1] / "events-rank1.jsonl")
 
 
 def subprocess_lines(command: list[str]) -> list[str]:

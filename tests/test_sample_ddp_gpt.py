@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests import conftest
+from tests.event_log_file import logged_events
 from tests.test_headless import Headless
 from tests.tour import tour_edits
 
@@ -30,7 +31,7 @@ TWO_LAYERS = 31  # tok_emb, pos_emb, 2 blocks, ln_f (weight, bias), head
 
 def rank1_log(entry: Path) -> list[dict[str, Any]]:
     (run_dir,) = (entry.parent / ".vram-bench" / "runs").iterdir()
-    return [json.loads(line) for line in (run_dir / "events-rank1.jsonl").read_text().splitlines() if line.strip()]
+    return logged_events(run_dir / "events-rank1.jsonl")
 
 
 def steps_of(events: list[dict[str, Any]], rank: int) -> dict[int, dict[str, Any]]:
