@@ -128,7 +128,8 @@ class RankPaused(Command):
 
 @dataclass(frozen=True)
 class EndRun(Command):
-    """Internal: rank 0's stdin is closed and a rank paused for an error: nobody can resume, so every rank ends."""
+    """Internal: rank 0's stdin is closed and a rank paused for an error or the data's end: nobody can resume, so
+    every rank ends."""
 
     reason: str
 
@@ -454,7 +455,8 @@ class Lockstep:
                                        failure.broken, failure.renew_group))
 
     def end_run(self, worker: TrainingWorker, reason: str) -> None:
-        """Rank 0, with nobody left to resume: every rank ends at the next agreed boundary (exit code 1)."""
+        """Rank 0, with nobody left to resume: every rank ends at the next agreed boundary (exit code 1; 0 and a final
+        snapshot when the data ran out)."""
         worker.commands.put(EndRun(reason))
 
 
@@ -482,7 +484,7 @@ def _said(worker: TrainingWorker, command: RankPaused) -> bool:
 
 @handles(EndRun)
 def end_run(worker: TrainingWorker, command: EndRun) -> None:
-    worker.exit_code, worker.exit_reason, worker._quit = 1, command.reason, True
+    worker.end_without_input(command.reason)  # at the same boundary on every rank: a final snapshot can be sharded
 
 
 @handles(AgreedSource)

@@ -38,6 +38,7 @@ from workbench.engine.actions.sharded_snapshot import has_fsdp1, is_sharded, loa
 from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
+from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.dispatch import dispatch
 from workbench.errors import UserError
 from workbench.engine.eval_mode import EvalModeWatch
@@ -80,7 +81,7 @@ from workbench.engine.project import Project, deepest_frame_in
 from workbench.engine.rebuild import restore_globals
 from workbench.engine.setup_rebinds import SetupRebinds, copies
 from workbench.engine.training_globals import TrainingGlobals, put_back
-from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
+from workbench.engine.run_state import AUTO_RESUME_REASONS, DATA_EXHAUSTED, ENDS_RUN_WITHOUT_INPUT, RunState
 from workbench.engine.runs import RunRecord
 from workbench.engine.saved_bytes import SavedBytes
 from workbench.engine.step_values import StepOutputError, StepRecord, scalar_now, start_reading
@@ -632,6 +633,8 @@ class TrainingWorker(threading.Thread):
             message = "step() was interrupted" + (f" at {file}:{line}" if file else "") + "; the model and optimizer are intact"
         elif is_out_of_memory(exc):
             message = f"out of memory in step(): {exc}. The step's tensors were released and the cache emptied; {self._memory_report()}"
+        elif isinstance(exc, StopIteration):
+            message = data_ran_out_message(self.step, file, line, str(self.project.root / file) if file else None)
         elif self.stopping_on_signal and raised_in_data_loader(exc):
             message = (f"step {self.step + 1} was cut short while stopping: its DataLoader's worker processes died (a "
                        "launcher such as torchrun signals every process of a rank's group; workers this process did not "
@@ -661,6 +664,9 @@ class TrainingWorker(threading.Thread):
             collect_all()
             self.probe.empty_cache()
             self._pause("out of memory")
+            return
+        if isinstance(exc, StopIteration):
+            self._pause(DATA_EXHAUSTED)
             return
         self._pause("interrupted" if isinstance(exc, KeyboardInterrupt) else "error")
 
@@ -958,10 +964,21 @@ class TrainingWorker(threading.Thread):
             if announce and is_error_pause(reason):
                 # Decided by this rank alone (its step failed): every rank pauses at the next agreed boundary.
                 self.lockstep.announce_pause(self, reason, self._failure)
-            if self.exit_on_error_pause and reason in AUTO_RESUME_REASONS:
+            if self.exit_on_error_pause and reason in ENDS_RUN_WITHOUT_INPUT:
                 self.lockstep.end_run(self, reason)  # every rank ends together, one boundary later
-        elif self.exit_on_error_pause and reason in AUTO_RESUME_REASONS:
-            self.exit_code, self.exit_reason, self._quit = 1, reason, True
+        elif self.exit_on_error_pause and reason in ENDS_RUN_WITHOUT_INPUT:
+            self.end_without_input(reason)
+
+    def end_without_input(self, reason: str) -> None:
+        """A pause nobody can resume (headless, stdin closed) ends the run: with exit code 1 for a failure; for the
+        data's end, the run's natural end as for a plain loop, with a final snapshot of the trained model and code 0."""
+        if reason == DATA_EXHAUSTED:
+            self._final_snapshot()  # on every rank under torchrun (EndRun): sharded state needs each rank's shard
+            if self.exit_reason != "final snapshot failed":
+                self.exit_code, self.exit_reason = 0, reason
+        else:
+            self.exit_code, self.exit_reason = 1, reason
+        self._quit = True
 
     # Under torchrun ------------------------------------------------------------------------
     def _agree_on_setup(self) -> None:

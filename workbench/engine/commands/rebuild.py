@@ -25,7 +25,7 @@ from workbench.engine.rebuild import (
     carry_over,
     restore_globals,
 )
-from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
+from workbench.engine.run_state import REBUILD_RESUMES, RunState
 from workbench.engine.setup_rebinds import copies, names_bound_by
 from workbench.engine.state_walk import find_with_globals
 from workbench.errors import UserError
@@ -158,7 +158,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         )
     )
     worker._warn_of_uninitialized_parameters()  # what the new setup() made and nothing carried over
-    if worker.state is RunState.PAUSED and worker.pause_reason in AUTO_RESUME_REASONS:
+    if worker.state is RunState.PAUSED and worker.pause_reason in REBUILD_RESUMES:
         worker._resume("rebuild")
 
 
