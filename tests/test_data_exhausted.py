@@ -14,8 +14,11 @@ import textwrap
 from pathlib import Path
 
 import torch
+from rich.text import Text
 
 from tests.test_headless import STARTUP_TIMEOUT, Headless
+from workbench.frontends.tui.widgets.reload_log import render_entry
+from workbench.protocol.events import Error
 
 BATCHES_PER_EPOCH = 4
 
@@ -69,7 +72,7 @@ def test_the_data_running_out_pauses_naming_the_line_a_save_keeps_it_paused_and_
         paused = run.wait_event("paused", STARTUP_TIMEOUT, reason="data exhausted")
         assert paused["step"] == end
         error = next(e for e in run.events if e["event"] == "error")
-        assert error["where"] == "step" and error["file"] == "train.py"
+        assert error["where"] == "data" and error["file"] == "train.py"
         assert error["line"] == next(n for n, text in enumerate(PROJECT.splitlines(), 1) if "next(state" in text)
         assert f"the data ran out in step {end + 1}" in error["message"]
         assert '`x = next(state["batches"])`' in error["message"]
@@ -126,3 +129,10 @@ def test_under_torchrun_both_ranks_run_out_together_and_end_with_one_report_and_
         assert run.events[-1] == {**run.events[-1], "event": "exit", "reason": "data exhausted", "code": 0}
     finally:
         run.close()
+
+
+def test_the_app_logs_it_as_the_data_s_end_not_as_a_failure_a_save_would_fix(tmp_path: Path):
+    message = "the data ran out in step 9: StopIteration at train.py:25 (`x = next(state[\"batches\"])`), ..."
+    line = render_entry(Error(where="data", message=message, file="train.py", line=25), tmp_path, timestamps=False)
+    assert isinstance(line, Text) and line.plain.startswith("DATA ENDED the data ran out in step 9")
+    assert "save a fix" not in line.plain

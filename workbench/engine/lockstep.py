@@ -69,7 +69,7 @@ from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.memory_guard import MemoryLimitNear
 from workbench.engine.prepare_ahead import PrepareAhead
-from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState, is_error_pause
+from workbench.engine.run_state import AUTO_RESUME_REASONS, DATA_EXHAUSTED, RunState, is_error_pause
 from workbench.protocol.events import COMMANDS, Command, Error, Ranks, Reload, Step
 
 if TYPE_CHECKING:
@@ -471,7 +471,8 @@ def rank_paused(worker: TrainingWorker, command: RankPaused) -> None:
     elif worker.exit_on_error_pause and worker.lockstep is not None:
         worker.lockstep.end_run(worker, command.reason)
     if worker.lockstep is not None and worker.lockstep.rank == 0 and command.rank != 0 and not _said(worker, command):
-        worker.bus.publish(Error(where="step", message=f"rank {command.rank}: {command.message}", file=command.file,
+        where = "data" if command.reason == DATA_EXHAUSTED else "step"
+        worker.bus.publish(Error(where=where, message=f"rank {command.rank}: {command.message}", file=command.file,
                                  line=command.line, traceback=command.traceback))
 
 

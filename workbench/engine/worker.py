@@ -655,7 +655,8 @@ class TrainingWorker(threading.Thread):
         self._failure = StepFailure(message, self._format(exc), file, line, self.step, broken, renew)
         if broken is not None:
             self.broken = Broken(broken, renew or (self.broken is not None and self.broken.renew_group))
-        self.bus.publish(Error(where="step", message=message, file=file, line=line, traceback=self._failure.traceback))
+        where = "data" if isinstance(exc, StopIteration) else "step"  # the data's end: no fix to save (data_end.py)
+        self.bus.publish(Error(where=where, message=message, file=file, line=line, traceback=self._failure.traceback))
         traceback.clear_frames(exc.__traceback__)  # the frames pin the step's tensors
         if is_out_of_memory(exc):
             if self._recording:

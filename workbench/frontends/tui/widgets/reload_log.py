@@ -174,6 +174,9 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
     elif isinstance(event, Error) and event.is_warning:
         line.append(f"WARNING {event.where} ", style=roles.bold("warning"))
         line.append(event.message, style=roles.warning)
+    elif isinstance(event, Error) and event.where == "data":  # step() read past the end of its data: paused
+        line.append("DATA ENDED ", style=roles.bold("warning"))
+        line.append(event.message, style=roles.warning)
     elif isinstance(event, Error):
         where = f" ({event.file}:{event.line})" if event.file else ""
         line.append(f"ERROR in {event.where} ", style=roles.bold("error"))
