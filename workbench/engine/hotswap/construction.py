@@ -10,6 +10,7 @@ their code loads), within the module the constant lives in.
 from __future__ import annotations
 
 import dis
+import inspect
 import types
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -28,16 +29,37 @@ def _globals_loaded(code: types.CodeType) -> Iterator[str]:
             yield from _globals_loaded(const)
 
 
-def _code_of(obj: Any) -> Iterator[tuple[str, types.CodeType]]:
-    """(label, code) of a function, or of a class's constructors."""
+def _code_of(obj: Any) -> Iterator[tuple[str, types.CodeType, dict[str, Any]]]:
+    """(label, code, the globals it runs with) of a function, or of a class's constructors."""
     fn = getattr(obj, "__wrapped__", obj)
     if isinstance(fn, types.FunctionType):
-        yield fn.__qualname__, fn.__code__
+        yield fn.__qualname__, fn.__code__, fn.__globals__
     elif isinstance(obj, type):
         for name in _CONSTRUCTORS:
             member = obj.__dict__.get(name)
             if isinstance(member, types.FunctionType):
-                yield member.__qualname__, member.__code__
+                yield member.__qualname__, member.__code__, member.__globals__
+
+
+def _walk(start: Any, modules: frozenset[str]) -> Iterator[tuple[str, types.CodeType, list[str], dict[str, Any]]]:
+    """What `start` (setup(), or a class: its constructors) runs, followed through the functions and classes of
+    `modules` that its code loads as globals: (the chain of calls to it, its code, the globals it loads, their
+    namespace), breadth first, within a bound."""
+    seen: set[tuple[str, str]] = set()
+    queue: list[tuple[str, Any]] = [(getattr(start, "__qualname__", "?"), start)]
+    while queue and len(seen) < _MAX_FUNCTIONS:
+        chain, obj = queue.pop(0)
+        for label, code, namespace in _code_of(obj):
+            if (namespace.get("__name__", ""), label) in seen:
+                continue
+            seen.add((namespace.get("__name__", ""), label))
+            chain_here = chain if chain.endswith(label) else f"{chain} -> {label}"
+            loaded = list(dict.fromkeys(_globals_loaded(code)))
+            yield chain_here, code, loaded, namespace
+            for name in loaded:
+                value = namespace.get(name)
+                if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) in modules:
+                    queue.append((chain_here, value))
 
 
 def constants_read_when_built(namespace: dict[str, Any], constants: Iterable[str], start: Any) -> dict[str, list[str]]:
@@ -47,22 +69,28 @@ def constants_read_when_built(namespace: dict[str, Any], constants: Iterable[str
     if not wanted or start is None:
         return {}
     found: dict[str, list[str]] = {}
-    seen: set[str] = set()
-    queue: list[tuple[str, Any]] = [(getattr(start, "__qualname__", "?"), start)]
-    while queue and len(seen) < _MAX_FUNCTIONS:
-        chain, obj = queue.pop(0)
-        for label, code in _code_of(obj):
-            if label in seen:
-                continue
-            seen.add(label)
-            chain_here = chain if chain.endswith(label) else f"{chain} -> {label}"
-            for name in dict.fromkeys(_globals_loaded(code)):
-                if name in wanted:
-                    found.setdefault(name, []).append(chain_here)
-                value = namespace.get(name)
-                if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == namespace.get("__name__"):
-                    queue.append((chain_here, value))
+    for chain, _, loaded, _ in _walk(start, frozenset({namespace.get("__name__", "")})):
+        for name in loaded:
+            if name in wanted:
+                found.setdefault(name, []).append(chain)
     return found
+
+
+def functions_called_when_built(changed: Iterable[types.FunctionType], start: Any, modules: Iterable[str]) -> dict[str, str]:
+    """Of the `changed` functions, those `start` (setup()) calls, directly or through the project's functions and
+    constructors (`modules`), each with the chain that reaches it: {"load_train_objs": "setup -> load_train_objs"}.
+    What setup() built with them is the old code's result until a rebuild. Generator functions are left out: the
+    running generator's own note says so."""
+    wanted = {fn.__code__: fn.__name__ for fn in changed if not fn.__code__.co_flags & inspect.CO_GENERATOR}
+    if not wanted or start is None:
+        return {}
+    return {wanted[code]: chain for chain, code, _, _ in _walk(start, frozenset(modules)) if code in wanted}
+
+
+def called_by_setup_note(name: str, chain: str) -> str:
+    """The log's sentence for a changed function setup() called to build the live state."""
+    return (f"{name} is called by setup() ({chain}): what setup() built with it keeps what the old code made; "
+            "R (command `rebuild`) builds it again with the new code")
 
 
 def built_from_note(name: str, chains: list[str] | tuple[str, ...], rolled_back: bool = False) -> str:

@@ -18,7 +18,12 @@ from typing import Any
 from workbench.errors import ContractError
 from workbench.engine.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute, ShiftLines
 from workbench.engine.hotswap.code_identity import CodeChanges, function_parts, innermost
-from workbench.engine.hotswap.construction import built_from_note, constants_read_when_built
+from workbench.engine.hotswap.construction import (
+    built_from_note,
+    called_by_setup_note,
+    constants_read_when_built,
+    functions_called_when_built,
+)
 from workbench.engine.hotswap.deleted_names import RemoveDeleted, plan_deleted
 from workbench.engine.hotswap.live_objects import UpdateLiveCopies
 from workbench.engine.hotswap.scopes import DEF_NODES, Scope, index_statements, label_for
@@ -76,6 +81,7 @@ def plan_reload(
     *,
     required: dict[str, tuple[str, ...]] | None = None,
     other_namespaces: list[dict[str, Any]] | None = None,
+    setup: Any = None,
 ) -> ChangeSet:
     """Diff `base` (what is live) against `new_source` and plan the patches.
 
@@ -123,6 +129,7 @@ def plan_reload(
     plan.later_bindings([s.current_node() for s in diff.new_index.statements])
     plan.in_source_order()
     plan.constants_the_state_was_built_from()
+    plan.functions_setup_called(setup)
     live_copies = _live_copies_patch(plan.patches)
     if live_copies is not None:
         plan.patches.append(live_copies)
@@ -332,6 +339,7 @@ class _Planner:
         self.statement_lines: dict[int, int] = {}  # id of each module statement's RunInNamespace -> its line
         self.old_values: dict[str, object] = {}  # what an edited constant's old line gave it (`batch_size = 12`)
         self.edited_statements: list[ast.stmt] = []  # module statements with calls: not re-run unless asked
+        self.patched_functions: dict[str, types.FunctionType] = {}  # module functions whose code is replaced in place
 
     def statement(self, old: Scope | None, new: Scope) -> None:
         moved_only = old is not None and old.fingerprint == new.fingerprint
@@ -441,6 +449,15 @@ class _Planner:
                     "live instances keep what the old value built; R (command `rebuild`) builds them again"
                 )
 
+    def functions_setup_called(self, setup: Any) -> None:
+        """A changed function setup() called (`load_train_objs()`, `make_model()`): what it built for the live state is
+        the old code's result, which a fresh start would not have. Said, as for a constant setup() read."""
+        if not self.patched_functions or setup is None:
+            return
+        modules = {str(ns.get("__name__")) for ns in (self.live, *self.others)}
+        called = functions_called_when_built(self.patched_functions.values(), setup, modules)
+        self.notes.extend(called_by_setup_note(name, chain) for name, chain in called.items())
+
     def _run_statement(self, patch: RunInNamespace, line: int) -> None:
         self.patches.append(patch)
         self.statement_lines[id(patch)] = line
@@ -520,6 +537,9 @@ class _Planner:
                 self.patches.extend(ReplaceCode.taking(o, n, moved_only=moved_only) for o, n in pairs)
                 if not moved_only:
                     self.changed.append(name)
+                    inner = getattr(live_obj, "__wrapped__", live_obj)
+                    if isinstance(inner, types.FunctionType) and name != "setup":
+                        self.patched_functions[name] = inner
                     self.first_use_branches(name, old.node, new.node)
                 return
         # New function, or its decorators changed: define it afresh in the live module.

@@ -1,0 +1,117 @@
+"""A saved change to a function setup() called (`load_train_objs()`, a model builder in another module): patched, and
+the reload says that what setup() built with it keeps the old code's result until a rebuild.
+
+Found porting pytorch/examples' ddp-tutorial-series trainer: its `load_train_objs()` builds the dataset, the model
+and the optimizer; an edit to its `lr=` or its model was applied with no note, while the live optimizer kept the old
+rate and the live model the old layers, where a fresh start would have the new ones.
+"""
+
+from __future__ import annotations
+
+import types
+
+from conftest import is_event, save
+from workbench.engine.hotswap.construction import functions_called_when_built
+from workbench.protocol.events import Rebuild, StepOnce
+
+MODEL_PY = """\
+import torch
+
+
+def build(width):
+    return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 1))
+"""
+
+TRAIN_PY = """\
+import torch
+
+from model import build
+
+
+def make_optimizer(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def batches():
+    while True:
+        yield torch.ones(2, 4)
+
+
+def scale():
+    return 1.0
+
+
+def setup(bench):
+    model = build(8)
+    return {"model": model, "opt": make_optimizer(model.parameters()), "data": batches()}
+
+
+def step(state, bench):
+    x = next(state["data"]) * scale()
+    loss = state["model"](x).pow(2).mean()
+    return {"loss": loss, "lr": state["opt"].param_groups[0]["lr"], "width": state["model"][0].out_features}
+"""
+
+
+def _notes(event) -> str:  # type: ignore[no-untyped-def]
+    return "\n".join(event.notes)
+
+
+def test_an_edited_function_setup_called_is_named_and_a_rebuild_builds_with_it(start_session) -> None:
+    live = start_session({"train.py": TRAIN_PY, "model.py": MODEL_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+
+    save(live.entry, TRAIN_PY.replace("lr=0.1", "lr=0.5"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.ok and reload.changed == ("make_optimizer",), reload
+    assert "make_optimizer is called by setup() (setup -> make_optimizer)" in _notes(reload), reload.notes
+    assert "keeps what the old code made" in _notes(reload) and "R (command `rebuild`)" in _notes(reload)
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars["lr"] == 0.1  # what the note says: the live optimizer is the old one
+
+    save(live.entry.parent / "model.py", MODEL_PY.replace("torch.nn.Linear(width, 1)", "torch.nn.ReLU(), torch.nn.Linear(width, 1)"))
+    reload = live.wait_for(is_event("reload", file="model.py"))
+    assert reload.ok and reload.changed == ("build",), reload
+    assert "build is called by setup() (setup -> build)" in _notes(reload), reload.notes
+
+    # Functions setup() does not call, or a generator (its running instance has a note of its own): no such note.
+    edited = TRAIN_PY.replace("lr=0.1", "lr=0.5").replace("return 1.0", "return 2.0").replace("torch.ones(2, 4)", "torch.zeros(2, 4)")
+    save(live.entry, edited)
+    reload = live.wait_for(is_event("reload", file="train.py", code_version=3))
+    assert reload.ok and set(reload.changed) == {"scale", "batches"}, reload
+    assert "called by setup()" not in _notes(reload), reload.notes
+
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    live.send(StepOnce())
+    scalars = live.wait_for(is_event("step", step=2)).scalars
+    assert scalars["lr"] == 0.5 and scalars["width"] == 8
+
+
+def test_the_walk_follows_constructors_and_other_modules_and_leaves_generators_out() -> None:
+    helpers = types.ModuleType("wb_setup_calls_helpers")
+    exec("def load_objs():\n    return 1\n", helpers.__dict__)
+    entry = types.ModuleType("wb_setup_calls_entry")
+    entry.__dict__["load_objs"] = helpers.load_objs
+    exec(
+        "class Trainer:\n"
+        "    def __init__(self):\n"
+        "        self.objs = load_objs()\n"
+        "def batches():\n"
+        "    yield 1\n"
+        "def unrelated():\n"
+        "    return 2\n"
+        "def setup(bench):\n"
+        "    return {'trainer': Trainer(), 'data': batches()}\n",
+        entry.__dict__,
+    )
+    entry.__dict__["__name__"] = entry.__name__
+    modules = {entry.__name__, helpers.__name__}
+    for fn in (entry.Trainer.__init__, entry.batches, entry.unrelated, entry.setup):
+        fn.__module__ = entry.__name__
+    helpers.load_objs.__module__ = helpers.__name__
+    entry.Trainer.__module__ = entry.__name__
+
+    called = functions_called_when_built([helpers.load_objs, entry.batches, entry.unrelated], entry.setup, modules)
+    assert called == {"load_objs": "setup -> Trainer.__init__ -> load_objs"}
+    assert functions_called_when_built([helpers.load_objs], entry.setup, {entry.__name__}) == {}  # its module is not followed
