@@ -1,5 +1,6 @@
 """A saved change to a function setup() called (`load_train_objs()`, a model builder in another module): patched, and
-the reload says that what setup() built with it keeps the old code's result until a rebuild.
+the reload says that what setup() built with it keeps the old code's result until a rebuild. The same for a module
+statement that calls it (`opt = make_opt(...)` at the top of a script), which x runs again.
 
 Found porting pytorch/examples' ddp-tutorial-series trainer: its `load_train_objs()` builds the dataset, the model
 and the optimizer; an edit to its `lr=` or its model was applied with no note, while the live optimizer kept the old
@@ -8,11 +9,15 @@ rate and the live model the old layers, where a fresh start would have the new o
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import types
+from pathlib import Path
 
 from conftest import is_event, save
+
 from workbench.engine.hotswap.construction import functions_called_when_built
-from workbench.protocol.events import Rebuild, StepOnce
+from workbench.protocol.events import Rebuild, RunStatements, StepOnce
 
 MODEL_PY = """\
 import torch
@@ -88,30 +93,74 @@ def test_an_edited_function_setup_called_is_named_and_a_rebuild_builds_with_it(s
     assert scalars["lr"] == 0.5 and scalars["width"] == 8
 
 
-def test_the_walk_follows_constructors_and_other_modules_and_leaves_generators_out() -> None:
-    helpers = types.ModuleType("wb_setup_calls_helpers")
-    exec("def load_objs():\n    return 1\n", helpers.__dict__)
-    entry = types.ModuleType("wb_setup_calls_entry")
-    entry.__dict__["load_objs"] = helpers.load_objs
-    exec(
-        "class Trainer:\n"
-        "    def __init__(self):\n"
-        "        self.objs = load_objs()\n"
-        "def batches():\n"
-        "    yield 1\n"
-        "def unrelated():\n"
-        "    return 2\n"
-        "def setup(bench):\n"
-        "    return {'trainer': Trainer(), 'data': batches()}\n",
-        entry.__dict__,
-    )
-    entry.__dict__["__name__"] = entry.__name__
-    modules = {entry.__name__, helpers.__name__}
-    for fn in (entry.Trainer.__init__, entry.batches, entry.unrelated, entry.setup):
-        fn.__module__ = entry.__name__
-    helpers.load_objs.__module__ = helpers.__name__
-    entry.Trainer.__module__ = entry.__name__
+def _module(folder: Path, name: str, source: str) -> types.ModuleType:
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
-    called = functions_called_when_built([helpers.load_objs, entry.batches, entry.unrelated], entry.setup, modules)
-    assert called == {"load_objs": "setup -> Trainer.__init__ -> load_objs"}
-    assert functions_called_when_built([helpers.load_objs], entry.setup, {entry.__name__}) == {}  # its module is not followed
+
+def test_the_walk_follows_constructors_and_other_modules_and_leaves_generators_out(tmp_path: Path) -> None:
+    sys.path.insert(0, str(tmp_path))
+    try:
+        helpers = _module(tmp_path, "wb_setup_calls_helpers", "def load_objs():\n    return 1\n")
+        entry = _module(tmp_path, "wb_setup_calls_entry", (
+            "from wb_setup_calls_helpers import load_objs\n\n"
+            "class Trainer:\n    def __init__(self):\n        self.objs = load_objs()\n\n"
+            "def batches():\n    yield 1\n\n"
+            "def unrelated():\n    return 2\n\n"
+            "def setup(bench):\n    return {'trainer': Trainer(), 'data': batches()}\n"
+        ))
+        modules = {entry.__name__, helpers.__name__}
+        called = functions_called_when_built([helpers.load_objs, entry.batches, entry.unrelated], entry.setup, modules)
+        assert called == {"load_objs": "setup -> Trainer.__init__ -> load_objs"}
+        assert functions_called_when_built([helpers.load_objs], entry.setup, {entry.__name__}) == {}  # not followed there
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("wb_setup_calls_helpers", None)
+        sys.modules.pop("wb_setup_calls_entry", None)
+
+
+SCRIPT_PY = """\
+import torch
+
+
+def make_opt(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+model = torch.nn.Linear(4, 1)
+opt = make_opt(model.parameters())
+
+if __name__ == "__main__":
+    make_opt(model.parameters())
+
+
+def setup(bench):
+    return {"model": model}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "lr": opt.param_groups[0]["lr"]}
+"""
+
+
+def test_a_module_statement_that_calls_an_edited_function_is_named_and_x_runs_it(start_session) -> None:
+    live = start_session({"train.py": SCRIPT_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, SCRIPT_PY.replace("lr=0.1", "lr=0.5"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.ok and reload.changed == ("make_opt",), reload
+    said = [n for n in reload.notes if "calls changed code (make_opt)" in n]
+    assert len(said) == 1 and said[0].startswith("line 9: `opt = make_opt(model.parameters())`"), reload.notes
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars["lr"] == 0.1
+    live.send(RunStatements())
+    ran = live.wait_for(is_event("reload", file="train.py", code_version=1, ms=0.0))
+    assert any(note.startswith("ran line 9") for note in ran.notes), ran.notes
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step", step=2)).scalars["lr"] == 0.5

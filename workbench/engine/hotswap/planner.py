@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,7 @@ def plan_reload(
     plan.in_source_order()
     plan.constants_the_state_was_built_from()
     plan.functions_setup_called(setup)
+    plan.statements_calling_changed_functions([s.current_node() for s in diff.new_index.statements])
     live_copies = _live_copies_patch(plan.patches)
     if live_copies is not None:
         plan.patches.append(live_copies)
@@ -233,6 +235,18 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
 
 
 _MISSING = object()
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """`if __name__ == "__main__":`, which never runs in a session (the entry file is imported as a module)."""
+    return isinstance(node, ast.If) and "__name__" in {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+
+
+def _called_names(node: ast.stmt) -> Iterator[str]:
+    """The plain names a statement calls: `make_opt` in `opt = make_opt(model.parameters())`, `MLP` in `MLP()`."""
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+            yield call.func.id
 
 
 def _plain_if(node: ast.stmt) -> bool:
@@ -457,6 +471,31 @@ class _Planner:
         modules = {str(ns.get("__name__")) for ns in (self.live, *self.others)}
         called = functions_called_when_built(self.patched_functions.values(), setup, modules)
         self.notes.extend(called_by_setup_note(name, chain) for name, chain in called.items())
+
+    def statements_calling_changed_functions(self, module: list[ast.stmt]) -> None:
+        """A module statement that calls a changed function (`opt = make_opt(model.parameters())` at the top of a
+        script) ran once, at import: what it made is the old code's result. Said, and x runs it, as for an edited one."""
+        if not self.patched_functions:
+            return
+        modules = {str(ns.get("__name__")) for ns in (self.live, *self.others)}
+        noted = {id(node) for node in self.edited_statements}
+        for node in module:
+            if id(node) in noted or isinstance(node, (*DEF_NODES, ast.ClassDef, ast.Import, ast.ImportFrom)) \
+                    or _is_main_guard(node):
+                continue
+            called: dict[str, str] = {}
+            for name in dict.fromkeys(_called_names(node)):
+                root = self.live.get(name)
+                if isinstance(root, (types.FunctionType, type)) and getattr(root, "__module__", None) in modules:
+                    called.update(functions_called_when_built(self.patched_functions.values(), root, modules))
+            if called:
+                self.edited_statements.append(node)
+                how = "; ".join(f"{fn} ({chain})" if chain != fn else fn for fn, chain in called.items())
+                self.notes.append(
+                    f"line {node.lineno}: `{label_for(node, self.source)}` calls changed code ({how}) and was not re-run: "
+                    "module statements that call code run once at import, so what it made keeps what the old code "
+                    "made; press x (command `run-statements`) to run it now"
+                )
 
     def _run_statement(self, patch: RunInNamespace, line: int) -> None:
         self.patches.append(patch)
