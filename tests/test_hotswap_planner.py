@@ -7,6 +7,7 @@ live objects (not fresh copies) now behave like the new source.
 
 from __future__ import annotations
 
+import __future__
 import importlib.util
 import itertools
 import sys
@@ -490,3 +491,25 @@ def test_a_constant_derived_from_a_changed_one_is_not_silently_stale(load_module
     changeset = reload(module, path, old, "A = 2\nB = A * 2\n")
     assert module.A == 2
     assert module.B == 4 or any("B" in note for note in changeset.notes), (module.B, changeset.notes)
+
+
+# --------------------------------------------------------------------------- the file's own __future__ imports
+
+
+@pytest.mark.parametrize("future", [False, True])
+def test_saved_code_is_compiled_with_the_files_own_future_imports_and_no_others(load_module: Loader, future: bool) -> None:
+    """vram-bench's own modules use `from __future__ import annotations`; compile() hands a caller's future imports to
+    the code it compiles unless told not to, which turned the annotations of every saved function into strings and
+    made a factory whose inner function alone changed look as if its own lines had changed too."""
+    header = "from __future__ import annotations\n\n" if future else ""
+    old = header + "import math\n\n\ndef f(x: int) -> float:\n    return math.sqrt(x)\n\n\nclass C:\n    def g(self, y: int) -> int:\n        return y\n"
+    module, path = load_module(old)
+    live_f, live_g = module.f, module.C.g
+    new = old.replace("math.sqrt(x)", "math.sqrt(x) + 1").replace("return y", "return y + 1").replace(
+        "class C:", "def added(z: float) -> None:\n    return None\n\n\nclass C:")
+    reload(module, path, old, new)
+    assert live_f(4) == 3.0 and live_g(None, 1) == 2  # the live objects run the saved code
+    expected = "int" if future else int
+    for fn, name in ((live_f, "x"), (live_g, "y"), (module.added, "z")):
+        assert fn.__annotations__[name] == ("float" if name == "z" and future else float if name == "z" else expected)
+        assert bool(fn.__code__.co_flags & __future__.annotations.compiler_flag) is future

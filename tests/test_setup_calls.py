@@ -164,3 +164,43 @@ def test_a_module_statement_that_calls_an_edited_function_is_named_and_x_runs_it
     assert any(note.startswith("ran line 9") for note in ran.notes), ran.notes
     live.send(StepOnce())
     assert live.wait_for(is_event("step", step=2)).scalars["lr"] == 0.5
+
+
+FACTORY_PY = """\
+import torch
+
+
+def make_scale(k, bias=0.0):
+    offset = 1.0
+
+    def scale(x):
+        return x * k + offset + bias
+
+    return scale
+
+
+def setup(bench):
+    return {"scale": make_scale(2.0)}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "scaled": state["scale"](1.0)}
+"""
+
+
+def test_a_factory_whose_inner_function_alone_changed_gets_no_such_note_its_own_lines_or_defaults_do(start_session) -> None:
+    live = start_session({"train.py": FACTORY_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    inner_only = FACTORY_PY.replace("return x * k + offset + bias", "return x * k + offset + bias + 10.0")
+    save(live.entry, inner_only)
+    reload = live.wait_for(is_event("reload", file="train.py", code_version=1))
+    assert reload.ok and "called by setup()" not in _notes(reload), reload.notes  # the live closure has the new code
+    assert "keep the values" not in _notes(reload), reload.notes  # nor does it keep captured values: none changed
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars["scaled"] == 13.0
+
+    save(live.entry, inner_only.replace("bias=0.0", "bias=5.0"))
+    reload = live.wait_for(is_event("reload", file="train.py", code_version=2))
+    assert "make_scale is called by setup() (setup -> make_scale)" in _notes(reload), reload.notes
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step", step=2)).scalars["scaled"] == 13.0  # the closure captured the old bias

@@ -9,16 +9,17 @@ old code keeps running.
 
 from __future__ import annotations
 
+import __future__
 import ast
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.errors import ContractError
 from workbench.engine.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute, ShiftLines
-from workbench.engine.hotswap.code_identity import CodeChanges, function_parts, innermost
+from workbench.engine.hotswap.code_identity import CodeChanges, function_parts, innermost, same_own_content
 from workbench.engine.hotswap.construction import (
     built_from_note,
     called_by_setup_note,
@@ -93,7 +94,8 @@ def plan_reload(
     base_index = base if isinstance(base, SourceIndex) else SourceIndex.parse(base, filename)
     try:
         diff = diff_source(base_index, new_source, filename)
-        compile(ast.Module(body=list(diff.new_region), type_ignores=[]), filename, "exec")
+        flags = future_flags(s.current_node() for s in diff.new_index.statements)
+        compile_nodes(list(diff.new_region), path, flags)
     except SyntaxError as exc:
         raise ReloadError(f"syntax error: {exc.msg}", exc.lineno) from None
     old_index = index_statements(diff.old_region)
@@ -107,7 +109,7 @@ def plan_reload(
                     f"{name}() is no longer defined in {path.name}; the old {name}() keeps running. Put it back and save."
                 )
 
-    scratch = _run_in_scratch(module, path, diff.new_region, old_index, new_index)
+    scratch = _run_in_scratch(module, path, diff.new_region, old_index, new_index, flags)
     if required:
         try:
             from workbench.engine.project import check_contract
@@ -116,7 +118,7 @@ def plan_reload(
         except ContractError as exc:
             raise ReloadError(exc.message, exc.line) from None
 
-    plan = _Planner(module, scratch, path, new_source, other_namespaces or [])
+    plan = _Planner(module, scratch, path, new_source, other_namespaces or [], flags)
     changeset = ChangeSet(path=path, module=module, base_source=base_index.source, new_source=new_source)
     changeset.index = diff.new_index
     for key, new in new_index.items():
@@ -188,6 +190,7 @@ def _run_in_scratch(
     new_body: list[ast.stmt],
     old_index: dict[tuple[str, str], Scope],
     new_index: dict[tuple[str, str], Scope],
+    flags: int,
 ) -> dict[str, Any]:
     """Execute imports, plain constants and changed definitions in a copy of the module's globals."""
     keep: set[int] = set()
@@ -199,7 +202,7 @@ def _run_in_scratch(
     body = [node for node in new_body if id(node) in keep]
     scratch = dict(module.__dict__)
     try:
-        exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), scratch)  # noqa: S102
+        exec(compile_nodes(body, path, flags), scratch)  # noqa: S102
     except Exception as exc:  # noqa: BLE001 - any failure here is reported, nothing live changed
         raise ReloadError(f"{type(exc).__name__}: {exc}{_raised_elsewhere(exc, path)}", _line_in(exc, path)) from None
     return scratch
@@ -235,6 +238,21 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
 
 
 _MISSING = object()
+
+
+def _own_lines_changed(live: types.FunctionType, new: types.FunctionType) -> bool:
+    """The function's own code or defaults changed, not only a function nested in it: the closures it made are
+    patched live (found by name), so a factory whose inner function alone changed made nothing that keeps old code."""
+    return (not same_own_content(live.__code__, new.__code__) or _differ(live.__defaults__, new.__defaults__)
+            or _differ(live.__kwdefaults__, new.__kwdefaults__))
+
+
+def _differ(a: object, b: object) -> bool:
+    """`a != b` for defaults that may hold tensors (whose `!=` has no single truth value): then, unless identical."""
+    try:
+        return bool(a != b)
+    except Exception:  # noqa: BLE001 - a default whose comparison raises
+        return a is not b
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
@@ -292,8 +310,23 @@ def _literal_values(scope: Scope) -> dict[str, object]:
         return {}
 
 
-def compile_nodes(nodes: tuple[ast.stmt, ...], path: Path) -> types.CodeType:
-    return compile(ast.Module(body=list(nodes), type_ignores=[]), str(path), "exec")
+def compile_nodes(nodes: tuple[ast.stmt, ...] | list[ast.stmt], path: Path, flags: int = 0) -> types.CodeType:
+    """The user's statements compiled as their file is: with its own `from __future__` imports (`flags`) and
+    none of this module's (compile() would otherwise hand them this file's `annotations` future)."""
+    return compile(ast.Module(body=list(nodes), type_ignores=[]), str(path), "exec", flags=flags, dont_inherit=True)
+
+
+def future_flags(statements: Iterable[ast.stmt]) -> int:
+    """The compiler flags of a file's `from __future__ import ...` lines, which come first (after a docstring)."""
+    flags = 0
+    for node in statements:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            for alias in node.names:
+                feature = getattr(__future__, alias.name, None)
+                flags |= getattr(feature, "compiler_flag", 0)
+        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            break
+    return flags
 
 
 def _decorators(node: ast.stmt) -> str:
@@ -334,9 +367,16 @@ class _Planner:
     """Collects patches, changed names and notes for one file."""
 
     def __init__(
-        self, module: types.ModuleType, scratch: dict[str, Any], path: Path, source: str, others: list[dict[str, Any]]
+        self,
+        module: types.ModuleType,
+        scratch: dict[str, Any],
+        path: Path,
+        source: str,
+        others: list[dict[str, Any]],
+        flags: int = 0,
     ) -> None:
         self.live = module.__dict__
+        self.flags = flags  # the file's `from __future__` imports: every statement run again is compiled with them
         self.others = others
         self.rebuild_if_live: dict[type, str] = {}
         self.note_if_live: dict[type, str] = {}
@@ -401,7 +441,7 @@ class _Planner:
         return [
             (
                 f"line {node.lineno}: `{label_for(node, self.source)}`",
-                RunInNamespace(compile_nodes((node,), self.path), self.live, tuple(sorted(bound_names(node)))),
+                RunInNamespace(compile_nodes((node,), self.path, self.flags), self.live, tuple(sorted(bound_names(node)))),
             )
             for node in picked
         ]
@@ -438,7 +478,7 @@ class _Planner:
         """Run an import, a plain constant or a call-free `if` again in the live module; what it binds is dirty."""
         if binds is None:
             binds = tuple(scope.name.split(",")) if scope.kind == "assign" else ()
-        self._run_statement(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, binds), scope.line)
+        self._run_statement(RunInNamespace(compile_nodes(scope.nodes, self.path, self.flags), self.live, binds), scope.line)
         self.changed.extend(binds)
         self.dirty.update(binds)
         self.rerun_nodes.update(id(node) for node in scope.nodes)
@@ -538,7 +578,7 @@ class _Planner:
                     "(command `run-statements`) to run it now"
                 )
                 continue
-            self._run_statement(RunInNamespace(compile_nodes((node,), self.path), self.live, tuple(names)), node.lineno)
+            self._run_statement(RunInNamespace(compile_nodes((node,), self.path, self.flags), self.live, tuple(names)), node.lineno)
             self.rerun_nodes.add(id(node))
             self.notes.append(f"{label} binds {', '.join(names)} again, as a fresh start would: it ran again too")
 
@@ -576,8 +616,9 @@ class _Planner:
                 self.patches.extend(ReplaceCode.taking(o, n, moved_only=moved_only) for o, n in pairs)
                 if not moved_only:
                     self.changed.append(name)
-                    inner = getattr(live_obj, "__wrapped__", live_obj)
-                    if isinstance(inner, types.FunctionType) and name != "setup":
+                    inner, inner_new = innermost(live_obj), innermost(new_obj)
+                    if name != "setup" and isinstance(inner, types.FunctionType) and isinstance(inner_new, types.FunctionType) \
+                            and _own_lines_changed(inner, inner_new):
                         self.patched_functions[name] = inner
                     self.first_use_branches(name, old.node, new.node)
                 return
@@ -608,7 +649,7 @@ class _Planner:
     def redefine(self, scope: Scope) -> None:
         """Run a def/class statement again in the live module and point the project's other modules at the result."""
         name = scope.name
-        self.patches.append(RunInNamespace(compile_nodes(scope.nodes, self.path), self.live, (name,)))
+        self.patches.append(RunInNamespace(compile_nodes(scope.nodes, self.path, self.flags), self.live, (name,)))
         if name in self.live:
             self.patches.append(ReplaceReferences(self.others, self.live[name], self.live, name))
         self.changed.append(name)
