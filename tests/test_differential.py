@@ -46,37 +46,43 @@ SCRIPT_KNOWN_SILENT: dict[str, tuple[int, ...]] = {}
 # name -> (seed, fingerprint, outcome): cases the harness must judge as it does (each was, or would be, a false
 # silent without the rule it names), and, once fixed, one seed per engine finding above.
 SCRIPT_REGRESSIONS: dict[str, tuple[int, str, str]] = {
-    "run with --batch-size 4: a fresh start gets the same arguments (harness: the oracle's sys.argv)": (0, "b4023a4d6761", APPLIED),
+    "run with --batch-size 4: a fresh start gets the same arguments (harness: the oracle's sys.argv)": (0, "993fc4431d46", APPLIED),
     "a rebuild names train.opt2, an optimizer setup() does not make (harness: rebuild notes, module globals)": (
-        17, "74b1be5b2b27", REPORTED,
+        17, "bbc8820a95cb", REPORTED,
     ),
     "an override statement left for x is still not re-run after a rebuild (harness: a rebuild runs setup(), "
-    "not the module)": (60, "e29198d16182", REPORTED),
+    "not the module)": (60, "faa4d6753e68", REPORTED),
     # Engine findings, fixed (tests/test_script_family_findings.py has each one's smallest case):
-    "weight_decay edited: the optimizer setup() keeps only in a module global was unnamed": (16, "79fe4c08dbee", REPORTED),
-    "momentum edited: the optimizer step() made in a module global (opt2) was unnamed": (2, "96a93ba707c9", REPORTED),
+    "weight_decay edited: the optimizer setup() keeps only in a module global was unnamed": (16, "3af9ecceeba1", REPORTED),
+    "momentum edited: the optimizer step() made in a module global (opt2) was unnamed": (2, "c338269f4ffa", REPORTED),
     "batch_size edited, run with --batch-size 12: tokens_per_iter below the override was computed before it": (
-        12, "6189b96729a7", APPLIED,
+        12, "35e10f3f1d89", APPLIED,
     ),
     "a rebuild with the model only in a module global: opt2 kept the discarded model's parameters, unsaid": (
-        3, "c263748855cd", APPLIED,
+        3, "d4bcebce30fa", APPLIED,
     ),
-    "MLP.__init__ edited with the model only in a module global: applied in place, not held": (20, "a1f3f4435d11", REPORTED),
-    "n_layer edited: the live model MLP.__init__ built from it kept its layers, unsaid": (25, "6a9571ebff0a", REPORTED),
+    "MLP.__init__ edited with the model only in a module global: applied in place, not held": (20, "8ee5d4370b9e", REPORTED),
+    "n_layer edited: the live model MLP.__init__ built from it kept its layers, unsaid": (25, "49c17db8bd6c", REPORTED),
     "dampening edited under `if opt2 is None:` in step(): opt2 kept what the old line made, unsaid": (
-        10, "4702fa842192", REPORTED,
+        10, "3f8fc8f0071b", REPORTED,
     ),
     "rollback after a rebuild built the optimizer from the rolled-back weight_decay, unsaid (long-run seed)": (
-        950527118, "94bcb83b2268", REPORTED,
+        950527118, "d8ae34206e75", REPORTED,
     ),
     "rollback after a rebuild built the model from the rolled-back n_layer, unsaid (long-run seed)": (
-        914257605, "aad0ef6ad391", REPORTED,
+        914257605, "3dc083060523", REPORTED,
     ),
     "a rebuild: setup() halved its own last grad_accum, not the file's (nanoGPT's accumulation steps per rank)": (
-        8, "45c592f5e61b", APPLIED,
+        8, "60a0cabf7967", APPLIED,
     ),
     "a second rebuild: opt2 held a model the first one discarded (state vs global name), unsaid (long-run seed)": (
-        914257346, "efb050a83aac", REPORTED,
+        914257346, "0daa42a64327", REPORTED,
+    ),
+    "beta2 edited in make_optimizer(), which setup() calls: the live optimizer keeps the old value, unnamed": (
+        40, "a1122a01dfa8", REPORTED,
+    ),
+    "rollback after a rebuild whose setup() called the rolled-back make_optimizer(): its optimizer, unnamed": (
+        565, "17e9e3c813d5", REPORTED,
     ),
 }
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from conftest import is_event, save
 
 from workbench.engine.hotswap.construction import functions_called_when_built
-from workbench.protocol.events import Rebuild, RunStatements, StepOnce
+from workbench.protocol.events import Rebuild, Rollback, RunStatements, StepOnce
 
 MODEL_PY = """\
 import torch
@@ -204,3 +204,25 @@ def test_a_factory_whose_inner_function_alone_changed_gets_no_such_note_its_own_
     assert "make_scale is called by setup() (setup -> make_scale)" in _notes(reload), reload.notes
     live.send(StepOnce())
     assert live.wait_for(is_event("step", step=2)).scalars["scaled"] == 13.0  # the closure captured the old bias
+
+
+def test_a_rollback_after_a_rebuild_names_the_function_setup_called_with_the_rolled_back_code(start_session) -> None:
+    live = start_session({"train.py": TRAIN_PY, "model.py": MODEL_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, TRAIN_PY.replace("lr=0.1", "lr=0.5"))
+    assert live.wait_for(is_event("reload", file="train.py")).ok
+
+    live.send(Rollback())  # no rebuild since: the live optimizer was built by the code rolled back to, nothing to say
+    undone = live.wait_for(is_event("reload", code_version=2))
+    assert "make_optimizer" not in _notes(undone), undone.notes
+
+    save(live.entry, TRAIN_PY.replace("lr=0.1", "lr=0.7"))
+    assert live.wait_for(is_event("reload", code_version=3)).ok
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    live.send(Rollback())
+    undone = live.wait_for(is_event("reload", code_version=4))
+    assert "make_optimizer was called when setup() built the live state (setup -> make_optimizer) with the rolled-back " \
+        "code" in _notes(undone), undone.notes
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars["lr"] == 0.7  # what the note says: built by the rolled-back code

@@ -17,7 +17,8 @@ live code or values differ from the file.
 | lr | `get_lr(it)`, warmup and cosine decay from `learning_rate`, `min_lr` (derived), iteration constants |
 | data | `get_batch()`, reading `batch_size` and the global `model` (its device) |
 | mlp | `MLP(nn.Module)`: `__init__` reads `n_layer`, `forward` reads `mlp_scale` |
-| opt | the global `optimizer` setup() makes from `weight_decay` (and a literal beta2) |
+| opt | the global `optimizer` setup() makes through `make_optimizer()` (a helper it calls, as pytorch/examples'
+  `load_train_objs()`) from `weight_decay` and a literal beta2 there |
 | opt2 | an optimizer `step()` makes lazily in a global from `momentum` (and a literal dampening); +100 when
   it does not hold the live model's parameters |
 | init | `init_weight = torch.full((n_embd,), init_scale)`: a module statement with a call |
@@ -47,7 +48,7 @@ SCALAR_NAMES: dict[str, tuple[str, ...]] = {
     "lr": ("get_lr", "lr_for", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "step"),
     "data": ("get_batch", "fetch_batch", "batch_size", "args.batch_size", "parser", "step"),
     "mlp": ("MLP", "mlp_scale", "n_layer", _SETUP),
-    "opt": ("train.optimizer", "state['optimizer']", "weight_decay", _SETUP),
+    "opt": ("train.optimizer", "state['optimizer']", "weight_decay", "make_optimizer", _SETUP),
     "opt2": ("opt2", "momentum"),
     "init": ("init_weight", "init_scale", "n_embd"),
     "loss": ("get_batch", "fetch_batch", "batch_size", "args.batch_size", "parser", "MLP", "mlp_scale", "n_layer",
@@ -87,7 +88,7 @@ class ScriptSpec:
     inline_batch: bool = False  # the helper deleted, its lines written into step
     data_k: float = 1.0  # get_batch: the value the batch is filled with
     mlp_gain: float = 1.0  # set by MLP.__init__: live instances keep the old value
-    beta2: float = 0.95  # setup: AdamW(..., betas=(0.9, beta2))
+    beta2: float = 0.95  # make_optimizer(), which setup() calls: AdamW(..., betas=(0.9, beta2))
     returns: str = "model_opt"  # what setup returns: "model_opt" | "model" | "empty" (globals only)
     dampening: float = 0.0  # step: the lazy SGD's dampening
     order: tuple[str, ...] = BLOCKS
@@ -145,10 +146,12 @@ class ScriptSpec:
                 "empty": "{}",
             }[self.returns]
             return (
+                "def make_optimizer(params):\n"
+                "    return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, "
+                f"betas=(0.9, {self.beta2!r}))\n\n\n"
                 "def setup(bench):\n    global model, optimizer, grad_accum\n    grad_accum //= 2\n    torch.manual_seed(0)\n"
                 "    model = MLP().to(bench.device)\n"
-                "    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay, "
-                f"betas=(0.9, {self.beta2!r}))\n"
+                "    optimizer = make_optimizer(model.parameters())\n"
                 f"    return {returns}\n"
             )
         if name == "step":

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from workbench.engine.dispatch import handles
 from workbench.protocol.events import Command, Error, Reload, Rollback, RunStatements
 from workbench.engine.hotswap.compiled import reset_compiled_code
-from workbench.engine.hotswap.construction import built_from_note
+from workbench.engine.hotswap.construction import built_from_note, called_by_setup_note
 from workbench.engine.hotswap.loader_workers import worker_notes
 from workbench.engine.hotswap.patches import apply_all
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
@@ -204,6 +204,7 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
         notes.extend(worker_notes(_loader_roots(worker), undone.changed, module, "this rollback"))
     if undone.version <= worker._state_built_at:  # setup() ran since this version: it built with its values
         notes.extend(built_from_note(name, chains, rolled_back=True) for name, chains in undone.built_from)
+        notes.extend(called_by_setup_note(name, chain, rolled_back=True) for name, chain in undone.setup_calls)
     built_by_newer = _rolled_back_rebuild_reasons(worker, undone)
     if built_by_newer:
         notes.append(

@@ -1,10 +1,12 @@
-"""Which module constants the live state was built from.
+"""Which module constants, and which functions, the live state was built from.
 
 `setup()` ran once, and what it built (a model with `n_layer` blocks, an optimizer with
-`weight_decay`) keeps the values the constants had then. Re-binding such a constant on a
-save changes what runs next, not what was built: the reload must say so. This follows
-`setup()` through the module's functions and the constructors of its classes (the globals
-their code loads), within the module the constant lives in.
+`weight_decay`) keeps the values the constants had then, and what the functions it called
+(`load_train_objs()`, a model builder) made with the code they had then. Re-binding such a
+constant, or patching such a function, on a save changes what runs next, not what was built:
+the reload must say so. This follows `setup()` through the functions and the constructors of
+the classes (the globals their code loads) of the constant's module, or of every project module
+for a function.
 """
 
 from __future__ import annotations
@@ -87,8 +89,11 @@ def functions_called_when_built(changed: Iterable[types.FunctionType], start: An
     return {wanted[code]: chain for chain, code, _, _ in _walk(start, frozenset(modules)) if code in wanted}
 
 
-def called_by_setup_note(name: str, chain: str) -> str:
-    """The log's sentence for a changed function setup() called to build the live state."""
+def called_by_setup_note(name: str, chain: str, rolled_back: bool = False) -> str:
+    """The log's sentence for a changed function setup() called to build the live state, after a save or a rollback."""
+    if rolled_back:
+        return (f"{name} was called when setup() built the live state ({chain}) with the rolled-back code: what it "
+                "built keeps what that code made; R (command `rebuild`) builds it again with the code before")
     return (f"{name} is called by setup() ({chain}): what setup() built with it keeps what the old code made; "
             "R (command `rebuild`) builds it again with the new code")
 

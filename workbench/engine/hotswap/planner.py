@@ -65,6 +65,8 @@ class ChangeSet:
     note_if_live: dict[type, str] = field(default_factory=dict)
     # Re-bound constants setup() read when it built the live state, with how: {"n_layer": ["setup -> MLP.__init__"]}.
     built_from: dict[str, list[str]] = field(default_factory=dict)
+    # Changed functions setup() calls, with how: {"load_train_objs": "setup -> load_train_objs"}.
+    setup_calls: dict[str, str] = field(default_factory=dict)
     # Changed module statements with calls: not run unless the user asks (`run-statements`).
     statements: list[tuple[str, RunInNamespace]] = field(default_factory=list)
     index: SourceIndex | None = None  # statement positions of new_source, the base of the next diff
@@ -147,6 +149,7 @@ def plan_reload(
     changeset.rebuild_if_live = plan.rebuild_if_live
     changeset.note_if_live = plan.note_if_live
     changeset.built_from = plan.built_from
+    changeset.setup_calls = plan.setup_calls
     changeset.statements = plan.statements_to_run([s.current_node() for s in diff.new_index.statements])
     if "setup" in plan.changed and required:
         changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
@@ -394,6 +397,7 @@ class _Planner:
         self.old_values: dict[str, object] = {}  # what an edited constant's old line gave it (`batch_size = 12`)
         self.edited_statements: list[ast.stmt] = []  # module statements with calls: not re-run unless asked
         self.patched_functions: dict[str, types.FunctionType] = {}  # module functions whose code is replaced in place
+        self.setup_calls: dict[str, str] = {}  # those setup() calls, with how
 
     def statement(self, old: Scope | None, new: Scope) -> None:
         moved_only = old is not None and old.fingerprint == new.fingerprint
@@ -509,8 +513,8 @@ class _Planner:
         if not self.patched_functions or setup is None:
             return
         modules = {str(ns.get("__name__")) for ns in (self.live, *self.others)}
-        called = functions_called_when_built(self.patched_functions.values(), setup, modules)
-        self.notes.extend(called_by_setup_note(name, chain) for name, chain in called.items())
+        self.setup_calls = functions_called_when_built(self.patched_functions.values(), setup, modules)
+        self.notes.extend(called_by_setup_note(name, chain) for name, chain in self.setup_calls.items())
 
     def statements_calling_changed_functions(self, module: list[ast.stmt]) -> None:
         """A module statement that calls a changed function (`opt = make_opt(model.parameters())` at the top of a
@@ -533,8 +537,8 @@ class _Planner:
                 how = "; ".join(f"{fn} ({chain})" if chain != fn else fn for fn, chain in called.items())
                 self.notes.append(
                     f"line {node.lineno}: `{label_for(node, self.source)}` calls changed code ({how}) and was not re-run: "
-                    "module statements that call code run once at import, so what it made keeps what the old code "
-                    "made; press x (command `run-statements`) to run it now"
+                    "module statements that call code run once at import, and running it could rebuild what is live, "
+                    "so what it made keeps what the old code made; press x (command `run-statements`) to run it now"
                 )
 
     def _run_statement(self, patch: RunInNamespace, line: int) -> None:

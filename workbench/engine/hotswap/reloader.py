@@ -44,6 +44,8 @@ class AppliedVersion:
     rebuild_if_live: tuple[tuple[type, str], ...] = field(repr=False, default=())
     # Re-bound constants setup() read when it built the state: a state built since keeps this version's values.
     built_from: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Changed functions setup() called, with how: a state built since keeps what this version's code made.
+    setup_calls: tuple[tuple[str, str], ...] = ()
     notes: list[str] = field(repr=False, default_factory=list)  # what the last undo could not give back
 
 
@@ -215,6 +217,7 @@ class Reloader:
                         tuple(changeset.needs_rebuild),
                         _classes_old_and_new(changeset),
                         tuple((name, tuple(chains)) for name, chains in changeset.built_from.items()),
+                        tuple(changeset.setup_calls.items()),
                     )
                 )
             return self.version
@@ -241,6 +244,7 @@ class Reloader:
         changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
         changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
         changeset.note_if_live, changeset.built_from = fresh.note_if_live, fresh.built_from
+        changeset.setup_calls = fresh.setup_calls
         changeset.statements, changeset.base_source, changeset.index = fresh.statements, applied, fresh.index
 
     def rollback(self, roots: list[Any] | None = None) -> tuple[AppliedVersion, int]:
