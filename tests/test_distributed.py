@@ -799,7 +799,8 @@ FSDP_PROJECT = textwrap.dedent(
         fully_shard(model.a)
         fully_shard(model.b)
         fully_shard(model)
-        return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=1e-3),
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return {"model": model, "opt": opt, "sched": torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5),
                 "data": torch.Generator().manual_seed(bench.rank)}
 
 
@@ -814,7 +815,8 @@ FSDP_PROJECT = textwrap.dedent(
         state["opt"].zero_grad()
         loss.backward()
         state["opt"].step()
-        bench.log(before=before, after=full_sum(state["model"]))
+        state["sched"].step()
+        bench.log(before=before, after=full_sum(state["model"]), lr=state["opt"].param_groups[0]["lr"])
         return loss
     """
 )
@@ -855,11 +857,15 @@ def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_t
         try:
             resumed = again.wait_event("resume", timeout=90)
             assert resumed["ok"] and resumed["step"] == taken["step"] and resumed["path"] == str(folder), resumed
+            assert resumed["schedulers"] == 1 and resumed["notes"] == [
+                "sharded snapshot (torch.distributed.checkpoint): every rank read its part"], resumed
             assert again.finish(timeout=60) == 0
             steps = steps_of(again.events, 0)
             assert min(steps) == taken["step"] + 1 and max(steps) == taken["step"] + 3, sorted(steps)
-            # The first resumed step starts from exactly the weights the snapshotted step ended with.
+            # The first resumed step starts from exactly the weights the snapshotted step ended with, and the LR
+            # schedule goes on from the snapshot's step (StepLR: halved every 4 steps since the start).
             assert steps[taken["step"] + 1]["scalars"]["before"] == pytest.approx(snapped, rel=1e-12), nproc
+            assert all(steps[k]["scalars"]["lr"] == pytest.approx(1e-3 * 0.5 ** (k // 4)) for k in steps), steps
         finally:
             again.close()
     # A model that no longer fits: nothing is loaded and the resume says what differs (it ended the session as a

@@ -38,7 +38,7 @@ SAMPLES: dict[str, Event] = {
         ev.Snapshot(path="/r/snap", bytes=1024, step=9, seconds=0.5, reason="final", time=T),
         ev.ResumeLoaded(ok=False, path="/r/snap", step=9, tensors=4, optimizers=1, seconds=0.25, missing=("a",),
                         unexpected=("b",), mismatched=("c",), error="bad", notes=("n",), initialized=("d",), mapped=3,
-                        late=True, time=T),
+                        late=True, schedulers=2, time=T),
         ev.Cleanup(freed_bytes=2048, before={"rss": 10}, after={"rss": 5}, time=T),
         ev.Profile(status="done", steps=3, trace="/r/trace.json", top_ops=({"name": "aten::mm", "ms": 1.5},), time=T),
         ev.MemorySnapshotTaken(path="/r/mem.pickle", bytes=99, reason="oom", summary=("line",), time=T),

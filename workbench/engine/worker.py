@@ -403,6 +403,7 @@ class TrainingWorker(threading.Thread):
             self._pending_optimizers = PendingOptimizers.after_resume(path, report.pending_optimizers, self.step)
             notes = self._pending_optimizers.notes_at_resume
         notes += _initialized_note(report.initialized)
+        notes += tuple(report.scheduler_notes)
         notes += self._put_back_globals(payload.get("globals", {}))
         self.bus.publish(
             ResumeLoaded(
@@ -418,6 +419,7 @@ class TrainingWorker(threading.Thread):
                 notes=notes,
                 initialized=tuple(report.initialized),
                 mapped=report.mapped,
+                schedulers=report.schedulers,
             )
         )
         return True
@@ -449,11 +451,13 @@ class TrainingWorker(threading.Thread):
         self.step = self.last_snapshot_step = self._first_step = report.step
         self.last_snapshot_path = str(path)
         self.bus.publish(ResumeLoaded(ok=True, path=str(path), step=report.step, tensors=report.tensors,
-                                      optimizers=report.optimizers, seconds=time.monotonic() - started,
+                                      optimizers=report.optimizers, schedulers=report.schedulers,
+                                      seconds=time.monotonic() - started,
                                       missing=tuple(report.missing), unexpected=tuple(report.unexpected),
                                       mismatched=tuple(report.mismatched), initialized=tuple(report.initialized),
                                       notes=("sharded snapshot (torch.distributed.checkpoint): every rank read its part",
-                                             *_initialized_note(report.initialized), *self._put_back_globals(saved_globals))))
+                                             *_initialized_note(report.initialized), *report.scheduler_notes,
+                                             *self._put_back_globals(saved_globals))))
         return True
 
     def _namespaces(self) -> list[tuple[str, dict[str, Any]]]:

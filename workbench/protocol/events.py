@@ -277,6 +277,7 @@ class ResumeLoaded(Event):
     initialized: tuple[str, ...] = ()  # tensors the snapshot did not have: initialized as setup() does
     mapped: int = 0  # tensors that use the snapshot file's pages (no copy; CPU, same dtype)
     late: bool = False  # an optimizer step() made after the resume got its state from the snapshot (or did not)
+    schedulers: int = 0  # LR schedulers loaded: their schedules go on from the snapshot's step
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ try:  # DCP's own flattening (private): its keys exactly. Without it the optimiz
 except ImportError:  # pragma: no cover - a torch that moved it
     flatten_state_dict = None
 
+from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, scheduler_payload
 from workbench.engine.actions.snapshot import ResumeMismatch, ResumeReport, prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
 from workbench.errors import UserError
@@ -83,6 +84,7 @@ def write_sharded(
     if is_main:
         facts = {"format": FORMAT, "step": step, "code_version": code_version, "saved_at": time.time(),
                  "world_size": dist.get_world_size() if dist.is_initialized() else 1, "globals": dict(training_globals or {})}
+        facts["schedulers"], facts["scheduler_types"] = scheduler_payload(find_schedulers(state, namespaces))  # replicated
         (temp / FACTS).write_text(json.dumps(facts))
         _fsync_tree(temp)
         if final.exists():
@@ -131,6 +133,8 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
         if f"optim/{name}" in load:
             set_optimizer_state_dict(module, optimizer, load[f"optim/{name}"])
             report.optimizers += 1
+    if report.clean:
+        report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), facts)
     # Initialized as setup() does (before the load: DCP fills live shards): missing, or of another shape.
     report.initialized = [f"{top[len('model/'):]}.{key}" for top, keys in unfit["tensors"].items() for key in keys]
     return report, dict(facts.get("globals") or {})

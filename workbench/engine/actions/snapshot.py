@@ -1,4 +1,4 @@
-"""Snapshots: every module and optimizer in the state, written atomically; and resume from one.
+"""Snapshots: every module, optimizer and LR scheduler in the state, written atomically; and resume from one.
 
 Writing: temp file, flush, fsync, rename, fsync the folder; a crash at any moment
 leaves either the previous snapshots or a complete new one, never a half file under
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from workbench.engine.actions.leftovers import temp_prefix
+from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, scheduler_payload
 from workbench.engine.actions.snapshot_integrity import check_free_space, disk_full_message, payload_bytes, verify_snapshot
 from workbench.errors import UserError
 from workbench.protocol.events import Snapshot
@@ -63,6 +64,7 @@ def write_snapshot(
         "rng": _rng_state(),
         "globals": dict(training_globals or {}),
     }
+    payload["schedulers"], payload["scheduler_types"] = scheduler_payload(find_schedulers(state, namespaces))
     folder = snapshot_folder(run_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -182,6 +184,8 @@ class ResumeReport:
     initialized: list[str] = field(default_factory=list)  # not in the snapshot: initialized as setup() does
     mapped: int = 0  # tensors that took the snapshot's mapped storage (no copy)
     populated: int = 0  # bytes of those made private up front (memory/populate.py), not page by page in step 1
+    schedulers: int = 0  # LR schedulers loaded (their schedule goes on where the snapshot left it)
+    scheduler_notes: list[str] = field(default_factory=list)  # those that start over, and why
     # Optimizers in the snapshot that setup() does not make (step() makes them on first use): loaded when they appear.
     pending_optimizers: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -255,6 +259,7 @@ def apply_snapshot(
         raise ResumeMismatch(report)
     if report.clean:
         report.optimizers = _load_optimizers(optimizers, saved_optimizers)
+        report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), payload)
         report.pending_optimizers = {n: o for n, o in saved_optimizers.items() if n not in optimizers}
     report.tensors, report.mapped = _fill(fills)
     report.populated = populate_for_writing(_live_tensors(modules, optimizers), _storages_of(payload))

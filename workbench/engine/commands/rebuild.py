@@ -12,6 +12,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine.actions.cleanup import trim_c_heap
+from workbench.engine.actions.schedulers import made_again_notes
 from workbench.engine.actions.sharded_snapshot import has_fsdp1
 from workbench.engine.control_plane import RanksLost
 from workbench.engine.dispatch import handles
@@ -90,6 +91,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         report = carry_over(worker.user_state, new_state, before, namespaces)
         init_log.replay(report.carried)
         notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
+        notes.extend(made_again_notes(worker.user_state, new_state, before, namespaces))
         if report.garbage:
             notes.append(_garbage_note(report.garbage))
         if restored:

@@ -208,7 +208,9 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
             line.append(
                 f"{_relative(event.path, root)} at step {event.step}: {event.tensors} tensors"
                 + (f" ({event.mapped} mapped from the file, no copy)" if event.mapped else "")
-                + f", {event.optimizers} optimizer(s) in {event.seconds:.1f} s"
+                + f", {event.optimizers} optimizer(s)"
+                + (f", {event.schedulers} LR scheduler(s)" if event.schedulers else "")
+                + f" in {event.seconds:.1f} s"
             )
             skipped = [*event.missing, *event.unexpected, *event.mismatched]
             if skipped:

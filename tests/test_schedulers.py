@@ -1,0 +1,163 @@
+"""LR schedulers are part of what a snapshot holds: after a resume the schedule goes on from the snapshot's step.
+
+Before, a snapshot held the optimizers (whose param groups keep the rate a scheduler set last) and not the
+schedulers: a resume started every schedule over against the restored rate (OneCycleLR back in its warm-up at
+step 25,501 of a run, `last_epoch` 1), and the `resume` event said nothing. Checked by difference: a run that
+snapshots, resumes into a fresh `setup()` and goes on has the same learning rates at every step as one that never
+stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim import lr_scheduler
+
+from tests.conftest import is_event, make_project, open_session
+from workbench.engine.actions.schedulers import find_schedulers
+from workbench.engine.actions.snapshot import apply_snapshot, load_snapshot, write_snapshot
+
+
+def setup_like() -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """What a setup() makes: a warm-up then cosine in the state, and a StepLR a module global holds (script style)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    warmup = lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=5)
+    sched = lr_scheduler.SequentialLR(opt, [warmup, lr_scheduler.CosineAnnealingLR(opt, T_max=20)], milestones=[5])
+    head = torch.nn.Linear(1, 1)
+    opt2 = torch.optim.AdamW(head.parameters(), lr=0.01)
+    namespace = {"__name__": "train", "opt2": opt2, "sched2": lr_scheduler.StepLR(opt2, step_size=3, gamma=0.5),
+                 "head": head}
+    return {"model": model, "opt": opt, "sched": sched}, [("train", namespace)]
+
+
+def train(state: dict[str, Any], namespaces: list[tuple[str, dict[str, Any]]], steps: int) -> list[tuple[float, float]]:
+    """`steps` steps; the two optimizers' rates at each."""
+    globals_ = namespaces[0][1]
+    rates = []
+    for _ in range(steps):
+        loss = state["model"](torch.ones(2, 4)).pow(2).mean() + globals_["head"](torch.ones(2, 1)).pow(2).mean()
+        state["opt"].zero_grad()
+        globals_["opt2"].zero_grad()
+        loss.backward()
+        state["opt"].step()
+        globals_["opt2"].step()
+        state["sched"].step()
+        globals_["sched2"].step()
+        rates.append((state["opt"].param_groups[0]["lr"], globals_["opt2"].param_groups[0]["lr"]))
+    return rates
+
+
+def test_schedulers_are_found_in_the_state_and_in_module_globals_by_path() -> None:
+    state, namespaces = setup_like()
+    found = find_schedulers(state, namespaces)
+    assert set(found) == {"sched", "train.sched2"}
+    assert found["sched"] is state["sched"] and found["train.sched2"] is namespaces[0][1]["sched2"]
+
+
+def test_a_resumed_run_has_the_learning_rates_of_a_run_that_never_stopped(tmp_path: Path) -> None:
+    state, namespaces = setup_like()
+    uninterrupted = train(state, namespaces, 14)
+
+    state, namespaces = setup_like()
+    before = train(state, namespaces, 6)
+    snapshot = write_snapshot(state, 6, 0, tmp_path, namespaces=namespaces)
+
+    state, namespaces = setup_like()  # a fresh setup(), as `--resume` runs it
+    report = apply_snapshot(state, load_snapshot(Path(snapshot.path)), Path(snapshot.path), namespaces=namespaces)
+    assert (report.schedulers, report.optimizers, report.scheduler_notes) == (2, 2, [])
+    assert state["sched"].last_epoch == 6 and namespaces[0][1]["sched2"].last_epoch == 6
+    after = train(state, namespaces, 8)
+    assert before + after == uninterrupted
+
+
+def test_a_scheduler_that_cannot_be_loaded_starts_over_and_the_resume_says_why(tmp_path: Path) -> None:
+    state, namespaces = setup_like()
+    train(state, namespaces, 4)
+    payload = load_snapshot(Path(write_snapshot(state, 4, 0, tmp_path, namespaces=namespaces).path))
+    older = {k: v for k, v in payload.items() if k not in ("schedulers", "scheduler_types")}  # an older snapshot
+    state, namespaces = setup_like()
+    report = apply_snapshot(state, older, tmp_path / "old.pt", namespaces=namespaces)
+    assert report.schedulers == 0 and state["sched"].last_epoch == 0
+    assert len(report.scheduler_notes) == 2 and all("written before vram-bench kept schedulers" in n
+                                                    for n in report.scheduler_notes), report.scheduler_notes
+    assert report.scheduler_notes[0].startswith("sched (SequentialLR) is not in the snapshot")
+
+    other = dict(payload, scheduler_types={**payload["scheduler_types"], "train.sched2": "torch.optim.lr_scheduler.ExponentialLR"})
+    state, namespaces = setup_like()
+    report = apply_snapshot(state, other, tmp_path / "other.pt", namespaces=namespaces)
+    assert report.schedulers == 1 and state["sched"].last_epoch == 4 and namespaces[0][1]["sched2"].last_epoch == 0
+    assert report.scheduler_notes == [
+        "train.sched2: the snapshot holds a ExponentialLR's state, setup() made a StepLR: it starts its schedule over"
+    ]
+
+
+PROJECT = """\
+import torch
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=40)
+    return {"model": model, "opt": opt, "sched": sched}
+
+
+def step(state, bench):
+    loss = state["model"](torch.ones(2, 4)).pow(2).mean()
+    state["opt"].zero_grad()
+    loss.backward()
+    state["opt"].step()
+    state["sched"].step()
+    return {"loss": loss, "lr": state["opt"].param_groups[0]["lr"]}
+"""
+
+
+def test_a_session_resumed_from_a_snapshot_goes_on_with_the_schedule_and_the_event_counts_it(tmp_path: Path) -> None:
+    from workbench.protocol.events import Resume, TakeSnapshot
+
+    root = make_project(tmp_path, {"train.py": PROJECT}, folder="first")
+    with open_session(root / "train.py", max_steps=10, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        live.send(TakeSnapshot())
+        snapshot = live.wait_for(is_event("snapshot"), timeout=20)
+        live.session.worker.max_steps = 12
+        live.send(Resume())
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        rates = [e.scalars["lr"] for e in live.events.of("step")]
+    root = make_project(tmp_path, {"train.py": PROJECT}, folder="second")
+    with open_session(root / "train.py", resume=Path(snapshot.path), max_steps=12, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=30)
+        assert resumed.ok and resumed.schedulers == 1 and resumed.notes == (), resumed
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        assert [e.scalars["lr"] for e in live.events.of("step")] == rates[10:12]
+
+
+def test_a_rebuild_says_the_schedule_setup_made_again_starts_over(tmp_path: Path) -> None:
+    from workbench.protocol.events import Rebuild
+
+    root = make_project(tmp_path, {"train.py": PROJECT})
+    with open_session(root / "train.py", max_steps=10, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=30)
+        assert rebuilt.ok and rebuilt.notes == (
+            "sched (OneCycleLR) was made again by setup(): its schedule starts over (it had taken 10 steps), from the "
+            "learning rate setup() gave the optimizer; a snapshot and --resume latest keep a schedule going instead",
+        ), rebuilt.notes
+        assert live.session.worker.user_state["sched"].last_epoch == 0
+
+
+def test_the_app_logs_the_schedulers_a_resume_loaded(tmp_path: Path) -> None:
+    from rich.text import Text
+
+    from workbench.frontends.tui.widgets.reload_log import render_entry
+    from workbench.protocol.events import ResumeLoaded
+
+    event = ResumeLoaded(ok=True, path=str(tmp_path / "step-00000010.pt"), step=10, tensors=2, optimizers=1, schedulers=1)
+    line = render_entry(event, tmp_path, timestamps=False)
+    assert isinstance(line, Text) and "2 tensors, 1 optimizer(s), 1 LR scheduler(s) in 0.0 s" in line.plain, line.plain

@@ -1,0 +1,115 @@
+"""Learning-rate schedulers in snapshots and resumes: a schedule goes on from where the snapshot left it.
+
+A scheduler (`torch.optim.lr_scheduler`: StepLR, OneCycleLR, a LambdaLR warm-up) counts the steps it has taken;
+the optimizer's param groups hold the learning rate it set last. A resume that restored the optimizer and not the
+scheduler started the schedule over while the optimizer kept the snapshot's rate: OneCycleLR went back to its
+warm-up, a StepLR decayed at the wrong steps, and the `resume` event said nothing. So a snapshot holds every
+scheduler it finds in the state and the module globals (by the same path as the optimizers), a resume loads each
+into the scheduler setup() made at that path, and whatever cannot be loaded is said.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from workbench.engine.state_walk import Namespaces
+
+_MAX_DEPTH = 4
+_MAX_ITEMS = 256
+
+
+def find_schedulers(state: Any, namespaces: Namespaces = ()) -> dict[str, LRScheduler]:
+    """Every LR scheduler in the state (dict values, list items, public attributes) and in the project's module
+    globals (`train.scheduler`), each once, by its path; the state's path wins."""
+    found: dict[str, LRScheduler] = {}
+    seen: set[int] = set()
+    for path, obj in _reachable(state, "", seen):
+        found.setdefault(path, obj)
+    for module_name, namespace in namespaces:
+        for key, value in list(namespace.items()):
+            if not key.startswith("__"):
+                for path, obj in _reachable(value, f"{module_name}.{key}", seen):
+                    found.setdefault(path, obj)
+    return found
+
+
+def _reachable(obj: Any, path: str, seen: set[int], depth: int = 0) -> Iterator[tuple[str, LRScheduler]]:
+    if id(obj) in seen or depth > _MAX_DEPTH or isinstance(obj, (type, torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, LRScheduler):
+        yield path or "scheduler", obj
+        return
+    if isinstance(obj, dict):
+        items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in itertools.islice(list(obj.items()), _MAX_ITEMS))
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{path}[{i}]" if path else f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _MAX_ITEMS)))
+    elif hasattr(obj, "__dict__") and not callable(obj) and not isinstance(obj, type(torch)):
+        items = ((f"{path}.{k}" if path else k, v) for k, v in list(vars(obj).items()) if not k.startswith("_"))
+    else:
+        return
+    for child_path, child in items:
+        yield from _reachable(child, child_path, seen, depth + 1)
+
+
+def type_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def scheduler_payload(schedulers: dict[str, LRScheduler]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """What a snapshot keeps of them: each one's `state_dict()` (numbers and lists, loadable with weights_only=True)
+    and its class, so a resume into another kind is refused rather than half-loaded."""
+    return {name: s.state_dict() for name, s in schedulers.items()}, {name: type_name(s) for name, s in schedulers.items()}
+
+
+def load_schedulers(schedulers: dict[str, LRScheduler], payload: dict[str, Any]) -> tuple[int, list[str]]:
+    """Load the snapshot's scheduler states into the live ones of the same path and class (after the optimizers,
+    whose param groups hold the rate each scheduler set last). Returns how many were loaded and the notes for the
+    others: a scheduler the snapshot lacks starts its schedule over, which the `resume` event must say."""
+    saved: dict[str, Any] = payload.get("schedulers") or {}
+    types: dict[str, str] = payload.get("scheduler_types") or {}
+    loaded, notes = 0, []
+    for name, scheduler in schedulers.items():
+        kind = type(scheduler).__name__
+        state = saved.get(name)
+        if state is None:
+            older = "" if "schedulers" in payload else " (written before vram-bench kept schedulers)"
+            notes.append(f"{name} ({kind}) is not in the snapshot{older}: its schedule starts over, while the optimizer "
+                         "keeps the learning rate the snapshot has")
+            continue
+        if types.get(name, type_name(scheduler)) != type_name(scheduler):
+            notes.append(f"{name}: the snapshot holds a {types[name].rsplit('.', 1)[-1]}'s state, setup() made a {kind}: "
+                         "it starts its schedule over")
+            continue
+        before = scheduler.state_dict()
+        try:
+            scheduler.load_state_dict(state)
+        except Exception as exc:  # noqa: BLE001 - a state that does not fit: the scheduler as setup() made it, said
+            scheduler.load_state_dict(before)
+            notes.append(f"{name} ({kind}): the snapshot's state could not be loaded ({type(exc).__name__}: {exc}); "
+                         "it starts its schedule over")
+            continue
+        loaded += 1
+    unclaimed = sorted(set(saved) - set(schedulers))
+    if unclaimed:
+        notes.append(f"the snapshot holds scheduler(s) setup() did not make: {', '.join(unclaimed)} (not loaded)")
+    return loaded, notes
+
+
+def made_again_notes(old_state: Any, new_state: Any, old_namespaces: Namespaces, new_namespaces: Namespaces) -> list[str]:
+    """For a rebuild: the schedulers setup() made again, whose schedules start over (a rebuild carries parameters and
+    optimizer state, not the rate a schedule had reached): said, with how far the old one had gone."""
+    old = find_schedulers(old_state, old_namespaces)
+    notes = []
+    for path, new in find_schedulers(new_state, new_namespaces).items():
+        before = old.get(path)
+        if before is not None and before is not new and before.last_epoch > new.last_epoch:
+            notes.append(f"{path} ({type(new).__name__}) was made again by setup(): its schedule starts over (it had "
+                         f"taken {before.last_epoch} steps), from the learning rate setup() gave the optimizer; a "
+                         "snapshot and --resume latest keep a schedule going instead")
+    return notes
