@@ -17,7 +17,11 @@ from torch.optim import lr_scheduler
 
 from tests.conftest import is_event, make_project, open_session
 from workbench.engine.actions.schedulers import find_schedulers
-from workbench.engine.actions.snapshot import apply_snapshot, load_snapshot, write_snapshot
+from workbench.engine.actions.snapshot import (
+    apply_snapshot,
+    load_snapshot,
+    write_snapshot,
+)
 
 
 def setup_like() -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
@@ -51,11 +55,22 @@ def train(state: dict[str, Any], namespaces: list[tuple[str, dict[str, Any]]], s
     return rates
 
 
+class Trainer:
+    """pytorch/examples' shape: the trainer object a module global holds keeps the scheduler."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.scheduler = lr_scheduler.ExponentialLR(opt, gamma=0.9)
+
+
 def test_schedulers_are_found_in_the_state_and_in_module_globals_by_path() -> None:
     state, namespaces = setup_like()
     found = find_schedulers(state, namespaces)
     assert set(found) == {"sched", "train.sched2"}
     assert found["sched"] is state["sched"] and found["train.sched2"] is namespaces[0][1]["sched2"]
+    namespaces[0][1]["trainer"] = trainer = Trainer(state["opt"])
+    namespaces[0][1]["data"] = list(range(100_000))  # walked no further than its first items
+    found = find_schedulers(state, namespaces)
+    assert found["train.trainer.scheduler"] is trainer.scheduler and len(found) == 3
 
 
 def test_a_resumed_run_has_the_learning_rates_of_a_run_that_never_stopped(tmp_path: Path) -> None:
@@ -145,10 +160,9 @@ def test_a_rebuild_says_the_schedule_setup_made_again_starts_over(tmp_path: Path
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
         live.send(Rebuild())
         rebuilt = live.wait_for(is_event("rebuild"), timeout=30)
-        assert rebuilt.ok and rebuilt.notes == (
-            "sched (OneCycleLR) was made again by setup(): its schedule starts over (it had taken 10 steps), from the "
-            "learning rate setup() gave the optimizer; a snapshot and --resume latest keep a schedule going instead",
-        ), rebuilt.notes
+        said = ("sched (OneCycleLR) was made again by setup(): its schedule starts over (it had taken 10 steps), from "
+                "the learning rate setup() gave the optimizer; a snapshot and --resume latest keep a schedule going instead")
+        assert rebuilt.ok and rebuilt.notes == (said,), rebuilt.notes
         assert live.session.worker.user_state["sched"].last_epoch == 0
 
 

@@ -21,6 +21,7 @@ from workbench.engine.state_walk import Namespaces
 
 _MAX_DEPTH = 4
 _MAX_ITEMS = 256
+_GLOBALS_DEPTH = 2  # a module global and two levels inside it (`trainer.scheduler`): globals hold datasets too
 
 
 def find_schedulers(state: Any, namespaces: Namespaces = ()) -> dict[str, LRScheduler]:
@@ -33,7 +34,7 @@ def find_schedulers(state: Any, namespaces: Namespaces = ()) -> dict[str, LRSche
     for module_name, namespace in namespaces:
         for key, value in list(namespace.items()):
             if not key.startswith("__"):
-                for path, obj in _reachable(value, f"{module_name}.{key}", seen):
+                for path, obj in _reachable(value, f"{module_name}.{key}", seen, _GLOBALS_DEPTH):
                     found.setdefault(path, obj)
     return found
 
@@ -46,7 +47,7 @@ def _reachable(obj: Any, path: str, seen: set[int], depth: int = 0) -> Iterator[
         yield path or "scheduler", obj
         return
     if isinstance(obj, dict):
-        items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in itertools.islice(list(obj.items()), _MAX_ITEMS))
+        items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in list(itertools.islice(obj.items(), _MAX_ITEMS)))
     elif isinstance(obj, (list, tuple)):
         items = ((f"{path}[{i}]" if path else f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _MAX_ITEMS)))
     elif hasattr(obj, "__dict__") and not callable(obj) and not isinstance(obj, type(torch)):
