@@ -175,3 +175,20 @@ def test_the_app_logs_the_schedulers_a_resume_loaded(tmp_path: Path) -> None:
     event = ResumeLoaded(ok=True, path=str(tmp_path / "step-00000010.pt"), step=10, tensors=2, optimizers=1, schedulers=1)
     line = render_entry(event, tmp_path, timestamps=False)
     assert isinstance(line, Text) and "2 tensors, 1 optimizer(s), 1 LR scheduler(s) in 0.0 s" in line.plain, line.plain
+
+
+def test_a_sharded_snapshot_keeps_tensor_rates_as_numbers_and_says_when_a_state_cannot_be_kept() -> None:
+    import json
+
+    from workbench.engine.actions.schedulers import load_schedulers
+    from workbench.engine.actions.sharded_snapshot import _facts_json
+
+    kept = json.loads(_facts_json({"step": 3, "schedulers": {"s": {"base_lrs": [torch.tensor(0.5)]}}, "scheduler_types": {}}))
+    assert kept["schedulers"] == {"s": {"base_lrs": [0.5]}}
+    facts = json.loads(_facts_json({"step": 3, "schedulers": {"s": {"odd": object()}}, "scheduler_types": {"s": "x"}}))
+    assert facts["schedulers"] == {} and "is not JSON" in facts["schedulers_error"]
+    state, _ = setup_like()
+    loaded, notes = load_schedulers({"sched": state["sched"]}, facts)
+    said = ("sched (SequentialLR) is not in the snapshot (its state could not be written: object is not JSON): its "
+            "schedule starts over, while the optimizer keeps the learning rate the snapshot has")
+    assert loaded == 0 and notes == [said], notes

@@ -80,6 +80,8 @@ def load_schedulers(schedulers: dict[str, LRScheduler], payload: dict[str, Any])
         state = saved.get(name)
         if state is None:
             older = "" if "schedulers" in payload else " (written before vram-bench kept schedulers)"
+            if payload.get("schedulers_error"):
+                older = f" (its state could not be written: {payload['schedulers_error']})"
             notes.append(f"{name} ({kind}) is not in the snapshot{older}: its schedule starts over, while the optimizer "
                          "keeps the learning rate the snapshot has")
             continue

@@ -85,7 +85,7 @@ def write_sharded(
         facts = {"format": FORMAT, "step": step, "code_version": code_version, "saved_at": time.time(),
                  "world_size": dist.get_world_size() if dist.is_initialized() else 1, "globals": dict(training_globals or {})}
         facts["schedulers"], facts["scheduler_types"] = scheduler_payload(find_schedulers(state, namespaces))  # replicated
-        (temp / FACTS).write_text(json.dumps(facts))
+        (temp / FACTS).write_text(_facts_json(facts))
         _fsync_tree(temp)
         if final.exists():
             shutil.rmtree(final)
@@ -93,6 +93,21 @@ def write_sharded(
         prune_snapshots(folder, keep, protect=final)
     return Snapshot(path=str(final), bytes=folder_bytes(final) if is_main else 0, step=step,
                     seconds=time.monotonic() - started)
+
+
+def _facts_json(facts: dict[str, Any]) -> str:
+    """The facts as JSON; a tensor in a scheduler's state (a rate given as a tensor) as its numbers. A scheduler
+    state JSON cannot hold is left out, and why is kept: the resume then says the schedules start over."""
+    def numbers(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.tolist()
+        raise TypeError(f"{type(value).__name__} is not JSON")
+
+    try:
+        return json.dumps(facts, default=numbers)
+    except (TypeError, ValueError) as exc:
+        dropped = {**facts, "schedulers": {}, "scheduler_types": {}, "schedulers_error": str(exc)}
+        return json.dumps(dropped, default=numbers)
 
 
 def read_facts(path: Path) -> dict[str, Any]:
