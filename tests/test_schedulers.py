@@ -192,3 +192,17 @@ def test_a_sharded_snapshot_keeps_tensor_rates_as_numbers_and_says_when_a_state_
     said = ("sched (SequentialLR) is not in the snapshot (its state could not be written: object is not JSON): its "
             "schedule starts over, while the optimizer keeps the learning rate the snapshot has")
     assert loaded == 0 and notes == [said], notes
+
+
+def test_a_partial_resume_says_the_schedules_start_over(tmp_path: Path) -> None:
+    state, namespaces = setup_like()
+    train(state, namespaces, 4)
+    payload = load_snapshot(Path(write_snapshot(state, 4, 0, tmp_path, namespaces=namespaces).path))
+    state, namespaces = setup_like()
+    state["model"] = torch.nn.Linear(4, 2)  # no longer fits the snapshot: only what fits is loaded
+    report = apply_snapshot(state, payload, tmp_path / "p.pt", partial=True, namespaces=namespaces)
+    assert report.optimizers == report.schedulers == 0 and state["sched"].last_epoch == 0
+    assert report.scheduler_notes == [
+        "sched (SequentialLR) starts its schedule over: a partial resume loads no optimizer or scheduler state",
+        "train.sched2 (StepLR) starts its schedule over: a partial resume loads no optimizer or scheduler state",
+    ]

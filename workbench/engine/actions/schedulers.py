@@ -104,6 +104,13 @@ def load_schedulers(schedulers: dict[str, LRScheduler], payload: dict[str, Any])
     return loaded, notes
 
 
+def partial_resume_notes(schedulers: dict[str, LRScheduler]) -> list[str]:
+    """A partial resume (`--resume-partial`, a model that no longer fits) loads no optimizer state: the schedulers
+    setup() made start over with it, said."""
+    return [f"{name} ({type(s).__name__}) starts its schedule over: a partial resume loads no optimizer or scheduler "
+            "state" for name, s in schedulers.items()]
+
+
 def made_again_notes(old_state: Any, new_state: Any, old_namespaces: Namespaces, new_namespaces: Namespaces) -> list[str]:
     """For a rebuild: the schedulers setup() made again, whose schedules start over (a rebuild carries parameters and
     optimizer state, not the rate a schedule had reached): said, with how far the old one had gone."""

@@ -38,7 +38,7 @@ try:  # DCP's own flattening (private): its keys exactly. Without it the optimiz
 except ImportError:  # pragma: no cover - a torch that moved it
     flatten_state_dict = None
 
-from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, scheduler_payload
+from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
 from workbench.engine.actions.snapshot import ResumeMismatch, ResumeReport, prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
 from workbench.errors import UserError
@@ -150,6 +150,8 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
             report.optimizers += 1
     if report.clean:
         report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), facts)
+    else:
+        report.scheduler_notes = partial_resume_notes(find_schedulers(state, namespaces))
     # Initialized as setup() does (before the load: DCP fills live shards): missing, or of another shape.
     report.initialized = [f"{top[len('model/'):]}.{key}" for top, keys in unfit["tensors"].items() for key in keys]
     return report, dict(facts.get("globals") or {})

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from workbench.engine.actions.leftovers import temp_prefix
-from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, scheduler_payload
+from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
 from workbench.engine.actions.snapshot_integrity import check_free_space, disk_full_message, payload_bytes, verify_snapshot
 from workbench.errors import UserError
 from workbench.protocol.events import Snapshot
@@ -260,6 +260,8 @@ def apply_snapshot(
     if report.clean:
         report.optimizers = _load_optimizers(optimizers, saved_optimizers)
         report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), payload)
+    else:  # a partial resume: no optimizer state, so no schedule either
+        report.scheduler_notes = partial_resume_notes(find_schedulers(state, namespaces))
         report.pending_optimizers = {n: o for n, o in saved_optimizers.items() if n not in optimizers}
     report.tensors, report.mapped = _fill(fills)
     report.populated = populate_for_writing(_live_tensors(modules, optimizers), _storages_of(payload))
