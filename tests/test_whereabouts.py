@@ -22,6 +22,7 @@ from workbench.engine.whereabouts import (
     describe_all,
     frames_of,
     takes_interrupt,
+    waited_for,
 )
 
 WAITER = '''
@@ -182,3 +183,11 @@ def test_ranks_in_an_agreed_evaluate_are_placed_in_it_or_done_with_it_and_only_t
                              "finished evaluate() without that collective"), advice
     assert advice.endswith("A training collective gives up after 5 min."), advice
     assert "press i" in evaluate_advice({0: inside, 1: spinning}, "")  # a rank busy in it: stuck, not unmatched
+
+
+def test_the_status_bar_says_a_rank_whose_data_ran_out_apart_from_one_whose_step_failed():
+    own = Place(0, "step", 9, 6.0, cpu=0.0)
+    failed = Place(1, "paused", 8, 6.0, failure="step() raised ValueError: bad batch")
+    ran_out = Place(1, "paused", 8, 6.0, failure="the data ran out in step 9: StopIteration at train.py:12 (...)")
+    assert waited_for(own, {0: own, 1: failed}) == "rank 1 (its step failed)"
+    assert waited_for(own, {0: own, 1: ran_out}) == "rank 1 (its data ran out)"

@@ -135,7 +135,8 @@ def waited_for(own: Place, places: dict[int, Place]) -> str | None:
     others = [p for r, p in sorted(places.items()) if r != 0]
     failed = [p for p in others if p.failure]
     if failed:
-        return f"rank {failed[0].rank} (its step failed)"
+        ran_out = (failed[0].failure or "").startswith("the data ran out")  # data_end.py's words: its data ended
+        return f"rank {failed[0].rank} ({'its data ran out' if ran_out else 'its step failed'})"
     busy = [p for p in others if p.kind in IN_USER_CODE and p.cpu is not None and p.cpu >= 0.5]
     if busy:
         return f"rank {busy[0].rank} (busy at {busy[0].frame})" if busy[0].frame else f"rank {busy[0].rank} (busy)"
