@@ -260,9 +260,9 @@ def apply_snapshot(
     if report.clean:
         report.optimizers = _load_optimizers(optimizers, saved_optimizers)
         report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), payload)
+        report.pending_optimizers = {n: o for n, o in saved_optimizers.items() if n not in optimizers}
     else:  # a partial resume: no optimizer state, so no schedule either
         report.scheduler_notes = partial_resume_notes(find_schedulers(state, namespaces))
-        report.pending_optimizers = {n: o for n, o in saved_optimizers.items() if n not in optimizers}
     report.tensors, report.mapped = _fill(fills)
     report.populated = populate_for_writing(_live_tensors(modules, optimizers), _storages_of(payload))
     if init_log is not None:
