@@ -187,7 +187,9 @@ def test_ranks_in_an_agreed_evaluate_are_placed_in_it_or_done_with_it_and_only_t
 
 def test_the_status_bar_says_a_rank_whose_data_ran_out_apart_from_one_whose_step_failed():
     own = Place(0, "step", 9, 6.0, cpu=0.0)
-    failed = Place(1, "paused", 8, 6.0, failure="step() raised ValueError: bad batch")
-    ran_out = Place(1, "paused", 8, 6.0, failure="the data ran out in step 9: StopIteration at train.py:12 (...)")
+    failed = Place(1, "paused", 8, 6.0, failure="step() raised ValueError: bad batch", reason="error")
+    ran_out = Place(1, "paused", 8, 6.0, failure="the data ran out in step 9: StopIteration at train.py:12 (...)",
+                    reason="data exhausted")
     assert waited_for(own, {0: own, 1: failed}) == "rank 1 (its step failed)"
     assert waited_for(own, {0: own, 1: ran_out}) == "rank 1 (its data ran out)"
+    assert waited_for(own, {0: own, 1: Place.from_json(ran_out.to_json())}) == "rank 1 (its data ran out)"  # via the store

@@ -31,7 +31,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 import workbench
-from workbench.engine.run_state import RunState, is_error_pause
+from workbench.engine.run_state import DATA_EXHAUSTED, RunState, is_error_pause
 from workbench.engine.suspension import SuspendedTime
 from workbench.protocol.events import Error, Event
 
@@ -67,6 +67,7 @@ class Place:
     cpu: float | None = None  # the training thread's share of a core since the last look (0.98: computing; 0: waiting)
     failure: str | None = None  # a paused rank's reason: its failed step's message
     at: float = 0.0  # wall time it was written
+    reason: str | None = None  # a paused rank's pause reason (`error`, `data exhausted`, ...)
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
@@ -135,8 +136,7 @@ def waited_for(own: Place, places: dict[int, Place]) -> str | None:
     others = [p for r, p in sorted(places.items()) if r != 0]
     failed = [p for p in others if p.failure]
     if failed:
-        ran_out = (failed[0].failure or "").startswith("the data ran out")  # data_end.py's words: its data ended
-        return f"rank {failed[0].rank} ({'its data ran out' if ran_out else 'its step failed'})"
+        return f"rank {failed[0].rank} ({'its data ran out' if failed[0].reason == DATA_EXHAUSTED else 'its step failed'})"
     busy = [p for p in others if p.kind in IN_USER_CODE and p.cpu is not None and p.cpu >= 0.5]
     if busy:
         return f"rank {busy[0].rank} (busy at {busy[0].frame})" if busy[0].frame else f"rank {busy[0].rank} (busy)"
@@ -360,7 +360,8 @@ class RankWatch:
         if worker.state is RunState.PAUSED and worker.pause_reason is not None and is_error_pause(worker.pause_reason) \
                 and failure is not None and failure.step == worker.step:
             where = f"{failure.file}:{failure.line}" if failure.file else None
-            return Place(rank, "paused", worker.step, seconds, where, None, None, cpu, failure.message, time.time())
+            return Place(rank, "paused", worker.step, seconds, where, None, None, cpu, failure.message, time.time(),
+                         worker.pause_reason)
         if self._exchange_since is not None and worker.state is RunState.RUNNING:
             return Place(rank, "exchange", worker.step, seconds, frame, code, None, cpu, None, time.time())
         return None
