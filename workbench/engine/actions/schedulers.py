@@ -59,6 +59,7 @@ def _reachable(obj: Any, path: str, seen: set[int], depth: int = 0) -> Iterator[
 
 
 def type_name(obj: Any) -> str:
+    """`torch.optim.lr_scheduler.StepLR`: what snapshots record of an optimizer's or scheduler's class."""
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 

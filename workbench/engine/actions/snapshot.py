@@ -24,7 +24,13 @@ from typing import Any
 import torch
 
 from workbench.engine.actions.leftovers import temp_prefix
-from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
+from workbench.engine.actions.schedulers import (
+    find_schedulers,
+    load_schedulers,
+    partial_resume_notes,
+    scheduler_payload,
+    type_name,
+)
 from workbench.engine.actions.snapshot_integrity import check_free_space, disk_full_message, payload_bytes, verify_snapshot
 from workbench.errors import UserError
 from workbench.protocol.events import Snapshot
@@ -60,7 +66,7 @@ def write_snapshot(
         "optimizers": {name: o.state_dict() for name, o in optimizers.items()},
         # The class of each optimizer: a resume into another kind (SGD state into AdamW) is refused, not
         # accepted and then failed in the first step.
-        "optimizer_types": {name: _type_name(o) for name, o in optimizers.items()},
+        "optimizer_types": {name: type_name(o) for name, o in optimizers.items()},
         "rng": _rng_state(),
         "globals": dict(training_globals or {}),
     }
@@ -90,10 +96,6 @@ def write_snapshot(
         raise
     prune_snapshots(folder, keep, protect=final)
     return Snapshot(path=str(final), bytes=final.stat().st_size, step=step, seconds=time.monotonic() - started)
-
-
-def _type_name(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def _rng_state() -> dict[str, Any]:
@@ -299,7 +301,7 @@ def _live_tensors(modules: dict[str, torch.nn.Module], optimizers: dict[str, tor
 
 def _optimizer_problem(optimizer: torch.optim.Optimizer, saved: dict[str, Any], saved_type: str | None) -> str | None:
     """Why this saved state cannot go into `optimizer` (None if it can): found before anything is loaded."""
-    if saved_type is not None and saved_type != _type_name(optimizer):
+    if saved_type is not None and saved_type != type_name(optimizer):
         return f"the snapshot holds the state of a {saved_type.rsplit('.', 1)[-1]}, setup() made a {type(optimizer).__name__}"
     saved_groups = saved.get("param_groups", ())
     sizes = [len(g.get("params", ())) for g in saved_groups]
