@@ -101,6 +101,27 @@ def find_instances(state: Any, cls: type, limit: int = 50, namespaces: Namespace
 
 
 
+def training_object(value: Any) -> str | None:
+    """What a module global holds that training made and a new object would not have (`the live model
+    (RNNModel)`), or None: what `x` must not replace by running the statement that first bound it."""
+    from torch.optim.lr_scheduler import LRScheduler
+
+    kinds = ((torch.nn.Module, "model"), (torch.optim.Optimizer, "optimizer"), (LRScheduler, "LR scheduler"))
+    for cls, kind in kinds:
+        if isinstance(value, cls):
+            return f"the live {kind} ({type(value).__name__})"
+    if isinstance(value, _NOT_STATE) or isinstance(value, torch.Tensor):
+        return None
+    try:
+        modules, optimizers = find_modules_and_optimizers(value)
+    except RuntimeError:  # a dict the training thread resized meanwhile: say nothing rather than guess
+        return None
+    held = [*(f"model {p}" for p in modules), *(f"optimizer {p}" for p in optimizers)]
+    if not held:
+        return None
+    return f"a {type(value).__name__} holding the live {', '.join(held[:3])}{' and more' if len(held) > 3 else ''}"
+
+
 def find_with_globals(state: Any, namespaces: Namespaces) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
     """The state's modules and optimizers, and those only a module global holds, named `train.OPT_G`.
 

@@ -20,7 +20,8 @@ from workbench.protocol.events import Command, Error, Reload, Rollback, RunState
 from workbench.engine.hotswap.compiled import reset_compiled_code
 from workbench.engine.hotswap.construction import built_from_note, called_by_setup_note
 from workbench.engine.hotswap.loader_workers import worker_notes
-from workbench.engine.hotswap.patches import apply_all
+from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs
+from workbench.engine.hotswap.patches import RunInNamespace, apply_all
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.reloader import AppliedVersion
 from workbench.engine.hotswap.service import SourceUnchanged
@@ -151,6 +152,9 @@ def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
         return
     ran = False
     for path, statements in list(worker._statements.items()):
+        for _, patch in statements:
+            if isinstance(patch, RunUnlessSameInputs):
+                patch.capture()  # the inputs as they are before x runs anything
         try:
             with worker.project.as_script():
                 apply_all([patch for _, patch in statements])
@@ -166,19 +170,39 @@ def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
         module = worker.project.modules().get(path)
         if module is not None:
             worker.setup_rebinds.saved(worker.reloader.version, module.__name__,
-                                       names_bound_by(patch for _, patch in statements))
+                                       names_bound_by(patch for _, patch in statements if _ran(patch)))
         worker.bus.publish(
             Reload(
                 ok=True,
                 file=worker.project.relative(path),
-                changed=tuple(name for _, patch in statements for name in patch.binds),
+                changed=tuple(name for _, patch in statements if _ran(patch) for name in patch.binds),
                 code_version=worker.reloader.version,
-                notes=tuple(f"ran {label}" for label, _ in statements),
+                notes=_ran_notes(statements),
             )
         )
         ran = True
     if ran:
         worker._after_code_change()  # like a saved fix: a pause for an error ends, a failed setup() runs again
+
+
+def _ran(patch: RunInNamespace) -> bool:
+    return not isinstance(patch, RunUnlessSameInputs) or patch.ran
+
+
+def _ran_notes(statements: list[tuple[str, RunInNamespace]]) -> tuple[str, ...]:
+    """What x did, line by line; the plain lines it left alone (nothing they read changed) in one note."""
+    notes: list[str] = []
+    left: list[str] = []
+    for label, patch in statements:
+        if not isinstance(patch, RunUnlessSameInputs):
+            notes.append(f"ran {label}")
+        elif (outcome := patch.outcome(label)) is not None:
+            notes.append(outcome)
+        else:
+            left.append(label.removeprefix("line "))
+    if left:
+        notes.append(f"left as they were, since nothing they read changed: line(s) {'; '.join(left)}")
+    return tuple(notes)
 
 
 @handles(Rollback)

@@ -89,6 +89,17 @@ def functions_called_when_built(changed: Iterable[types.FunctionType], start: An
     return {wanted[code]: chain for chain, code, _, _ in _walk(start, frozenset(modules)) if code in wanted}
 
 
+def globals_read_by(start: Any, namespace: dict[str, Any], modules: Iterable[str]) -> list[str]:
+    """The globals of `namespace` that `start` (a function, or a class: its constructors) reads when called,
+    through the project's functions and constructors (`modules`): inputs a call's arguments do not show
+    (`RNNModel(ntokens)` whose `__init__` reads the script's `args`)."""
+    found: dict[str, None] = {}
+    for _, _, loaded, where in _walk(start, frozenset(modules)):
+        if where is namespace:
+            found.update(dict.fromkeys(loaded))
+    return list(found)
+
+
 def called_by_setup_note(name: str, chain: str, rolled_back: bool = False) -> str:
     """The log's sentence for a changed function setup() called to build the live state, after a save or a rollback."""
     if rolled_back:

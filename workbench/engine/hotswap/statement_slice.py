@@ -13,7 +13,7 @@ the module, in source order.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 _SKIPPED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
 
@@ -73,8 +73,14 @@ def _own_scope(node: ast.AST) -> Iterable[ast.AST]:
         stack.extend(ast.iter_child_nodes(current))
 
 
-def rerun_slice(module: list[ast.stmt], edited: list[ast.stmt]) -> list[ast.stmt]:
-    """The statements of `module` (a file's top-level statements, in order) to run for the `edited` ones."""
+def rerun_slice(
+    module: list[ast.stmt], edited: list[ast.stmt], hidden_reads: Callable[[ast.stmt], set[str]] = lambda node: set()
+) -> list[tuple[ast.stmt, bool]]:
+    """The statements of `module` (a file's top-level statements, in order) to run for the `edited` ones, each
+    with whether it is one of them or makes what they use (True), or only reads what the slice binds (False:
+    worth running only if what it reads turns out to differ, kept_objects.py).
+    `hidden_reads`: the module names a statement reads through the code it calls (`model = Net()` whose
+    constructor reads `args`), which its own text does not show."""
     position = {id(node): i for i, node in enumerate(module)}
     chosen: set[int] = set()
     for node in edited:
@@ -89,11 +95,11 @@ def rerun_slice(module: list[ast.stmt], edited: list[ast.stmt]) -> list[ast.stmt
     if not chosen:
         return []
     tainted: set[str] = set()
-    picked: list[ast.stmt] = []
+    picked: list[tuple[ast.stmt, bool]] = []
     for i in range(min(chosen), len(module)):
         node = module[i]
-        if i in chosen or (not isinstance(node, _SKIPPED) and read_names(node) & tainted):
-            picked.append(node)
+        if i in chosen or (not isinstance(node, _SKIPPED) and (read_names(node) | hidden_reads(node)) & tainted):
+            picked.append((node, i in chosen))
             tainted |= bound_names(node)
     return picked
 

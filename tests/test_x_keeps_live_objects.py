@@ -1,0 +1,191 @@
+"""x (command `run-statements`) never swaps a new, untrained model in for the live one unless what it is
+built from changed.
+
+Found porting pytorch/examples' word_language_model: its script builds the model at import from `args`;
+editing one `parser.add_argument` default (`--clip`) and pressing x, as the reload's note said, re-ran
+`model = RNNModel(...)` with the rest of the slice, and training went on with a fresh model (loss 6.6 -> 7.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+
+import torch
+
+from conftest import is_event, save
+from workbench.engine.hotswap.kept_objects import inputs_of, same_value
+from workbench.protocol.events import RunStatements, StepOnce
+
+SCRIPT_PY = """\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--width", type=int, default=4)
+parser.add_argument("--clip", type=float, default=0.25)
+args = parser.parse_args()
+
+model = torch.nn.Linear(args.width, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+scale = args.clip * 2
+count = args.width - args.width  # a counter training moves on, as a script's `lr = args.lr` it anneals
+
+
+def setup(bench):
+    return {"model": model, "opt": opt}
+
+
+def step(state, bench):
+    global count
+    count += 1
+    loss = model(torch.ones(2, args.width)).pow(2).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+    opt.step()
+    opt.zero_grad()
+    return {"loss": loss, "clip": args.clip, "scale": scale, "width": float(model.in_features), "count": float(count)}
+"""
+
+
+def _x_run(live, code_version: int):  # type: ignore[no-untyped-def]
+    live.send(RunStatements())
+    return live.wait_for(is_event("reload", file="train.py", code_version=code_version, ms=0.0))
+
+
+def test_an_edited_argument_the_model_does_not_read_leaves_the_live_model_and_optimizer_to_x(start_session) -> None:
+    live = start_session({"train.py": SCRIPT_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for step in (1, 2):
+        live.send(StepOnce())
+        live.wait_for(is_event("step", step=step))
+    module = live.session.project.module
+    model, opt = module.model, module.opt
+    trained = model.weight.detach().clone()
+    save(live.entry, SCRIPT_PY.replace("default=0.25", "default=0.5"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    said = " ".join(reload.notes)
+    assert "x runs line 10: `model = torch.nn.Linear(args.width, 1)` only if a value it reads has changed by then (args.width)" in said, reload.notes
+    assert "x runs line 11" in said and "`opt`, the live optimizer (SGD)" in said, reload.notes
+
+    ran = _x_run(live, reload.code_version)
+    assert ran.ok, ran
+    assert any(n.startswith("kept `model`, the live model (Linear): line 10") for n in ran.notes), ran.notes
+    assert any(n.startswith("kept `opt`, the live optimizer (SGD): line 11") for n in ran.notes), ran.notes
+    assert "model" not in ran.changed and "opt" not in ran.changed and {"args", "scale"} <= set(ran.changed), ran
+    assert module.model is model and module.opt is opt and torch.equal(model.weight, trained)
+    assert opt.state[model.weight]["momentum_buffer"] is not None, "the optimizer's state survived"
+    live.send(StepOnce())
+    after = live.wait_for(is_event("step", step=3))
+    assert after.scalars["clip"] == 0.5 and after.scalars["scale"] == 1.0, after.scalars
+    assert after.scalars["count"] == 3.0, "args.width did not change: the counter keeps what training did"
+    assert any("left as they were" in n and "line(s) 13: `count = args.width - args.width`" in n for n in ran.notes)
+
+
+def test_an_edited_argument_the_model_is_built_from_makes_x_build_it_and_its_optimizer_anew(start_session) -> None:
+    live = start_session({"train.py": SCRIPT_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    live.send(StepOnce())
+    live.wait_for(is_event("step", step=1))
+    module = live.session.project.module
+    model = module.model
+    save(live.entry, SCRIPT_PY.replace("default=4", "default=3"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    ran = _x_run(live, reload.code_version)
+    assert any(n.startswith("ran line 10: `model = torch.nn.Linear(args.width, 1)`: a new object in place of `model`")
+               and n.endswith("as args.width changed") for n in ran.notes), ran.notes
+    assert any(n.startswith("ran line 11") and n.endswith("as model changed") for n in ran.notes), ran.notes
+    assert module.model is not model and module.model.in_features == 3
+    assert module.opt.param_groups[0]["params"][0] is module.model.weight, "the new optimizer steps the new model"
+    live.send(StepOnce())
+    after = live.wait_for(is_event("step", step=2)).scalars
+    assert after["width"] == 3.0 and after["count"] == 1.0, "count is made anew from the new width, as a fresh start"
+
+
+HIDDEN_PY = """\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--clip", type=float, default=0.25)
+args = parser.parse_args()
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 1)
+        self.clip = args.clip
+
+
+model = Net()
+
+
+def setup(bench):
+    return {"model": model}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "clip": model.clip}
+"""
+
+
+def test_a_model_whose_constructor_reads_an_edited_global_is_built_anew_as_a_fresh_start_would(start_session) -> None:
+    live = start_session({"train.py": HIDDEN_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, HIDDEN_PY.replace("default=0.25", "default=0.5"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert any("x runs line 17: `model = Net()` only if a value it reads has changed by then (args)" in n
+               for n in reload.notes), reload.notes
+    ran = _x_run(live, reload.code_version)
+    assert any(n.startswith("ran line 17") and n.endswith("as args changed") for n in ran.notes), ran.notes
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step", step=1)).scalars["clip"] == 0.5
+
+
+def test_inputs_are_the_values_a_statement_reads_not_the_methods_it_calls() -> None:
+    def inputs(source: str) -> tuple[str, ...]:
+        return inputs_of(ast.parse(source).body[0])
+
+    assert inputs("model = RNNModel(args.model, ntokens, args.nhid).to(device)") == (
+        "RNNModel", "args.model", "ntokens", "args.nhid", "device")
+    assert inputs("opt = torch.optim.AdamW(model.parameters(), lr=args.lr)") == ("torch.optim", "model", "args.lr")
+    assert inputs("n = len(corpus.dictionary)") == ("len", "corpus.dictionary")
+    assert inputs("f = lambda x: x * hidden") == ()
+
+
+def test_same_value_compares_what_a_fresh_run_would_see() -> None:
+    @dataclasses.dataclass
+    class Config:
+        width: int
+        lr: float
+
+    assert same_value(argparse.Namespace(a=1, b="x"), argparse.Namespace(a=1, b="x"))
+    assert not same_value(argparse.Namespace(a=1, b="x"), argparse.Namespace(a=1, b="y"))
+    assert same_value(Config(3, 0.1), Config(3, 0.1)) and not same_value(Config(3, 0.1), Config(4, 0.1))
+    assert same_value(torch.ones(3), torch.ones(3)) and not same_value(torch.ones(3), torch.ones(4))
+    assert not same_value(torch.ones(3), torch.ones(3, dtype=torch.float64))
+    assert same_value(float("nan"), float("nan")) and same_value((1, [2.0]), (1, [2.0]))
+    assert not same_value(1, 1.0), "another type is another value"
+    assert not same_value(object(), object()), "an object made anew, of no known kind, counts as changed"
+    assert same_value(torch.device("cpu"), torch.device("cpu"))
+
+
+def test_what_x_compares_is_kept_as_it_was_not_as_an_in_place_change_left_it() -> None:
+    from workbench.engine.hotswap.kept_objects import _same_frozen, freeze
+
+    args = argparse.Namespace(lr=0.1)
+    before = freeze(args)
+    args.lr = 0.2  # an override's in-place change: the same Namespace object
+    assert not _same_frozen(before, freeze(args))
+    weights = torch.ones(3)
+    before = freeze(weights)
+    assert _same_frozen(before, freeze(weights))
+    weights[0] = 5.0
+    assert not _same_frozen(before, freeze(weights)), "an in-place write changes the tensor's values"
+    data = list(range(1000))
+    assert _same_frozen(freeze(data), freeze(data)) and not _same_frozen(freeze(data), freeze(list(range(1000)))), \
+        "a long list is data: the same object or not"
