@@ -92,3 +92,18 @@ def test_only_plain_values_changed_since_setup_and_not_bound_by_a_save_are_kept(
     done, left = put_back({"train.n": 5, "gone.k": 1, "other.n": 3}, [("train", namespace), ("other", other)])
     assert done == ["train.n = 5"] and namespace["n"] == 5
     assert left == ["gone.k (module gone is not loaded)", "other.n (now a Tensor, not a int)"]
+
+
+def test_a_global_that_starts_as_none_is_put_back_as_training_left_it() -> None:
+    """word_language_model's `best_val_loss = None` becomes a float at the first epoch's end: a resume that left
+    it None would take the next epoch's loss, however bad, for the best and save over the best model."""
+    namespace = {"__name__": "train", "best_val_loss": None, "model": torch.nn.Linear(1, 1)}
+    globals_ = TrainingGlobals()
+    globals_.mark([("train", namespace)])
+    namespace["best_val_loss"] = 5.97
+    saved = globals_.changed([("train", namespace)], {})
+    assert saved == {"train.best_val_loss": 5.97}
+    fresh = {"__name__": "train", "best_val_loss": None, "model": torch.nn.Linear(1, 1)}
+    done, left = put_back({**saved, "train.model": 1.0}, [("train", fresh)])
+    assert done == ["train.best_val_loss = 5.97"] and fresh["best_val_loss"] == 5.97
+    assert left == ["train.model (now a Linear, not a float)"], "a global holding an object is never overwritten"

@@ -54,7 +54,8 @@ class TrainingGlobals:
 
 
 def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], list[str]]:
-    """Resume: set each saved global whose module is loaded and whose current value is plain or unbound.
+    """Resume: set each saved global whose module is loaded and whose current value is plain, None (a
+    script's `best_val_loss = None` before its first evaluation) or unbound.
     Returns (`module.name = value` for each one set, a reason for each one left)."""
     by_module = dict(namespaces)
     done: list[str] = []
@@ -64,7 +65,7 @@ def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], 
         namespace = by_module.get(module)
         if namespace is None:
             left.append(f"{qualified} (module {module} is not loaded)")
-        elif name in namespace and not _plain(namespace[name]):
+        elif name in namespace and not (_plain(namespace[name]) or namespace[name] is None):  # None: not set yet
             left.append(f"{qualified} (now a {type(namespace[name]).__name__}, not a {type(value).__name__})")
         else:
             namespace[name] = value
