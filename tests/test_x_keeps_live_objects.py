@@ -189,3 +189,74 @@ def test_what_x_compares_is_kept_as_it_was_not_as_an_in_place_change_left_it() -
     data = list(range(1000))
     assert _same_frozen(freeze(data), freeze(data)) and not _same_frozen(freeze(data), freeze(list(range(1000)))), \
         "a long list is data: the same object or not"
+
+
+# --------------------------------------------------------------------------- R rebuilds what the script built at import
+
+IMPORT_BUILT_PY = """\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--width", type=int, default=4)
+args = parser.parse_args()
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc = torch.nn.Linear(width, 1)
+
+
+model = Net(args.width)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+seed_note = print("built at import")
+
+
+def setup(bench):
+    return {"model": model, "opt": opt}
+
+
+def step(state, bench):
+    loss = model.fc(torch.ones(2, args.width)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return {"loss": loss, "layers": float(len(list(model.children())))}
+"""
+
+
+def test_a_rebuild_builds_again_the_model_and_optimizer_a_script_made_at_import_and_carries_their_state(start_session) -> None:
+    """Found porting word_language_model: after an edit of RNNModel.__init__, R ran setup(), which returned the
+    model built at import, and said ok with no notes while the live model kept what the old constructor built."""
+    from workbench.protocol.events import Rebuild
+
+    live = start_session({"train.py": IMPORT_BUILT_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for step in (1, 2):
+        live.send(StepOnce())
+        live.wait_for(is_event("step", step=step))
+    module = live.session.project.module
+    trained = module.model.fc.weight.detach().clone()
+    momentum = module.opt.state[module.model.fc.weight]["momentum_buffer"].clone()
+    old_model = module.model
+    save(live.entry, IMPORT_BUILT_PY.replace(
+        "        self.fc = torch.nn.Linear(width, 1)\n",
+        "        self.fc = torch.nn.Linear(width, 1)\n        self.extra = torch.nn.Linear(1, 1)\n"))
+    held = live.wait_for(is_event("reload", file="train.py"))
+    assert "Net.__init__" in held.held, held
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and rebuilt.tensors_carried == 2 and rebuilt.optimizer_states_carried == 2, rebuilt
+    assert rebuilt.new == ("model.extra.weight", "model.extra.bias"), rebuilt.new
+    (note,) = [n for n in rebuilt.notes if n.startswith("ran again what train.py builds at import")]
+    assert "line 17: `model = Net(args.width)`" in note and "line 18: `opt = torch.optim.SGD(" in note, note  # the edit added a line above
+    assert "seed_note" not in note and "line 19" not in note, "a line reading nothing the rebuild made is left alone"
+    assert module.model is not old_model and hasattr(module.model, "extra")
+    assert live.session.worker.user_state["model"] is module.model, "setup() returned the model built anew"
+    assert torch.equal(module.model.fc.weight, trained), "the trained weights were carried over"
+    assert module.opt.param_groups[0]["params"][0] is module.model.fc.weight, "the new optimizer steps the new model"
+    assert torch.equal(module.opt.state[module.model.fc.weight]["momentum_buffer"], momentum)
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step", step=3)).scalars["layers"] == 2.0

@@ -18,7 +18,10 @@ from workbench.engine.control_plane import RanksLost
 from workbench.engine.dispatch import handles
 from workbench.protocol.events import Error, Rebuild, Rebuilt
 from workbench.engine.hotswap.compiled import reset_compiled_code
+from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs
+from workbench.engine.hotswap.patches import apply_all
 from workbench.engine.hotswap.planner import ChangeSet
+from workbench.engine.import_builders import built_again_note, plan_import_builders
 from workbench.engine.init_skipping import skipping_init
 from workbench.engine.memory.gc_freeze import collect_all
 from workbench.engine.rebuild import (
@@ -82,10 +85,11 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         # setup() reads the globals it re-bound as a fresh start's would: as it found them, or as the file now has them.
         skip = {(module, name) for _, module, names in bound_by_held for name in names}
         restored = worker.setup_rebinds.restore(namespaces, skip=skip)
-        found = copies(namespaces)
         # Initialization of what will be carried is wasted (and, on a GPU, a second model's worth of work):
         # recorded, not run, and run afterwards for what was not carried.
         with skipping_init() as init_log:
+            built_at_import = _build_what_import_built(worker)
+            found = copies(namespaces)
             new_state = _call_setup(worker)
         reset_compiled_code()
         report = carry_over(worker.user_state, new_state, before, namespaces)
@@ -96,6 +100,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
             notes.append(_garbage_note(report.garbage))
         if restored:
             notes.append(_restored_note(restored))
+        notes.extend(built_at_import)
         agreed = True
         _agree(worker, None)
     except RanksLost:
@@ -184,6 +189,27 @@ def _restored_note(restored: list[str]) -> str:
     names = ", ".join(restored)
     return (f"setup() ran with {names} as it found them before it re-bound them last time (a fresh start's value; "
             "a rebuild does not run the module's statements again)")
+
+
+def _build_what_import_built(worker: TrainingWorker) -> list[str]:
+    """Run again the module statements that built a live model or optimizer at import (import_builders.py);
+    a note for each file. A failure raises: the rebuild fails and the old globals are put back."""
+    notes: list[str] = []
+    for path, module in worker.project.modules().items():
+        source = worker.reloader.applied_source(path)
+        if source is None:
+            continue
+        planned = plan_import_builders(module, source, path)
+        if not planned:
+            continue
+        for _, patch in planned:
+            if isinstance(patch, RunUnlessSameInputs):
+                patch.capture()
+        with worker.project.as_script():
+            apply_all([patch for _, patch in planned])
+        ran = [label for label, patch in planned if not isinstance(patch, RunUnlessSameInputs) or patch.ran]
+        notes.append(built_again_note(worker.project.relative(path), ran))
+    return notes
 
 
 def _call_setup(worker: TrainingWorker) -> Any:

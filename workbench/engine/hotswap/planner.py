@@ -268,7 +268,7 @@ def _differ(a: object, b: object) -> bool:
         return a is not b
 
 
-def _is_main_guard(node: ast.stmt) -> bool:
+def is_main_guard(node: ast.stmt) -> bool:
     """`if __name__ == "__main__":`, which never runs in a session (the entry file is imported as a module)."""
     return isinstance(node, ast.If) and "__name__" in {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
 
@@ -597,7 +597,7 @@ class _Planner:
         noted = {id(node) for node in self.edited_statements}
         for node in module:
             if id(node) in noted or isinstance(node, (*DEF_NODES, ast.ClassDef, ast.Import, ast.ImportFrom)) \
-                    or _is_main_guard(node):
+                    or is_main_guard(node):
                 continue
             called: dict[str, str] = {}
             for name in dict.fromkeys(_called_names(node)):

@@ -74,13 +74,17 @@ def _own_scope(node: ast.AST) -> Iterable[ast.AST]:
 
 
 def rerun_slice(
-    module: list[ast.stmt], edited: list[ast.stmt], hidden_reads: Callable[[ast.stmt], set[str]] = lambda node: set()
+    module: list[ast.stmt],
+    edited: list[ast.stmt],
+    hidden_reads: Callable[[ast.stmt], set[str]] = lambda node: set(),
+    with_makers: bool = True,
 ) -> list[tuple[ast.stmt, bool]]:
     """The statements of `module` (a file's top-level statements, in order) to run for the `edited` ones, each
     with whether it is one of them or makes what they use (True), or only reads what the slice binds (False:
     worth running only if what it reads turns out to differ, kept_objects.py).
     `hidden_reads`: the module names a statement reads through the code it calls (`model = Net()` whose
-    constructor reads `args`), which its own text does not show."""
+    constructor reads `args`), which its own text does not show. `with_makers=False`: the objects the edited
+    statements use stay as they are (a rebuild remakes the model, not the `args` it is built from)."""
     position = {id(node): i for i, node in enumerate(module)}
     chosen: set[int] = set()
     for node in edited:
@@ -88,7 +92,7 @@ def rerun_slice(
         if index is None:
             continue
         chosen.add(index)
-        for name in read_names(node):
+        for name in read_names(node) if with_makers else ():
             maker = _latest_binding(module, index, name)
             if maker is not None and calls_code(module[maker]):
                 chosen.add(maker)  # the object this statement uses was made by code: make it again

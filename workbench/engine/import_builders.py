@@ -1,0 +1,61 @@
+"""A rebuild builds what a script builds at import too, not only what setup() returns.
+
+Many ported scripts keep their model where the original had it, at the top of the file:
+`model = RNNModel(args.model, ntokens, ...)` runs once at import, and `setup()` returns that global.
+A rebuild (R) ran only `setup()`, which handed back the same object: after an edit of `RNNModel.__init__`
+the rebuild reported success while the live model kept what the old constructor built. So a rebuild first
+runs again, in the file's order, the module statements that bind a global holding a live model, optimizer
+or LR scheduler (and, where a value they read changed by then, the statements that read what those bind,
+kept_objects.py), with initialization skipped like setup()'s; the weights are then carried over from the
+old objects by name, as for what setup() builds.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from pathlib import Path
+
+from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, inputs_of
+from workbench.engine.hotswap.patches import RunInNamespace
+from workbench.engine.hotswap.planner import compile_nodes, future_flags, is_main_guard
+from workbench.engine.hotswap.scopes import label_for
+from workbench.engine.hotswap.statement_slice import bound_names, calls_code, rerun_slice
+from workbench.engine.state_walk import training_object
+
+_NOT_BUILDERS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+
+
+def plan_import_builders(module: types.ModuleType, source: str, path: Path) -> list[tuple[str, RunInNamespace]]:
+    """(label, statement) for what a rebuild runs again in `module`, whose file holds `source`, in source order."""
+    namespace = module.__dict__
+    try:
+        body = ast.parse(source, filename=str(path)).body
+    except SyntaxError:
+        return []  # the live code is what was applied, so this is not expected; nothing to run again then
+    builders = [
+        node for node in body
+        if not isinstance(node, _NOT_BUILDERS) and not is_main_guard(node) and calls_code(node)
+        and any(name in namespace and training_object(namespace[name]) for name in bound_names(node))
+    ]
+    if not builders:
+        return []
+    flags = future_flags(body)
+    planned: list[tuple[str, RunInNamespace]] = []
+    for node, always in rerun_slice(body, builders, with_makers=False):
+        if is_main_guard(node):
+            continue
+        label = f"line {node.lineno}: `{label_for(node, source)}`"
+        code, binds = compile_nodes((node,), path, flags), tuple(sorted(bound_names(node)))
+        if always:
+            planned.append((label, RunInNamespace(code, namespace, binds)))
+        else:
+            planned.append((label, RunUnlessSameInputs(code, namespace, binds, inputs=inputs_of(node))))
+    return planned
+
+
+def built_again_note(relative: str, ran: list[str]) -> str:
+    return (
+        f"ran again what {relative} builds at import, so the new code builds it too: {'; '.join(ran)} "
+        "(its weights and optimizer state were carried over like those setup() builds)"
+    )
