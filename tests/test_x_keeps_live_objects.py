@@ -75,6 +75,8 @@ def test_an_edited_argument_the_model_does_not_read_leaves_the_live_model_and_op
     assert any(n.startswith("kept `model`, the live model (Linear): line 10") for n in ran.notes), ran.notes
     assert any(n.startswith("kept `opt`, the live optimizer (SGD): line 11") for n in ran.notes), ran.notes
     assert "model" not in ran.changed and "opt" not in ran.changed and {"args", "scale"} <= set(ran.changed), ran
+    assert 'ran lines 6: `parser.add_argument("--width", type=int, default=4)`; 8: `args = parser.parse_args()`, ' \
+        "as parser changed" in ran.notes, "lines run for the same reason share one note"
     assert module.model is model and module.opt is opt and torch.equal(model.weight, trained)
     assert opt.state[model.weight]["momentum_buffer"] is not None, "the optimizer's state survived"
     live.send(StepOnce())

@@ -190,16 +190,29 @@ def _ran(patch: RunInNamespace) -> bool:
 
 
 def _ran_notes(statements: list[tuple[str, RunInNamespace]]) -> tuple[str, ...]:
-    """What x did, line by line; the plain lines it left alone (nothing they read changed) in one note."""
-    notes: list[str] = []
+    """What x did, line by line, but in one note each: the lines run because the same inputs changed (every
+    `parser.add_argument` after a new parser), and the plain lines it left alone (nothing they read changed)."""
+    entries: list[str | tuple[str, ...]] = []  # a note, or the inputs whose change ran the lines grouped under it
+    grouped: dict[tuple[str, ...], list[str]] = {}
     left: list[str] = []
     for label, patch in statements:
         if not isinstance(patch, RunUnlessSameInputs):
-            notes.append(f"ran {label}")
+            entries.append(f"ran {label}")
+        elif patch.ran and not patch.kept:
+            reason = tuple(patch.changed)
+            if reason not in grouped:
+                grouped[reason] = []
+                entries.append(reason)
+            grouped[reason].append(label.removeprefix("line "))
         elif (outcome := patch.outcome(label)) is not None:
-            notes.append(outcome)
+            entries.append(outcome)
         else:
             left.append(label.removeprefix("line "))
+    notes = [
+        entry if isinstance(entry, str)
+        else f"ran line{'s' if len(grouped[entry]) > 1 else ''} {'; '.join(grouped[entry])}, as {', '.join(entry)} changed"
+        for entry in entries
+    ]
     if left:
         notes.append(f"left as they were, since nothing they read changed: line(s) {'; '.join(left)}")
     return tuple(notes)
