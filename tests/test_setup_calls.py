@@ -226,3 +226,45 @@ def test_a_rollback_after_a_rebuild_names_the_function_setup_called_with_the_rol
         "code" in _notes(undone), undone.notes
     live.send(StepOnce())
     assert live.wait_for(is_event("step")).scalars["lr"] == 0.7  # what the note says: built by the rolled-back code
+
+
+GENERATOR_PY = """\
+import torch
+
+BATCH = 4
+
+
+def rows(n):
+    return torch.ones(n, 2)
+
+
+def batches():
+    while True:
+        yield rows(BATCH)
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(2, 1), "data": batches()}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "rows": float(next(state["data"]).shape[0])}
+"""
+
+
+def test_what_a_generator_setup_made_reads_and_calls_is_not_said_to_be_built_by_setup(start_session) -> None:
+    """Found porting word_language_model: an edit of `get_batch`, which the epochs() generator setup() makes calls
+    each batch, was said to be 'called by setup() (setup -> epochs -> evaluate -> get_batch)', keeping the old
+    code's result until R, while the new code ran at the next step (tiny_gpt's BATCH_SIZE got the same untrue note)."""
+    live = start_session({"train.py": GENERATOR_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, GENERATOR_PY.replace("BATCH = 4", "BATCH = 3"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.changed == ("BATCH",) and not any("setup()" in n for n in reload.notes), reload.notes
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step", step=1)).scalars["rows"] == 3.0, "the generator read the new value"
+    save(live.entry, GENERATOR_PY.replace("BATCH = 4", "BATCH = 3").replace("torch.ones(n, 2)", "torch.ones(n + 1, 2)"))
+    reload = live.wait_for(is_event("reload", file="train.py", code_version=2))
+    assert reload.changed == ("rows",) and not any("setup()" in n for n in reload.notes), reload.notes
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step", step=2)).scalars["rows"] == 4.0, "the generator called the new code"

@@ -43,6 +43,17 @@ def _code_of(obj: Any) -> Iterator[tuple[str, types.CodeType, dict[str, Any]]]:
                 yield member.__qualname__, member.__code__, member.__globals__
 
 
+_RUNS_LATER = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _runs_later(obj: Any) -> bool:
+    """A generator (or coroutine) function: calling it in setup() only makes the generator; its body, and all it
+    calls and reads, runs at each `next()`, with the values of then (tiny_gpt's `batches()` reads BATCH_SIZE
+    every batch), so nothing setup() built comes from it."""
+    fn = getattr(obj, "__wrapped__", obj)
+    return isinstance(fn, types.FunctionType) and bool(fn.__code__.co_flags & _RUNS_LATER)
+
+
 def _walk(start: Any, modules: frozenset[str]) -> Iterator[tuple[str, types.CodeType, list[str], dict[str, Any]]]:
     """What `start` (setup(), or a class: its constructors) runs, followed through the functions and classes of
     `modules` that its code loads as globals: (the chain of calls to it, its code, the globals it loads, their
@@ -60,7 +71,8 @@ def _walk(start: Any, modules: frozenset[str]) -> Iterator[tuple[str, types.Code
             yield chain_here, code, loaded, namespace
             for name in loaded:
                 value = namespace.get(name)
-                if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) in modules:
+                if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) in modules \
+                        and not _runs_later(value):
                     queue.append((chain_here, value))
 
 
