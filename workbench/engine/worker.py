@@ -39,6 +39,7 @@ from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
+from workbench.engine.generator_end import ended_by_error, ended_sentence, generators_ended
 from workbench.engine.dispatch import dispatch
 from workbench.errors import UserError
 from workbench.engine.eval_mode import EvalModeWatch
@@ -218,6 +219,9 @@ class TrainingWorker(threading.Thread):
         self._unread: StepRecord | None = None  # the last step, its loss still on its way from the GPU (step_values.py)
         self._values_read_at = 0.0  # perf_counter when the last step's values were read
         self._failure = StepFailure("")  # the last failed step: what every rank is told under torchrun
+        # The project generators the last failed step's error went up through, which it ended (generator_end.py):
+        # (their names, that step, its exception's type), until a step succeeds.
+        self._ended_generators: tuple[list[str], int, str] | None = None
         self._pause_announced = False  # under torchrun: this rank's non-finite loss is on its way to every rank
         # Under torchrun: the step after which --eval-every's evaluation is due (every rank knows it; rank 0 queues it),
         # and whether this rank ends once it has run (it was due at the last step of --max-steps).
@@ -513,6 +517,7 @@ class TrainingWorker(threading.Thread):
                 self.telemetry.step_peaks[gpu] = peak
         self._track_new_modules()
         self.step += 1
+        self._ended_generators = None
         self.last_step_time = time.time()
         peak = self.telemetry.step_peaks.get(gpu) if gpu is not None else None
         later = values.reader is not None and not values.ready
@@ -638,7 +643,13 @@ class TrainingWorker(threading.Thread):
         elif is_out_of_memory(exc):
             message = f"out of memory in step(): {exc}. The step's tensors were released and the cache emptied; {self._memory_report()}"
         elif isinstance(exc, StopIteration):
-            message = data_ran_out_message(self.step, file, line, str(self.project.root / file) if file else None)
+            ended_by = ended_by_error(*self._ended_generators) if self._ended_generators is not None else None
+            message = data_ran_out_message(self.step, file, line, str(self.project.root / file) if file else None,
+                                           ended_by)
+        ended = [] if isinstance(exc, StopIteration) else generators_ended(exc, self._project_relative)
+        if ended:
+            message += ended_sentence(ended)
+            self._ended_generators = (ended, self.step + 1, type(exc).__name__)
         elif self.stopping_on_signal and raised_in_data_loader(exc):
             message = (f"step {self.step + 1} was cut short while stopping: its DataLoader's worker processes died (a "
                        "launcher such as torchrun signals every process of a rank's group; workers this process did not "
@@ -1037,6 +1048,10 @@ class TrainingWorker(threading.Thread):
             self.bus.publish(action())
         except Exception as exc:  # noqa: BLE001 - an action failing must not stop training
             self.bus.publish(Error(where=what, message=f"{what} failed: {type(exc).__name__}: {exc}", traceback=self._format(exc)))
+
+    def _project_relative(self, path: str) -> str | None:
+        """`path` relative to the project, or None for a file outside it."""
+        return self.project.relative(path) if self.project.owns(path) else None
 
     def _where(self, exc: BaseException) -> tuple[str | None, int | None]:
         found = deepest_frame_in(exc, self.project.root)
