@@ -214,6 +214,7 @@ class Net(torch.nn.Module):
 model = Net(args.width)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 seed_note = print("built at import")
+criterion = torch.nn.MSELoss()
 
 
 def setup(bench):
@@ -255,6 +256,7 @@ def test_a_rebuild_builds_again_the_model_and_optimizer_a_script_made_at_import_
     (note,) = [n for n in rebuilt.notes if n.startswith("ran again what train.py builds at import")]
     assert "line 17: `model = Net(args.width)`" in note and "line 18: `opt = torch.optim.SGD(" in note, note  # the edit added a line above
     assert "seed_note" not in note and "line 19" not in note, "a line reading nothing the rebuild made is left alone"
+    assert "criterion" not in note, "a module with no parameters or buffers holds nothing training did"
     assert module.model is not old_model and hasattr(module.model, "extra")
     assert live.session.worker.user_state["model"] is module.model, "setup() returned the model built anew"
     assert torch.equal(module.model.fc.weight, trained), "the trained weights were carried over"

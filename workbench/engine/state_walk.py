@@ -106,6 +106,8 @@ def training_object(value: Any) -> str | None:
     (RNNModel)`), or None: what `x` must not replace by running the statement that first bound it."""
     from torch.optim.lr_scheduler import LRScheduler
 
+    if isinstance(value, torch.nn.Module) and next(itertools.chain(value.parameters(), value.buffers()), None) is None:
+        return None  # `criterion = nn.NLLLoss()`: nothing training changed in it
     kinds = ((torch.nn.Module, "model"), (torch.optim.Optimizer, "optimizer"), (LRScheduler, "LR scheduler"))
     for cls, kind in kinds:
         if isinstance(value, cls):
