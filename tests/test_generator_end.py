@@ -76,3 +76,56 @@ def test_only_the_projects_generators_are_named() -> None:
         assert generators_ended(exc, lambda path: "t.py" if path == here else None) == [
             f"test_only_the_projects_generators_are_named.<locals>.gen() (t.py:{gen.__code__.co_firstlineno + 2})"]
         assert generators_ended(exc, lambda path: None) == [], "a generator outside the project is not the user's"
+
+
+STALE_PY = """\
+import torch
+
+FAIL = False
+
+
+def check():
+    if FAIL:
+        raise ValueError("check failed")
+
+
+def epochs():
+    for epoch in range(100):
+        for i in range(2):
+            yield i
+        check()
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1), "batches": epochs()}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "i": float(next(state["batches"]))}
+"""
+
+
+def test_a_traceback_through_a_generator_running_replaced_code_shows_that_codes_line(start_session) -> None:
+    """Found porting word_language_model: after an edit above its epochs generator, an error inside it showed the
+    generator's frame at `yield batch, i`, today's file at the old code's line number, while it ran the evaluate()
+    call two lines lower."""
+    live = start_session({"train.py": STALE_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    live.send(StepOnce())
+    live.wait_for(is_event("step", step=1))  # the generator runs: it keeps this code
+    edited = "# a comment line above everything\n" + STALE_PY.replace("FAIL = False", "FAIL = True").replace(
+        "range(2)", "range(3)")
+    save(live.entry, edited)
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert "epochs" in reload.changed and any("keeps the old code" in n for n in reload.notes), reload
+    live.send(StepOnce())
+    live.wait_for(is_event("step", step=2))
+    live.send(StepOnce())
+    failed = live.wait_for(is_event("error", where="step"))
+    shown = failed.traceback.splitlines()
+    at = next(i for i, line in enumerate(shown) if ", in epochs" in line)
+    assert shown[at].endswith('line 15, in epochs (running the code from before version 1: this line is from that '
+                              'code, not the file)'), shown[at]
+    assert shown[at + 1].strip() == "check()", f"the old code's own line 15, not the file's: {shown[at + 1]!r}"
+    assert edited.splitlines()[14].strip() == "yield i", "the file's line 15 is another line"
+    assert any(line.strip() == 'raise ValueError("check failed")' for line in shown), "current code: the file's line"

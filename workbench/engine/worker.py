@@ -69,6 +69,7 @@ from workbench.engine.loader_failure import raised_in_data_loader
 from workbench.engine.control_plane import RanksLost
 from workbench.engine.lockstep import Broken, Lockstep, StepFailure, is_error_pause
 from workbench.engine.memory.device import DeviceProbe
+from workbench.engine.stale_frames import true_stack
 from workbench.engine.thread_device import use_on_this_thread
 from workbench.engine.memory.gc_freeze import Frozen, collect_all, freeze_survivors
 from workbench.engine.memory.gc_freeze import release as release_frozen
@@ -1062,7 +1063,7 @@ class TrainingWorker(threading.Thread):
     def _format(self, exc: BaseException) -> str:
         """The traceback without the workbench's own frames: the user's code is what matters."""
         package = os.path.dirname(workbench.__file__)
-        tb = traceback.TracebackException.from_exception(exc)
+        tb = true_stack(exc, self.reloader.history)  # frames still running code a save replaced: that code's lines
         tb.stack = traceback.StackSummary.from_list([f for f in tb.stack if not f.filename.startswith(package)])
         return "".join(tb.format())
 
