@@ -36,6 +36,7 @@ from differential.generator import Action, RebuildNow, RollbackNow, Save, _break
 
 TRAIN = "train.py"
 FAMILY = "script"
+IMPORT_FAMILY = "script_import"
 
 # The names a reload event must mention for a differing scalar to count as reported (see judge.py): the code
 # each scalar runs, the constants it reads (under every name the generator may give them), and for values
@@ -92,6 +93,9 @@ class ScriptSpec:
     returns: str = "model_opt"  # what setup returns: "model_opt" | "model" | "empty" (globals only)
     dampening: float = 0.0  # step: the lazy SGD's dampening
     order: tuple[str, ...] = BLOCKS
+    # The script_import family: the model and its optimizer are built at import, at the end of the file (as
+    # pytorch/examples' word_language_model does), and setup() only returns them. No edit changes it.
+    at_import: bool = False
 
     def render(self) -> str:
         header = "".join(f"# note {i}: nothing but a comment\n" for i in range(self.header))
@@ -113,7 +117,8 @@ class ScriptSpec:
             f"init_weight = {self.init_expr}\n"
         )
         blocks = [b for b in (self._block(name) for name in self.order) if b]
-        return top + config + "\n\n" + "\n\n".join(blocks)
+        built = "\n\nmodel = MLP()\noptimizer = make_optimizer(model.parameters())\n" if self.at_import else ""
+        return top + config + "\n\n" + "\n\n".join(blocks) + built
 
     def _block(self, name: str) -> str:
         if name == "globals":
@@ -150,9 +155,9 @@ class ScriptSpec:
                 "    return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, "
                 f"betas=(0.9, {self.beta2!r}))\n\n\n"
                 "def setup(bench):\n    global model, optimizer, grad_accum\n    grad_accum //= 2\n    torch.manual_seed(0)\n"
-                "    model = MLP().to(bench.device)\n"
-                "    optimizer = make_optimizer(model.parameters())\n"
-                f"    return {returns}\n"
+                + ("    model.to(bench.device)\n" if self.at_import else
+                   "    model = MLP().to(bench.device)\n    optimizer = make_optimizer(model.parameters())\n")
+                + f"    return {returns}\n"
             )
         if name == "step":
             batch = self._batch_lines() if self.inline_batch else f"    x, y = {self.batch_name}()\n"
@@ -265,11 +270,13 @@ def describe_change(before: ScriptSpec, after: ScriptSpec) -> str:
     return ", ".join(parts) or "no change"
 
 
-def generate_script(seed: int) -> ScriptSequence:
-    """1-5 saves of train.py, each maybe followed by rebuild, rollback or x; the script's arguments drawn first."""
+def generate_script(seed: int, family: str = FAMILY) -> ScriptSequence:
+    """1-5 saves of train.py, each maybe followed by rebuild, rollback or x; the script's arguments drawn first.
+    `family` "script_import": the same draws, the model and optimizer built at import (ScriptSpec.at_import)."""
     rng = random.Random(seed)
     argv = rng.choice(ARGVS)
-    spec = ScriptSpec(returns=rng.choice(CHOICES["returns"]))  # the state setup() returns, or globals only
+    # the state setup() returns, or globals only
+    spec = ScriptSpec(returns=rng.choice(CHOICES["returns"]), at_import=family == IMPORT_FAMILY)
     if rng.random() < 0.5:  # start from a varied script half of the time
         for _ in range(rng.randint(0, 3)):
             spec = _edit(rng, spec, rng.choice(("value", "value", "move", "rename", "delete")))
@@ -309,7 +316,7 @@ def generate_script(seed: int) -> ScriptSequence:
             actions.append(RunStatementsNow())
         if index == saves - 1 and rng.random() < 0.2:
             actions.append(RollbackNow())
-    return ScriptSequence(seed, start, argv, tuple(actions))
+    return ScriptSequence(seed, start, argv, tuple(actions), family)
 
 
 def _edit(rng: random.Random, spec: ScriptSpec, op: str) -> ScriptSpec:
