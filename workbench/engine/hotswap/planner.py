@@ -38,6 +38,7 @@ from workbench.engine.hotswap.statement_slice import (
     read_names,
     rerun_slice,
     sets_globals_it_does_not_name,
+    statement_key,
 )
 from workbench.engine.state_walk import training_object
 
@@ -402,7 +403,7 @@ class _Planner:
         self.notes: list[str] = []
         self.dirty: set[str] = set()  # constants re-bound so far, in source order
         self.rebound_at: dict[str, int] = {}  # each re-bound constant: the line of its first re-run statement
-        self.rerun_nodes: set[int] = set()  # ids of the statements run again
+        self.rerun_nodes: set[tuple[int, int]] = set()  # the statements run again (statement_key)
         self.statement_lines: dict[int, int] = {}  # id of each module statement's RunInNamespace -> its line
         self.old_values: dict[str, object] = {}  # what an edited constant's old line gave it (`batch_size = 12`)
         self.edited_statements: list[ast.stmt] = []  # module statements with calls: not re-run unless asked
@@ -448,10 +449,10 @@ class _Planner:
         optimizer or LR scheduler unless what it is built from changed."""
         if not self.edited_statements:
             return []
-        edited = {id(node) for node in self.edited_statements}
+        edited = {statement_key(node) for node in self.edited_statements}
         picked = rerun_slice(module, self.edited_statements, lambda node: set(self._hidden_inputs(read_names(node)))) \
             or [(node, True) for node in self.edited_statements]
-        makers = [node.lineno for node, always in picked if always and id(node) not in edited]
+        makers = [node.lineno for node, always in picked if always and statement_key(node) not in edited]
         readers = [node.lineno for node, always in picked if not always]
         if makers or readers:
             parts = [f"the statements that make what they use (line(s) {', '.join(map(str, makers))})"] if makers else []
@@ -463,7 +464,7 @@ class _Planner:
         for node, always in picked:
             label = f"line {node.lineno}: `{label_for(node, self.source)}`"
             code, binds = compile_nodes((node,), self.path, self.flags), tuple(sorted(bound_names(node)))
-            replaced = self._replaced_by([node]) if id(node) not in edited else []
+            replaced = self._replaced_by([node]) if statement_key(node) not in edited else []
             if always and not replaced:
                 run.append((label, RunInNamespace(code, self.live, binds)))
                 continue
@@ -557,7 +558,7 @@ class _Planner:
         self._run_statement(RunInNamespace(compile_nodes(scope.nodes, self.path, self.flags), self.live, binds), scope.line)
         self.changed.extend(binds)
         self.dirty.update(binds)
-        self.rerun_nodes.update(id(node) for node in scope.nodes)
+        self.rerun_nodes.update(statement_key(node) for node in scope.nodes)
         for name in binds:
             self.rebound_at.setdefault(name, scope.line)
 
@@ -594,9 +595,9 @@ class _Planner:
         if not self.patched_functions:
             return
         modules = {str(ns.get("__name__")) for ns in (self.live, *self.others)}
-        noted = {id(node) for node in self.edited_statements}
+        noted = {statement_key(node) for node in self.edited_statements}
         for node in module:
-            if id(node) in noted or isinstance(node, (*DEF_NODES, ast.ClassDef, ast.Import, ast.ImportFrom)) \
+            if statement_key(node) in noted or isinstance(node, (*DEF_NODES, ast.ClassDef, ast.Import, ast.ImportFrom)) \
                     or is_main_guard(node):
                 continue
             called: dict[str, str] = {}
@@ -630,7 +631,7 @@ class _Planner:
         defaults (`if args.batch_size is not None: batch_size = args.batch_size`): a fresh start ends with
         that value, so such a statement runs again too, or, when it calls code, the log says so and x runs it."""
         for node in body:
-            if id(node) in self.rerun_nodes or isinstance(node, (*DEF_NODES, ast.ClassDef)):
+            if statement_key(node) in self.rerun_nodes or isinstance(node, (*DEF_NODES, ast.ClassDef)):
                 continue
             before = {n for n in self.dirty if node.lineno > self.rebound_at.get(n, node.lineno)}
             opaque = sets_globals_it_does_not_name(node)
@@ -641,7 +642,7 @@ class _Planner:
                 continue
             label = f"line {node.lineno}: `{label_for(node, self.source)}`"
             if calls_code(node):
-                if any(node is n for n in self.edited_statements):
+                if any(statement_key(node) == statement_key(n) for n in self.edited_statements):
                     continue  # already named, with x offered (it uses a changed constant)
                 self.edited_statements.append(node)
                 if opaque:
@@ -655,7 +656,7 @@ class _Planner:
                 )
                 continue
             self._run_statement(RunInNamespace(compile_nodes((node,), self.path, self.flags), self.live, tuple(names)), node.lineno)
-            self.rerun_nodes.add(id(node))
+            self.rerun_nodes.add(statement_key(node))
             self.notes.append(f"{label} binds {', '.join(names)} again, as a fresh start would: it ran again too")
 
     def _kept_its_old_value(self, name: str) -> bool:

@@ -18,6 +18,12 @@ from collections.abc import Callable, Iterable
 _SKIPPED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
 
 
+def statement_key(node: ast.stmt) -> tuple[int, int]:
+    """Where a top-level statement starts in the file, which names it across the copies of its node that line
+    shifts make (`SourceStatement.current_node()`); `id(node)` does not, and a freed copy's id is reused."""
+    return node.lineno, node.col_offset
+
+
 def bound_names(node: ast.stmt) -> set[str]:
     """Module names a top-level statement binds (its own scope only)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -85,10 +91,10 @@ def rerun_slice(
     `hidden_reads`: the module names a statement reads through the code it calls (`model = Net()` whose
     constructor reads `args`), which its own text does not show. `with_makers=False`: the objects the edited
     statements use stay as they are (a rebuild remakes the model, not the `args` it is built from)."""
-    position = {id(node): i for i, node in enumerate(module)}
+    position = {statement_key(node): i for i, node in enumerate(module)}
     chosen: set[int] = set()
     for node in edited:
-        index = position.get(id(node))
+        index = position.get(statement_key(node))
         if index is None:
             continue
         chosen.add(index)
