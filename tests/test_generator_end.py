@@ -12,73 +12,7 @@ from conftest import is_event, save
 from workbench.engine.generator_end import generators_ended
 from workbench.protocol.events import Rebuild, StepOnce
 
-TRAIN_PY = """\
-import torch
-
-
-def check():
-    raise ValueError("evaluation broke")
-
-
-def epochs():
-    for epoch in range(100):
-        for i in range(2):
-            yield i
-        check()
-
-
-def setup(bench):
-    return {"model": torch.nn.Linear(1, 1), "batches": epochs()}
-
-
-def step(state, bench):
-    return {"loss": 0.0, "i": float(next(state["batches"]))}
-"""
-
-
-def test_an_error_that_ends_a_generator_says_so_and_so_does_the_end_a_fix_then_meets(start_session) -> None:
-    live = start_session({"train.py": TRAIN_PY}, start_paused=True)
-    live.wait_for(is_event("setup", status="done"))
-    for step in (1, 2):
-        live.send(StepOnce())
-        live.wait_for(is_event("step", step=step))
-    live.send(StepOnce())
-    failed = live.wait_for(is_event("error", where="step"))
-    assert failed.message.startswith("step() raised ValueError: evaluation broke"), failed.message
-    assert "went up through the generator epochs() (train.py:12)" in failed.message, failed.message
-    assert "after a fix, reading it raises StopIteration. R (command `rebuild`) makes it again" in failed.message
-    live.wait_for(is_event("paused", reason="error"))
-
-    save(live.entry, TRAIN_PY.replace('raise ValueError("evaluation broke")', "return 1.0"))
-    live.wait_for(is_event("resumed", reason="reload"))
-    ended = live.wait_for(is_event("error", where="data"))
-    assert ended.message.startswith(
-        "the iterator ended in step 3: StopIteration at train.py:20 (`return {\"loss\": 0.0, \"i\": float(next(state"
-    ), ended.message
-    assert ("not because its data ran out: step 3's ValueError went up through the generator epochs() (train.py:12) "
-            "and ended it") in ended.message, ended.message
-    live.wait_for(is_event("paused", reason="data exhausted"))
-
-    live.send(Rebuild())
-    live.wait_for(is_event("resumed", reason="rebuild"))
-    assert live.wait_for(is_event("step", step=3)).scalars["i"] == 0.0, "a new generator, from its first item"
-
-
-def test_only_the_projects_generators_are_named() -> None:
-    def gen():
-        yield 1
-        raise KeyError("x")
-
-    try:
-        list(gen())
-    except KeyError as exc:
-        here = __file__
-        assert generators_ended(exc, lambda path: "t.py" if path == here else None) == [
-            f"test_only_the_projects_generators_are_named.<locals>.gen() (t.py:{gen.__code__.co_firstlineno + 2})"]
-        assert generators_ended(exc, lambda path: None) == [], "a generator outside the project is not the user's"
-
-
-STALE_PY = """\
+PROJECT_PY = """\
 import torch
 
 FAIL = False
@@ -105,15 +39,58 @@ def step(state, bench):
 """
 
 
+def test_an_error_that_ends_a_generator_says_so_and_so_does_the_end_a_fix_then_meets(start_session) -> None:
+    failing = PROJECT_PY.replace("FAIL = False", "FAIL = True")
+    live = start_session({"train.py": failing}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for step in (1, 2):
+        live.send(StepOnce())
+        live.wait_for(is_event("step", step=step))
+    live.send(StepOnce())
+    failed = live.wait_for(is_event("error", where="step"))
+    assert failed.message.startswith("step() raised ValueError: check failed"), failed.message
+    assert "went up through the generator epochs() (train.py:15)" in failed.message, failed.message
+    assert "after a fix, reading it raises StopIteration. R (command `rebuild`) makes it again" in failed.message
+    live.wait_for(is_event("paused", reason="error"))
+
+    save(live.entry, failing.replace('raise ValueError("check failed")', "return None"))
+    live.wait_for(is_event("resumed", reason="reload"))
+    ended = live.wait_for(is_event("error", where="data"))
+    assert ended.message.startswith(
+        "the iterator ended in step 3: StopIteration at train.py:23 (`return {\"loss\": 0.0, \"i\": float(next(state"
+    ), ended.message
+    assert ("not because its data ran out: step 3's ValueError went up through the generator epochs() (train.py:15) "
+            "and ended it") in ended.message, ended.message
+    live.wait_for(is_event("paused", reason="data exhausted"))
+
+    live.send(Rebuild())
+    live.wait_for(is_event("resumed", reason="rebuild"))
+    assert live.wait_for(is_event("step", step=3)).scalars["i"] == 0.0, "a new generator, from its first item"
+
+
+def test_only_the_projects_generators_are_named() -> None:
+    def gen():
+        yield 1
+        raise KeyError("x")
+
+    try:
+        list(gen())
+    except KeyError as exc:
+        here = __file__
+        assert generators_ended(exc, lambda path: "t.py" if path == here else None) == [
+            f"test_only_the_projects_generators_are_named.<locals>.gen() (t.py:{gen.__code__.co_firstlineno + 2})"]
+        assert generators_ended(exc, lambda path: None) == [], "a generator outside the project is not the user's"
+
+
 def test_a_traceback_through_a_generator_running_replaced_code_shows_that_codes_line(start_session) -> None:
     """Found porting word_language_model: after an edit above its epochs generator, an error inside it showed the
     generator's frame at `yield batch, i`, today's file at the old code's line number, while it ran the evaluate()
     call two lines lower."""
-    live = start_session({"train.py": STALE_PY}, start_paused=True)
+    live = start_session({"train.py": PROJECT_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
     live.send(StepOnce())
     live.wait_for(is_event("step", step=1))  # the generator runs: it keeps this code
-    edited = "# a comment line above everything\n" + STALE_PY.replace("FAIL = False", "FAIL = True").replace(
+    edited = "# a comment line above everything\n" + PROJECT_PY.replace("FAIL = False", "FAIL = True").replace(
         "range(2)", "range(3)")
     save(live.entry, edited)
     reload = live.wait_for(is_event("reload", file="train.py"))
