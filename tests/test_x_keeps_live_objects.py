@@ -50,17 +50,23 @@ def step(state, bench):
 """
 
 
+def _trained(start_session, source: str, steps: int):  # type: ignore[no-untyped-def]
+    """A paused session of `source` after `steps` steps."""
+    live = start_session({"train.py": source}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for step in range(1, steps + 1):
+        live.send(StepOnce())
+        live.wait_for(is_event("step", step=step))
+    return live
+
+
 def _x_run(live, code_version: int):  # type: ignore[no-untyped-def]
     live.send(RunStatements())
     return live.wait_for(is_event("reload", file="train.py", code_version=code_version, ms=0.0))
 
 
 def test_an_edited_argument_the_model_does_not_read_leaves_the_live_model_and_optimizer_to_x(start_session) -> None:
-    live = start_session({"train.py": SCRIPT_PY}, start_paused=True)
-    live.wait_for(is_event("setup", status="done"))
-    for step in (1, 2):
-        live.send(StepOnce())
-        live.wait_for(is_event("step", step=step))
+    live = _trained(start_session, SCRIPT_PY, 2)
     module = live.session.project.module
     model, opt = module.model, module.opt
     trained = model.weight.detach().clone()
@@ -87,10 +93,7 @@ def test_an_edited_argument_the_model_does_not_read_leaves_the_live_model_and_op
 
 
 def test_an_edited_argument_the_model_is_built_from_makes_x_build_it_and_its_optimizer_anew(start_session) -> None:
-    live = start_session({"train.py": SCRIPT_PY}, start_paused=True)
-    live.wait_for(is_event("setup", status="done"))
-    live.send(StepOnce())
-    live.wait_for(is_event("step", step=1))
+    live = _trained(start_session, SCRIPT_PY, 1)
     module = live.session.project.module
     model = module.model
     save(live.entry, SCRIPT_PY.replace("default=4", "default=3"))
@@ -235,11 +238,7 @@ def test_a_rebuild_builds_again_the_model_and_optimizer_a_script_made_at_import_
     model built at import, and said ok with no notes while the live model kept what the old constructor built."""
     from workbench.protocol.events import Rebuild
 
-    live = start_session({"train.py": IMPORT_BUILT_PY}, start_paused=True)
-    live.wait_for(is_event("setup", status="done"))
-    for step in (1, 2):
-        live.send(StepOnce())
-        live.wait_for(is_event("step", step=step))
+    live = _trained(start_session, IMPORT_BUILT_PY, 2)
     module = live.session.project.module
     trained = module.model.fc.weight.detach().clone()
     momentum = module.opt.state[module.model.fc.weight]["momentum_buffer"].clone()
