@@ -18,7 +18,8 @@ from pathlib import Path
 
 from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, inputs_of
 from workbench.engine.hotswap.patches import RunInNamespace
-from workbench.engine.hotswap.planner import compile_nodes, future_flags, is_main_guard
+from workbench.engine.hotswap.compiling import compile_nodes, future_flags
+from workbench.engine.hotswap.planner import is_main_guard
 from workbench.engine.hotswap.scopes import label_for
 from workbench.engine.hotswap.statement_slice import bound_names, calls_code, rerun_slice
 from workbench.engine.state_walk import training_object

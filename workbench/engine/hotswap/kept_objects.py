@@ -9,9 +9,9 @@ one when only `--clip` changed; `lr = args.lr` would undo the annealing training
 would restart the random stream. A fresh start computes those lines from their inputs, so where the inputs
 are what they were before x ran anything (`args.nhid` equal, `W_TARGET` the same shape and values, the
 model an earlier line left alone), the line would compute what is already there, and x leaves it, with
-what training did since. The statements the user edited, and those that make what they use (`parser =
-ArgumentParser()` before its `add_argument` lines run again), always run, except one that would put a new
-object in place of a live model, optimizer or LR scheduler.
+what training did since. The statements the user edited always run; so do those that make what they use
+(`parser = ArgumentParser()` before its `add_argument` lines run again), unless they would put a new object
+in place of a live model, optimizer or LR scheduler: those too run only if what they read changed.
 """
 
 from __future__ import annotations

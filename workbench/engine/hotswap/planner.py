@@ -9,38 +9,29 @@ old code keeps running.
 
 from __future__ import annotations
 
-import __future__
 import ast
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.errors import ContractError
 from workbench.engine.hotswap.patches import DELETE, Patch, ReplaceCode, ReplaceReferences, RunInNamespace, SetAttribute, ShiftLines
+from workbench.engine.hotswap.compiling import compile_nodes, future_flags
 from workbench.engine.hotswap.code_identity import CodeChanges, function_parts, innermost, same_own_content
 from workbench.engine.hotswap.construction import (
     built_from_note,
     called_by_setup_note,
     constants_read_when_built,
     functions_called_when_built,
-    globals_read_by,
 )
 from workbench.engine.hotswap.deleted_names import RemoveDeleted, plan_deleted
-from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, inputs_of
 from workbench.engine.hotswap.live_objects import UpdateLiveCopies
 from workbench.engine.hotswap.scopes import DEF_NODES, Scope, index_statements, label_for
 from workbench.engine.hotswap.source_index import SourceIndex, diff_source
-from workbench.engine.hotswap.statement_slice import (
-    bound_names,
-    calls_code,
-    read_names,
-    rerun_slice,
-    sets_globals_it_does_not_name,
-    statement_key,
-)
-from workbench.engine.state_walk import training_object
+from workbench.engine.hotswap.statement_slice import bound_names, calls_code, sets_globals_it_does_not_name, statement_key
+from workbench.engine.hotswap.x_statements import StatementsForX
 
 RESTART_HINT = "restart vram-bench to use it"
 
@@ -251,7 +242,6 @@ def _line_in(exc: BaseException, path: Path) -> int | None:
 
 
 _MISSING = object()
-_CODE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)  # inputs not worth naming in a note
 
 
 def _own_lines_changed(live: types.FunctionType, new: types.FunctionType) -> bool:
@@ -324,25 +314,6 @@ def _literal_values(scope: Scope) -> dict[str, object]:
         return {}
 
 
-def compile_nodes(nodes: tuple[ast.stmt, ...] | list[ast.stmt], path: Path, flags: int = 0) -> types.CodeType:
-    """The user's statements compiled as their file is: with its own `from __future__` imports (`flags`) and
-    none of this module's (compile() would otherwise hand them this file's `annotations` future)."""
-    return compile(ast.Module(body=list(nodes), type_ignores=[]), str(path), "exec", flags=flags, dont_inherit=True)
-
-
-def future_flags(statements: Iterable[ast.stmt]) -> int:
-    """The compiler flags of a file's `from __future__ import ...` lines, which come first (after a docstring)."""
-    flags = 0
-    for node in statements:
-        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
-            for alias in node.names:
-                feature = getattr(__future__, alias.name, None)
-                flags |= getattr(feature, "compiler_flag", 0)
-        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-            break
-    return flags
-
-
 def _decorators(node: ast.stmt) -> str:
     return "\n".join(ast.dump(d) for d in getattr(node, "decorator_list", []))
 
@@ -409,8 +380,7 @@ class _Planner:
         self.edited_statements: list[ast.stmt] = []  # module statements with calls: not re-run unless asked
         self.patched_functions: dict[str, types.FunctionType] = {}  # module functions whose code is replaced in place
         self.setup_calls: dict[str, str] = {}  # those setup() calls, with how
-        self._training_objects: dict[str, str | None] = {}  # live globals checked for what training made
-        self._globals_read: dict[str, list[str]] = {}  # project function or class -> module globals its code reads
+        self.x = StatementsForX(self.live, others, source, path, flags)  # what x runs, and what the notes offer
 
     def statement(self, old: Scope | None, new: Scope) -> None:
         moved_only = old is not None and old.fingerprint == new.fingerprint
@@ -439,89 +409,14 @@ class _Planner:
             self.edited_statements.extend(new.nodes)
             self.notes.append(
                 f"{label} was not re-run: module statements that call code run once at import, and running it "
-                f"could rebuild what is live; {self._offer_x(new.nodes)}"
+                f"could rebuild what is live; {self.x.offer(new.nodes)}"
             )
 
     def statements_to_run(self, module: list[ast.stmt]) -> list[tuple[str, RunInNamespace]]:
-        """What `run-statements` (x) runs: the edited statements, the ones that make what they use, and, if a
-        value they read has changed by their turn, the ones that use what they make (statement_slice.py,
-        kept_objects.py), in source order. None of the others puts a new object in place of a live model,
-        optimizer or LR scheduler unless what it is built from changed."""
-        if not self.edited_statements:
-            return []
-        edited = {statement_key(node) for node in self.edited_statements}
-        picked = rerun_slice(module, self.edited_statements, lambda node: set(self._hidden_inputs(read_names(node)))) \
-            or [(node, True) for node in self.edited_statements]
-        makers = [node.lineno for node, always in picked if always and statement_key(node) not in edited]
-        readers = [node.lineno for node, always in picked if not always]
-        if makers or readers:
-            parts = [f"the statements that make what they use (line(s) {', '.join(map(str, makers))})"] if makers else []
-            if readers:
-                parts.append(f"those that use what they make, where a value they read has changed by then "
-                             f"(line(s) {', '.join(map(str, readers))})")
-            self.notes.append(f"x also runs, as a fresh start would, {' and '.join(parts)}")
-        run: list[tuple[str, RunInNamespace]] = []
-        for node, always in picked:
-            label = f"line {node.lineno}: `{label_for(node, self.source)}`"
-            code, binds = compile_nodes((node,), self.path, self.flags), tuple(sorted(bound_names(node)))
-            replaced = self._replaced_by([node]) if statement_key(node) not in edited else []
-            if always and not replaced:
-                run.append((label, RunInNamespace(code, self.live, binds)))
-                continue
-            kept = " and ".join(replaced)
-            inputs = self._inputs_with_hidden(inputs_of(node))
-            if kept:
-                shown = [name for name in inputs if not isinstance(self.live.get(name.split(".")[0]), _CODE)]
-                self.notes.append(
-                    f"x runs {label} only if a value it reads has changed by then ({', '.join(shown) or 'none'}): "
-                    f"else {kept} stays, with what training did to it"
-                )
-            run.append((label, RunUnlessSameInputs(code, self.live, binds, inputs=inputs, kept=kept)))
+        """What `run-statements` (x) runs for the statements named so far (x_statements.py); its notes join ours."""
+        run, notes = self.x.plan(module, self.edited_statements)
+        self.notes.extend(notes)
         return run
-
-    def _inputs_with_hidden(self, inputs: tuple[str, ...]) -> tuple[str, ...]:
-        """A statement's inputs and the module globals the project code it calls reads."""
-        return tuple(dict.fromkeys([*inputs, *self._hidden_inputs(inputs)]))
-
-    def _hidden_inputs(self, inputs: Iterable[str]) -> list[str]:
-        """The module globals (not code) that the project functions and classes among `inputs` read when called,
-        through the code they call (construction.py): `args` for `Net()` whose constructor reads `args.clip`."""
-        modules = {str(ns.get("__name__")) for ns in (self.live, *self.others)}
-        hidden: dict[str, None] = {}
-        for name in inputs:
-            root = name.split(".")[0]
-            value = self.live.get(root)
-            if not isinstance(value, (types.FunctionType, type)) or getattr(value, "__module__", None) not in modules:
-                continue
-            if root not in self._globals_read:
-                self._globals_read[root] = [
-                    read for read in globals_read_by(value, self.live, modules)
-                    if read in self.live and not isinstance(self.live[read], _CODE)  # not builtins (`super`), not code
-                ]
-            hidden.update(dict.fromkeys(self._globals_read[root]))
-        return list(hidden)
-
-    def _training_object(self, name: str) -> str | None:
-        """What training made that the live global `name` holds (state_walk.training_object), looked at once."""
-        if name not in self._training_objects:
-            self._training_objects[name] = training_object(self.live[name]) if name in self.live else None
-        return self._training_objects[name]
-
-    def _replaced_by(self, nodes: list[ast.stmt]) -> list[str]:
-        """The globals holding what training made that running `nodes` would bind anew, each with what it holds."""
-        names = sorted({name for node in nodes for name in bound_names(node)})
-        return [f"`{name}`, {what}" for name in names if (what := self._training_object(name))]
-
-    def _offer_x(self, nodes: list[ast.stmt]) -> str:
-        """How a note about module statements that were not re-run ends: what x would do."""
-        replaced = self._replaced_by(nodes)
-        if replaced:
-            return (
-                f"press x (command `run-statements`) to run it now: it puts a new object in place of "
-                f"{' and '.join(replaced)}, without what training did to it (to carry the weights over, make it "
-                "in setup() and rebuild with R)"
-            )
-        return "press x (command `run-statements`) to run it now"
 
     def shift_lines(self, node: ast.stmt, shift: int) -> None:
         """A def or class that only moved: its live functions get their new line numbers (tracebacks)."""
@@ -611,7 +506,7 @@ class _Planner:
                 self.notes.append(
                     f"line {node.lineno}: `{label_for(node, self.source)}` calls changed code ({how}) and was not re-run: "
                     "module statements that call code run once at import, and running it could rebuild what is live, "
-                    f"so what it made keeps what the old code made; {self._offer_x([node])}"
+                    f"so what it made keeps what the old code made; {self.x.offer([node])}"
                 )
 
     def _run_statement(self, patch: RunInNamespace, line: int) -> None:
@@ -652,7 +547,7 @@ class _Planner:
                     what = f"binds {', '.join(names)} again but was not re-run (it calls code), so"
                 self.notes.append(
                     f"{label} {what} the edited value stays where a fresh start would take this line's; "
-                    f"{self._offer_x([node])}"
+                    f"{self.x.offer([node])}"
                 )
                 continue
             self._run_statement(RunInNamespace(compile_nodes((node,), self.path, self.flags), self.live, tuple(names)), node.lineno)
@@ -681,7 +576,7 @@ class _Planner:
             self.edited_statements.extend(scope.nodes)
             self.notes.append(
                 f"line {scope.line}: `{label_for(scope.node, self.source)}` uses {', '.join(stale)} but was not "
-                f"re-run (it calls code), so it keeps its old value; {self._offer_x(scope.nodes)}"
+                f"re-run (it calls code), so it keeps its old value; {self.x.offer(scope.nodes)}"
             )
 
     def function(self, old: Scope | None, new: Scope, moved_only: bool) -> None:

@@ -1,0 +1,113 @@
+"""What x (command `run-statements`) runs for the module statements a save did not re-run, and what the
+reload's notes say it will do.
+
+The slice is statement_slice.py's: the statements named (edited, or calling changed code), those that make what
+they use, and those that read what the slice binds, including what the project code they call reads (`model =
+Net()` whose constructor reads `args`). Of those, the ones the user did not name run only if a value they read
+changed by their turn (kept_objects.py), so x never puts a new, untrained model in place of the live one when
+only an unrelated argument changed; the notes name each such line and what it would replace.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from workbench.engine.hotswap.compiling import compile_nodes
+from workbench.engine.hotswap.construction import globals_read_by
+from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, inputs_of
+from workbench.engine.hotswap.patches import RunInNamespace
+from workbench.engine.hotswap.scopes import label_for
+from workbench.engine.hotswap.statement_slice import bound_names, read_names, rerun_slice, statement_key
+from workbench.engine.state_walk import training_object
+
+_CODE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)  # inputs not worth naming in a note
+
+
+class StatementsForX:
+    """For one file being planned: its live namespace, the project's other modules, the new source and how to
+    compile a statement of it."""
+
+    def __init__(self, live: dict[str, Any], others: list[dict[str, Any]], source: str, path: Path, flags: int) -> None:
+        self.live, self.others, self.source, self.path, self.flags = live, others, source, path, flags
+        self._training_objects: dict[str, str | None] = {}  # live globals checked for what training made
+        self._globals_read: dict[str, list[str]] = {}  # project function or class -> module globals its code reads
+
+    def plan(self, module: list[ast.stmt], named: list[ast.stmt]) -> tuple[list[tuple[str, RunInNamespace]], list[str]]:
+        """(label, statement) for what x runs, in source order, and the notes that say so. `module`: the file's
+        top-level statements; `named`: those the reload did not re-run and said so."""
+        if not named:
+            return [], []
+        notes: list[str] = []
+        edited = {statement_key(node) for node in named}
+        picked = rerun_slice(module, named, lambda node: set(self._hidden_inputs(read_names(node)))) \
+            or [(node, True) for node in named]
+        makers = [node.lineno for node, always in picked if always and statement_key(node) not in edited]
+        readers = [node.lineno for node, always in picked if not always]
+        if makers or readers:
+            parts = [f"the statements that make what they use (line(s) {', '.join(map(str, makers))})"] if makers else []
+            if readers:
+                parts.append(f"those that use what they make, where a value they read has changed by then "
+                             f"(line(s) {', '.join(map(str, readers))})")
+            notes.append(f"x also runs, as a fresh start would, {' and '.join(parts)}")
+        run: list[tuple[str, RunInNamespace]] = []
+        for node, always in picked:
+            label = f"line {node.lineno}: `{label_for(node, self.source)}`"
+            code, binds = compile_nodes((node,), self.path, self.flags), tuple(sorted(bound_names(node)))
+            replaced = self._replaced_by([node]) if statement_key(node) not in edited else []
+            if always and not replaced:
+                run.append((label, RunInNamespace(code, self.live, binds)))
+                continue
+            kept = " and ".join(replaced)
+            inputs = tuple(dict.fromkeys([*inputs_of(node), *self._hidden_inputs(inputs_of(node))]))
+            if kept:
+                shown = [name for name in inputs if not isinstance(self.live.get(name.split(".")[0]), _CODE)]
+                notes.append(
+                    f"x runs {label} only if a value it reads has changed by then ({', '.join(shown) or 'none'}): "
+                    f"else {kept} stays, with what training did to it"
+                )
+            run.append((label, RunUnlessSameInputs(code, self.live, binds, inputs=inputs, kept=kept)))
+        return run, notes
+
+    def offer(self, nodes: list[ast.stmt]) -> str:
+        """How a note about module statements that were not re-run ends: what x would do with them."""
+        replaced = self._replaced_by(nodes)
+        if replaced:
+            return (
+                f"press x (command `run-statements`) to run it now: it puts a new object in place of "
+                f"{' and '.join(replaced)}, without what training did to it (R, command `rebuild`, builds it again "
+                "and carries the weights that still fit over)"
+            )
+        return "press x (command `run-statements`) to run it now"
+
+    def _hidden_inputs(self, inputs: Iterable[str]) -> list[str]:
+        """The module globals (not code) that the project functions and classes among `inputs` read when called,
+        through the code they call (construction.py): `args` for `Net()` whose constructor reads `args.clip`."""
+        modules = {str(ns.get("__name__")) for ns in (self.live, *self.others)}
+        hidden: dict[str, None] = {}
+        for name in inputs:
+            root = name.split(".")[0]
+            value = self.live.get(root)
+            if not isinstance(value, (types.FunctionType, type)) or getattr(value, "__module__", None) not in modules:
+                continue
+            if root not in self._globals_read:
+                self._globals_read[root] = [
+                    read for read in globals_read_by(value, self.live, modules)
+                    if read in self.live and not isinstance(self.live[read], _CODE)  # not builtins (`super`), not code
+                ]
+            hidden.update(dict.fromkeys(self._globals_read[root]))
+        return list(hidden)
+
+    def _training_object(self, name: str) -> str | None:
+        """What training made that the live global `name` holds (state_walk.training_object), looked at once."""
+        if name not in self._training_objects:
+            self._training_objects[name] = training_object(self.live[name]) if name in self.live else None
+        return self._training_objects[name]
+
+    def _replaced_by(self, nodes: list[ast.stmt]) -> list[str]:
+        """The globals holding what training made that running `nodes` would bind anew, each with what it holds."""
+        names = sorted({name for node in nodes for name in bound_names(node)})
+        return [f"`{name}`, {what}" for name in names if (what := self._training_object(name))]
