@@ -210,12 +210,19 @@ def _ran_notes(statements: list[tuple[str, RunInNamespace]]) -> tuple[str, ...]:
             left.append(label.removeprefix("line "))
     notes = [
         entry if isinstance(entry, str)
-        else f"ran line{'s' if len(grouped[entry]) > 1 else ''} {'; '.join(grouped[entry])}, as {', '.join(entry)} changed"
+        else f"ran line{'s' if len(grouped[entry]) > 1 else ''} {_lines(grouped[entry])}, as {', '.join(entry)} changed"
         for entry in entries
     ]
     if left:
-        notes.append(f"left as they were, since nothing they read changed: line(s) {'; '.join(left)}")
+        notes.append(f"left as they were, since nothing they read changed: line(s) {_lines(left)}")
     return tuple(notes)
+
+
+def _lines(labels: list[str]) -> str:
+    """A few lines with their text (`57: \`torch.manual_seed(args.seed)\``); many by number only, for the log's sake."""
+    if len(labels) <= 3:
+        return "; ".join(labels)
+    return ", ".join(label.split(":", 1)[0] for label in labels)
 
 
 @handles(Rollback)
