@@ -198,7 +198,8 @@ async def test_setup_panel_shows_progress_then_failure_then_recovers_on_save(tmp
         assert not app.query_one(LossChart).display or app.query_one("#chart-pane").has_class("-setup")
         await until(pilot, lambda: "setup() failed" in str(panel.render()), what="setup failure")
         assert "weights not found" in str(panel.render())
-        assert "RuntimeError" in log_text(app)
+        # The `setup` event (the panel) comes before the `error` event (the log's line): wait for the line.
+        await until(pilot, lambda: "RuntimeError" in log_text(app), what="the error in the log")
 
         assert session.wait_until_watching()
         entry.write_text(TRAIN)
