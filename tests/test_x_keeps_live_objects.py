@@ -180,19 +180,19 @@ def test_same_value_compares_what_a_fresh_run_would_see() -> None:
 
 
 def test_what_x_compares_is_kept_as_it_was_not_as_an_in_place_change_left_it() -> None:
-    from workbench.engine.hotswap.kept_objects import _same_frozen, freeze
+    from workbench.engine.hotswap.kept_objects import same_frozen, freeze
 
     args = argparse.Namespace(lr=0.1)
     before = freeze(args)
     args.lr = 0.2  # an override's in-place change: the same Namespace object
-    assert not _same_frozen(before, freeze(args))
+    assert not same_frozen(before, freeze(args))
     weights = torch.ones(3)
     before = freeze(weights)
-    assert _same_frozen(before, freeze(weights))
+    assert same_frozen(before, freeze(weights))
     weights[0] = 5.0
-    assert not _same_frozen(before, freeze(weights)), "an in-place write changes the tensor's values"
+    assert not same_frozen(before, freeze(weights)), "an in-place write changes the tensor's values"
     data = list(range(1000))
-    assert _same_frozen(freeze(data), freeze(data)) and not _same_frozen(freeze(data), freeze(list(range(1000)))), \
+    assert same_frozen(freeze(data), freeze(data)) and not same_frozen(freeze(data), freeze(list(range(1000)))), \
         "a long list is data: the same object or not"
 
 
@@ -263,3 +263,37 @@ def test_a_rebuild_builds_again_the_model_and_optimizer_a_script_made_at_import_
     assert torch.equal(module.opt.state[module.model.fc.weight]["momentum_buffer"], momentum)
     live.send(StepOnce())
     assert live.wait_for(is_event("step", step=3)).scalars["layers"] == 2.0
+
+
+LBFGS_PY = """\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, default=0.8)
+opt = parser.parse_args()
+
+
+def setup(bench):
+    model = torch.nn.Linear(2, 1)
+    return {"model": model, "optimizer": torch.optim.LBFGS(model.parameters(), lr=opt.lr)}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "lr": state["optimizer"].param_groups[0]["lr"], "arg": opt.lr}
+"""
+
+
+def test_x_says_when_what_it_changed_was_read_by_setup_and_what_setup_built_keeps_the_old_value(start_session) -> None:
+    """Found porting pytorch/examples' time_sequence_prediction: `--lr`'s default edited and x pressed, `opt.lr`
+    became 0.5 while the LBFGS setup() had built from it kept 0.8, and x's event said only what it ran."""
+    live = _trained(start_session, LBFGS_PY, 1)
+    save(live.entry, LBFGS_PY.replace("default=0.8", "default=0.5"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    ran = _x_run(live, reload.code_version)
+    assert any(n.startswith("opt was read when setup() built the live state (setup): what it built keeps the old value; "
+                            "R (command `rebuild`) builds it again") for n in ran.notes), ran.notes
+    live.send(StepOnce())
+    after = live.wait_for(is_event("step", step=2)).scalars
+    assert after["arg"] == 0.5 and after["lr"] == 0.8, "the note is true: the live optimizer kept the old rate"

@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader
 from workbench.engine.dispatch import handles
 from workbench.protocol.events import Command, Error, Reload, Rollback, RunStatements
 from workbench.engine.hotswap.compiled import reset_compiled_code
-from workbench.engine.hotswap.construction import built_from_note, called_by_setup_note
+from workbench.engine.hotswap.construction import built_from_note, called_by_setup_note, constants_read_when_built
 from workbench.engine.hotswap.loader_workers import worker_notes
-from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs
+from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, freeze, same_frozen
 from workbench.engine.hotswap.patches import RunInNamespace, apply_all
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.reloader import AppliedVersion
@@ -155,6 +155,9 @@ def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
         for _, patch in statements:
             if isinstance(patch, RunUnlessSameInputs):
                 patch.capture()  # the inputs as they are before x runs anything
+        bound = {name for _, patch in statements for name in patch.binds}
+        namespace = statements[0][1].namespace if statements else {}
+        before = {name: freeze(namespace.get(name)) for name in bound}
         try:
             with worker.project.as_script():
                 apply_all([patch for _, patch in statements])
@@ -177,12 +180,23 @@ def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
                 file=worker.project.relative(path),
                 changed=tuple(name for _, patch in statements if _ran(patch) for name in patch.binds),
                 code_version=worker.reloader.version,
-                notes=_ran_notes(statements),
+                notes=(*_ran_notes(statements), *_built_from_what_x_changed(worker, namespace, before)),
             )
         )
         ran = True
     if ran:
         worker._after_code_change()  # like a saved fix: a pause for an error ends, a failed setup() runs again
+
+
+def _built_from_what_x_changed(worker: TrainingWorker, namespace: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    """The globals x gave a new value that setup() read when it built the live state (`opt`, whose `opt.lr` the
+    optimizer was made with): what it built keeps the old value until R, as for a constant a save re-binds."""
+    setup = worker.reloader.entry_setup()
+    if getattr(setup, "__globals__", None) is not namespace:
+        return []  # x ran another module's statements: setup() reads its own module's globals
+    changed = [name for name, was in before.items() if not same_frozen(was, freeze(namespace.get(name)))]
+    read = constants_read_when_built(namespace, changed, setup)
+    return [built_from_note(name, chains) for name, chains in read.items()]
 
 
 def _ran(patch: RunInNamespace) -> bool:
@@ -219,7 +233,7 @@ def _ran_notes(statements: list[tuple[str, RunInNamespace]]) -> tuple[str, ...]:
 
 
 def _lines(labels: list[str]) -> str:
-    """A few lines with their text (`57: \`torch.manual_seed(args.seed)\``); many by number only, for the log's sake."""
+    """A few lines with their text (57 with its `torch.manual_seed(args.seed)`); many by number only, for the log."""
     if len(labels) <= 3:
         return "; ".join(labels)
     return ", ".join(label.split(":", 1)[0] for label in labels)

@@ -114,7 +114,8 @@ def freeze(value: Any, depth: int = 0) -> Any:
     return _Identity(value)
 
 
-def _same_frozen(a: Any, b: Any) -> bool:
+def same_frozen(a: Any, b: Any) -> bool:
+    """Two values `freeze` kept: the same input to a statement."""
     if type(a) is not type(b):
         return False
     if isinstance(a, _Identity):
@@ -128,7 +129,7 @@ def _same_frozen(a: Any, b: Any) -> bool:
         with torch.no_grad():
             return bool(torch.equal(x, y))
     if isinstance(a, tuple):
-        return len(a) == len(b) and all(_same_frozen(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_frozen(x, y) for x, y in zip(a, b))
     if isinstance(a, float) and math.isnan(a):
         return math.isnan(b)
     return bool(a == b)
@@ -137,7 +138,7 @@ def _same_frozen(a: Any, b: Any) -> bool:
 def same_value(before: Any, now: Any) -> bool:
     """Whether a fresh run of a statement would see the same input: equal plain data, equal tensors, the same
     object; anything else made anew (a new `Corpus`) counts as changed."""
-    return _same_frozen(freeze(before), freeze(now))
+    return same_frozen(freeze(before), freeze(now))
 
 
 @dataclass
@@ -156,7 +157,7 @@ class RunUnlessSameInputs(RunInNamespace):
     def apply(self) -> None:
         self.changed = [
             name for name in self.inputs
-            if not _same_frozen(self.before.get(name, _Identity(_MISSING)), freeze(read_input(self.namespace, name)))
+            if not same_frozen(self.before.get(name, _Identity(_MISSING)), freeze(read_input(self.namespace, name)))
         ]
         if self.changed:
             super().apply()

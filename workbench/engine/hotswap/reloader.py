@@ -160,7 +160,7 @@ class Reloader:
                 source,
                 required=self._required_for(path),
                 other_namespaces=self._others(path),
-                setup=self._entry_setup(),
+                setup=self.entry_setup(),
             )
         except ReloadError as exc:
             exc.source = source
@@ -239,7 +239,7 @@ class Reloader:
             changeset.new_source,
             required=self._required_for(path),
             other_namespaces=self._others(path),
-            setup=self._entry_setup(),
+            setup=self.entry_setup(),
         )
         changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
         changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
@@ -301,7 +301,7 @@ class Reloader:
         """The namespaces of the project's other modules (where `from x import y` copies live)."""
         return [module.__dict__ for other, module in self.project.modules().items() if other != path]
 
-    def _entry_setup(self) -> Any:
+    def entry_setup(self) -> Any:
         """The live setup(): a save's changed functions that it calls are named (what it built keeps their old code)."""
         return getattr(self.project.modules().get(self.project.entry), "setup", None)
 
