@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -20,6 +20,22 @@ _MAX_DEPTH = 4
 # Module globals that are code, not state: never walked (an imported module would lead into torch itself).
 _NOT_STATE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
 _MAX_ITEMS = 256  # models and optimizers sit near the top of a state, not deep inside a dataset list
+
+
+def children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """What every walk over the state goes into, each with its path: a dict's values and a list's or tuple's
+    items (the first 256), an object's public attributes (not a class's, a module's, a tensor's or a callable's).
+    The walks differ in what they look for and where they stop; this is how user state nests, for all of them."""
+    if isinstance(obj, dict):
+        for key, value in list(itertools.islice(obj.items(), _MAX_ITEMS)):
+            yield (f"{path}.{key}" if path else str(key)), value
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(itertools.islice(obj, _MAX_ITEMS)):
+            yield (f"{path}[{i}]" if path else f"[{i}]"), value
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (type, types.ModuleType, torch.Tensor)) and not callable(obj):
+        for key, value in list(vars(obj).items()):
+            if not key.startswith("_"):
+                yield (f"{path}.{key}" if path else key), value
 
 
 def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
@@ -38,16 +54,8 @@ def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module],
         if isinstance(obj, torch.optim.Optimizer):
             optimizers[path or "optimizer"] = obj
             return
-        if isinstance(obj, dict):
-            for key, value in itertools.islice(obj.items(), _MAX_ITEMS):
-                visit(value, f"{path}.{key}" if path else str(key), depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for i, value in enumerate(itertools.islice(obj, _MAX_ITEMS)):
-                visit(value, f"{path}[{i}]" if path else f"[{i}]", depth + 1)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.Tensor)) and not callable(obj):
-            for key, value in vars(obj).items():
-                if not key.startswith("_"):
-                    visit(value, f"{path}.{key}" if path else key, depth + 1)
+        for child_path, child in children(obj, path):
+            visit(child, child_path, depth + 1)
 
     visit(state, "", 0)
     return modules, optimizers
@@ -81,16 +89,8 @@ def find_instances(state: Any, cls: type, limit: int = 50, namespaces: Namespace
             return
         if isinstance(obj, cls):
             found.append(path or "state")
-        if isinstance(obj, dict):
-            for key, value in list(itertools.islice(obj.items(), _MAX_ITEMS)):
-                visit(value, f"{path}.{key}" if path else str(key), depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for i, value in enumerate(itertools.islice(obj, _MAX_ITEMS)):
-                visit(value, f"{path}[{i}]" if path else f"[{i}]", depth + 1)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, torch.Tensor)) and not callable(obj):
-            for key, value in list(vars(obj).items()):
-                if not key.startswith("_"):
-                    visit(value, f"{path}.{key}" if path else key, depth + 1)
+        for child_path, child in children(obj, path):
+            visit(child, child_path, depth + 1)
 
     visit(state, "", 0)
     for module_name, namespace in namespaces:

@@ -10,17 +10,15 @@ into the scheduler setup() made at that path, and whatever cannot be loaded is s
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from workbench.engine.state_walk import Namespaces
+from workbench.engine.state_walk import Namespaces, children
 
 _MAX_DEPTH = 4
-_MAX_ITEMS = 256
 _GLOBALS_DEPTH = 2  # a module global and two levels inside it (`trainer.scheduler`): globals hold datasets too
 
 
@@ -46,15 +44,7 @@ def _reachable(obj: Any, path: str, seen: set[int], depth: int = 0) -> Iterator[
     if isinstance(obj, LRScheduler):
         yield path or "scheduler", obj
         return
-    if isinstance(obj, dict):
-        items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in list(itertools.islice(obj.items(), _MAX_ITEMS)))
-    elif isinstance(obj, (list, tuple)):
-        items = ((f"{path}[{i}]" if path else f"[{i}]", v) for i, v in enumerate(itertools.islice(obj, _MAX_ITEMS)))
-    elif hasattr(obj, "__dict__") and not callable(obj) and not isinstance(obj, type(torch)):
-        items = ((f"{path}.{k}" if path else k, v) for k, v in list(vars(obj).items()) if not k.startswith("_"))
-    else:
-        return
-    for child_path, child in items:
+    for child_path, child in children(obj, path):
         yield from _reachable(child, child_path, seen, depth + 1)
 
 
