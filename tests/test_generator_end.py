@@ -106,3 +106,38 @@ def test_a_traceback_through_a_generator_running_replaced_code_shows_that_codes_
     assert shown[at + 1].strip() == "check()", f"the old code's own line 15, not the file's: {shown[at + 1]!r}"
     assert edited.splitlines()[14].strip() == "yield i", "the file's line 15 is another line"
     assert any(line.strip() == 'raise ValueError("check failed")' for line in shown), "current code: the file's line"
+
+
+RAISES_PY = """\
+import torch
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1)}
+
+
+def step(state, bench):
+    if bench.step >= 1:
+        raise ValueError("the second step fails")
+    return 0.0
+"""
+
+
+def test_after_a_save_that_did_not_parse_a_traceback_shows_the_live_codes_line_not_the_files(start_session) -> None:
+    """The old code keeps running when a save does not parse (or is held for a rebuild, or after a rollback): a
+    traceback from it used to show the file's new lines at the old code's numbers."""
+    live = start_session({"train.py": RAISES_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    broken = "# one line\n# and another above everything\n" + RAISES_PY + "def oops(:\n"
+    save(live.entry, broken)
+    assert not live.wait_for(is_event("reload", file="train.py")).ok
+    live.send(StepOnce())
+    live.wait_for(is_event("step", step=1))
+    live.send(StepOnce())
+    failed = live.wait_for(is_event("error", where="step"))
+    shown = failed.traceback.splitlines()
+    at = next(i for i, line in enumerate(shown) if ", in step" in line)
+    assert shown[at].endswith("line 10, in step (this line is from the code that runs: the file on disk has changed "
+                              "since)"), shown[at]
+    assert shown[at + 1].strip() == 'raise ValueError("the second step fails")', shown[at + 1]
+    assert broken.splitlines()[9].strip() == "def step(state, bench):", "the file's line 10 is another line"

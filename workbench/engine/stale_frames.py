@@ -1,4 +1,4 @@
-"""Tracebacks through code a save replaced show that code's own lines, not today's file at its line numbers.
+"""Tracebacks show the lines of the code that runs, not today's file at its line numbers.
 
 A save gives every function its new code, but a frame that was already running keeps the code it started with:
 a generator of epochs made before the save (its note says it keeps the old code until it is made again). When an
@@ -6,17 +6,20 @@ error then goes up through it, Python's traceback shows the *file's* line at the
 after any edit above it is another line: found porting pytorch/examples' word_language_model, where the epochs
 generator's frame read `yield batch, i` while it was running `val_loss = evaluate(val_data)` two lines lower.
 The reloader's history keeps each replaced code object with the source it was compiled from, so the formatter
-shows the line from that source and says the frame runs code from before a save.
+shows the line from that source and says the frame runs code from before a save. The same holds for all the code
+of a file whose live source is not the file on disk: after a rollback (the file keeps the newer code), a save held
+back for a rebuild, or one that did not parse, a traceback showed the file's new lines at the old code's numbers.
 """
 
 from __future__ import annotations
 
 import traceback
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from workbench.engine.hotswap.patches import ReplaceCode, ShiftLines
 from workbench.engine.hotswap.reloader import AppliedVersion
+from workbench.engine.hotswap.source_index import split_lines
 
 
 def replaced_code(history: Iterable[AppliedVersion]) -> dict[int, tuple[types.CodeType, str, int]]:
@@ -36,12 +39,14 @@ def replaced_code(history: Iterable[AppliedVersion]) -> dict[int, tuple[types.Co
     return found
 
 
-def true_stack(exc: BaseException, history: Iterable[AppliedVersion]) -> traceback.TracebackException:
-    """`TracebackException.from_exception(exc)`, its frames that ran replaced code shown with their own lines."""
+def true_stack(
+    exc: BaseException, history: Iterable[AppliedVersion], live_source: Callable[[str], str | None] = lambda filename: None
+) -> traceback.TracebackException:
+    """`TracebackException.from_exception(exc)`, each frame shown with the line of the code it runs: a frame still
+    running code a save replaced, with that code's line; a frame of a file whose live code is not what is on disk
+    (a rollback, a save held back or that did not parse), with the live code's line (`live_source`: a project
+    file's live source by its filename, or None)."""
     formatted = traceback.TracebackException.from_exception(exc)
-    replaced = replaced_code(history)
-    if not replaced:
-        return formatted
     frames: list[types.FrameType] = []
     tb = exc.__traceback__
     while tb is not None:
@@ -49,20 +54,28 @@ def true_stack(exc: BaseException, history: Iterable[AppliedVersion]) -> traceba
         tb = tb.tb_next
     if len(frames) != len(formatted.stack):
         return formatted  # not expected; the plain traceback rather than a misaligned one
+    replaced = replaced_code(history)
     entries = list(formatted.stack)
     for i, (frame, entry) in enumerate(zip(frames, entries)):
-        known = replaced.get(id(frame.f_code))
-        if known is None or known[0] is not frame.f_code or entry.lineno is None:
+        if entry.lineno is None:
             continue
-        _, source, version = known
-        lines = source.splitlines()
-        line = lines[entry.lineno - 1].strip() if 0 < entry.lineno <= len(lines) else ""
-        entries[i] = traceback.FrameSummary(
-            entry.filename,
-            entry.lineno,
-            f"{entry.name} (running the code from before version {version}: this line is from that code, not the file)",
-            lookup_line=False,
-            line=line,
-        )
+        known = replaced.get(id(frame.f_code))
+        if known is not None and known[0] is frame.f_code:
+            _, source, version = known
+            why = f"running the code from before version {version}: this line is from that code, not the file"
+        else:
+            source = live_source(entry.filename)
+            if source is None:
+                continue
+            why = "this line is from the code that runs: the file on disk has changed since"
+        line = _line(source, entry.lineno)
+        if line == (entry.line or "").strip():
+            continue
+        entries[i] = traceback.FrameSummary(entry.filename, entry.lineno, f"{entry.name} ({why})", lookup_line=False, line=line)
     formatted.stack = traceback.StackSummary.from_list(entries)
     return formatted
+
+
+def _line(source: str, lineno: int) -> str:
+    lines = split_lines(source)
+    return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""

@@ -1050,6 +1050,10 @@ class TrainingWorker(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - an action failing must not stop training
             self.bus.publish(Error(where=what, message=f"{what} failed: {type(exc).__name__}: {exc}", traceback=self._format(exc)))
 
+    def _live_source(self, filename: str) -> str | None:
+        """A project file's live source (what its running code was compiled from), or None."""
+        return self.reloader.applied_source(Path(filename).resolve()) if self.project.owns(filename) else None
+
     def _project_relative(self, path: str) -> str | None:
         """`path` relative to the project, or None for a file outside it."""
         return self.project.relative(path) if self.project.owns(path) else None
@@ -1063,7 +1067,7 @@ class TrainingWorker(threading.Thread):
     def _format(self, exc: BaseException) -> str:
         """The traceback without the workbench's own frames: the user's code is what matters."""
         package = os.path.dirname(workbench.__file__)
-        tb = true_stack(exc, self.reloader.history)  # frames still running code a save replaced: that code's lines
+        tb = true_stack(exc, self.reloader.history, self._live_source)  # the lines of the code that runs
         tb.stack = traceback.StackSummary.from_list([f for f in tb.stack if not f.filename.startswith(package)])
         return "".join(tb.format())
 
