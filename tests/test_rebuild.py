@@ -11,7 +11,7 @@ import weakref
 import torch
 
 from tests.conftest import is_event, save
-from workbench.protocol.events import Pause, Rebuild, Resume, Rollback
+from workbench.protocol.events import Pause, Rebuild, Resume, Rollback, StepOnce
 
 MODEL_PY = """\
 import torch
@@ -210,3 +210,76 @@ def test_rollback_restores_the_exact_previous_objects(start_session):
     back = live.wait_for(is_event("reload", code_version=2))
     assert "rolled back version 1" in back.notes[0]
     assert model.Net.forward.__code__ is forward_code
+
+
+LBFGS_PY = """\
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(3, 4)
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    model = Net()
+    return {"model": model, "optimizer": torch.optim.LBFGS(model.parameters(), lr=0.5, history_size=3)}
+
+
+def step(state, bench):
+    model, optimizer = state["model"], state["optimizer"]
+    x, y = torch.ones(8, 3), torch.zeros(8, 1)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        return loss
+
+    return optimizer.step(closure)
+"""
+
+
+def test_a_rebuild_does_not_carry_lbfgs_state_over_parameters_that_changed(start_session):
+    """Found porting pytorch/examples' time_sequence_prediction: LBFGS keeps its history as flat vectors over all its
+    parameters, under the first one. A rebuild that added a layer carried it by that first parameter, said `ok`, and
+    the next step failed: 'The size of tensor a (20337) must match the size of tensor b (20041)'."""
+    live = start_session({"train.py": LBFGS_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for step in (1, 2):
+        live.send(StepOnce())
+        live.wait_for(is_event("step", step=step))
+    save(live.entry, LBFGS_PY.replace(
+        "        self.head = torch.nn.Linear(4, 1)\n",
+        "        self.head = torch.nn.Linear(4, 1)\n        self.extra = torch.nn.Linear(1, 1)\n",
+    ).replace("return self.head(self.body(x))", "return self.extra(self.head(self.body(x)))"))
+    live.wait_for(is_event("reload", file="train.py"))
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and rebuilt.tensors_carried == 4 and rebuilt.optimizer_states_carried == 0, rebuilt
+    assert any(n.startswith("optimizer state not carried over: optimizer keeps its state over all its parameters")
+               for n in rebuilt.notes), rebuilt.notes
+    live.send(StepOnce())
+    live.wait_for(is_event("step", step=3))  # the next step runs: it failed on the carried vectors' old length
+
+
+def test_a_rebuild_carries_lbfgs_state_when_its_parameters_are_the_same(start_session):
+    live = start_session({"train.py": LBFGS_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for step in (1, 2):
+        live.send(StepOnce())
+        live.wait_for(is_event("step", step=step))
+    save(live.entry, LBFGS_PY.replace("        self.head = torch.nn.Linear(4, 1)\n",
+                                      "        self.head = torch.nn.Linear(4, 1)\n        self.tag = 'v2'\n"))
+    live.wait_for(is_event("reload", file="train.py"))
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and rebuilt.optimizer_states_carried == 1 and not any("not carried" in n for n in rebuilt.notes)
+    live.send(StepOnce())
+    live.wait_for(is_event("step", step=3))

@@ -34,6 +34,7 @@ class CarryReport:
     unmatched_modules: list[str] = field(default_factory=list)
     shared: int = 0  # carried by handing the old storage over (same device and dtype), not copied
     carried: list[torch.Tensor] = field(default_factory=list, repr=False)  # the new tensors that got old values
+    restarted: list[str] = field(default_factory=list)  # optimizers whose state spans all their parameters, not carried
     # id of each old parameter carried -> the new parameter it went to (what optimizers are moved along)
     param_map: dict[int, torch.nn.Parameter] = field(default_factory=dict, repr=False)
     old_names: dict[int, str] = field(default_factory=dict, repr=False)  # id of an old parameter -> its name
@@ -102,6 +103,9 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
             old_opt = old_optimizers.get(path)
             if old_opt is None or old_opt is new_opt:
                 continue  # the same object (a global setup() did not make again): see carry_optimizers_setup_did_not_make
+            if not _state_can_follow(old_opt, _parameters(new_opt), report):
+                report.restarted.append(path)
+                continue
             for old_param, state in list(old_opt.state.items()):
                 new_param = report.param_map.get(id(old_param))
                 if new_param is None:
@@ -122,6 +126,33 @@ def _copy_sharded(source: torch.Tensor, target: torch.Tensor) -> None:
         new.copy_(old)
     else:
         target.copy_(source)
+
+
+def _parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _state_can_follow(old: torch.optim.Optimizer, new_params: list[torch.Tensor], report: CarryReport) -> bool:
+    """Whether `old`'s state can be moved parameter by parameter onto an optimizer over `new_params`. Not when a
+    state tensor spans more than its parameter (LBFGS keeps its history as flat vectors over all the parameters,
+    under the first one) and the parameters are not the same ones, in the same order: carried, the next step
+    fails on the vectors' old length (or, worse, runs on stale directions)."""
+    spans_all = any(
+        isinstance(value, torch.Tensor) and value.dim() > 0 and value.numel() != param.numel()
+        for param, state in old.state.items() for value in state.values()
+    )
+    if not spans_all:
+        return True
+    old_params = _parameters(old)
+    return len(old_params) == len(new_params) and all(
+        report.param_map.get(id(o)) is n for o, n in zip(old_params, new_params)
+    )
+
+
+def restarted_note(paths: list[str]) -> str:
+    shown = ", ".join(paths)
+    return (f"optimizer state not carried over: {shown} keeps its state over all its parameters together (flat "
+            "vectors, as LBFGS does), and the parameters changed, so it starts over")
 
 
 def _moved_to(state: dict[str, Any], param: torch.Tensor) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from workbench.engine.memory.gc_freeze import collect_all
 from workbench.engine.rebuild import (
     carry_optimizers_setup_did_not_make,
     carry_over,
+    restarted_note,
     restore_globals,
 )
 from workbench.engine.run_state import REBUILD_RESUMES, RunState
@@ -96,6 +97,8 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         init_log.replay(report.carried)
         notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
         notes.extend(made_again_notes(worker.user_state, new_state, before, namespaces))
+        if report.restarted:
+            notes.append(restarted_note(report.restarted))
         if report.garbage:
             notes.append(_garbage_note(report.garbage))
         if restored:
