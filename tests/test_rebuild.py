@@ -283,3 +283,22 @@ def test_a_rebuild_carries_lbfgs_state_when_its_parameters_are_the_same(start_se
     assert rebuilt.ok and rebuilt.optimizer_states_carried == 1 and not any("not carried" in n for n in rebuilt.notes)
     live.send(StepOnce())
     live.wait_for(is_event("step", step=3))
+
+
+def test_factored_optimizer_state_follows_its_parameters_through_a_rebuild_that_adds_a_layer():
+    """Adafactor's row and column statistics are smaller than their parameter: per parameter, not flat over all of
+    them as LBFGS's history, so a rebuild carries them for every parameter that matched."""
+    from workbench.engine.rebuild import carry_over
+
+    def state(layers):
+        model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)])
+        return {"model": model, "optimizer": torch.optim.Adafactor(model.parameters())}
+
+    old = state(1)
+    old["model"](torch.ones(2, 4)).sum().backward()
+    old["optimizer"].step()
+    new = state(2)
+    report = carry_over(old, new)
+    assert report.optimizer_states == 2 and not report.restarted, report
+    assert torch.equal(new["optimizer"].state[new["model"][0].weight]["row_var"],
+                       old["optimizer"].state[old["model"][0].weight]["row_var"])
