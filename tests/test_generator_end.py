@@ -95,17 +95,22 @@ def test_a_traceback_through_a_generator_running_replaced_code_shows_that_codes_
     save(live.entry, edited)
     reload = live.wait_for(is_event("reload", file="train.py"))
     assert "epochs" in reload.changed and any("keeps the old code" in n for n in reload.notes), reload
-    live.send(StepOnce())
-    live.wait_for(is_event("step", step=2))
-    live.send(StepOnce())
-    failed = live.wait_for(is_event("error", where="step"))
-    shown = failed.traceback.splitlines()
-    at = next(i for i, line in enumerate(shown) if ", in epochs" in line)
+    shown, at = _failing_frame(live, (2,), ", in epochs")
     assert shown[at].endswith('line 15, in epochs (running the code from before version 1: this line is from that '
                               'code, not the file)'), shown[at]
     assert shown[at + 1].strip() == "check()", f"the old code's own line 15, not the file's: {shown[at + 1]!r}"
     assert edited.splitlines()[14].strip() == "yield i", "the file's line 15 is another line"
     assert any(line.strip() == 'raise ValueError("check failed")' for line in shown), "current code: the file's line"
+
+
+def _failing_frame(live, steps: tuple[int, ...], frame: str) -> tuple[list[str], int]:  # type: ignore[no-untyped-def]
+    """Run the good `steps`, then one more into the step's error: its traceback's lines, and where `frame` is."""
+    for step in steps:
+        live.send(StepOnce())
+        live.wait_for(is_event("step", step=step))
+    live.send(StepOnce())
+    shown = live.wait_for(is_event("error", where="step")).traceback.splitlines()
+    return shown, next(i for i, line in enumerate(shown) if frame in line)
 
 
 RAISES_PY = """\
@@ -131,12 +136,7 @@ def test_after_a_save_that_did_not_parse_a_traceback_shows_the_live_codes_line_n
     broken = "# one line\n# and another above everything\n" + RAISES_PY + "def oops(:\n"
     save(live.entry, broken)
     assert not live.wait_for(is_event("reload", file="train.py")).ok
-    live.send(StepOnce())
-    live.wait_for(is_event("step", step=1))
-    live.send(StepOnce())
-    failed = live.wait_for(is_event("error", where="step"))
-    shown = failed.traceback.splitlines()
-    at = next(i for i, line in enumerate(shown) if ", in step" in line)
+    shown, at = _failing_frame(live, (1,), ", in step")
     assert shown[at].endswith("line 10, in step (this line is from the code that runs: the file on disk has changed "
                               "since)"), shown[at]
     assert shown[at + 1].strip() == 'raise ValueError("the second step fails")', shown[at + 1]
