@@ -647,16 +647,16 @@ class TrainingWorker(threading.Thread):
             ended_by = ended_by_error(*self._ended_generators) if self._ended_generators is not None else None
             message = data_ran_out_message(self.step, file, line, str(self.project.root / file) if file else None,
                                            ended_by)
-        ended = [] if isinstance(exc, StopIteration) else generators_ended(exc, self._project_relative)
-        if ended:
-            message += ended_sentence(ended)
-            self._ended_generators = (ended, self.step + 1, type(exc).__name__)
         elif self.stopping_on_signal and raised_in_data_loader(exc):
             message = (f"step {self.step + 1} was cut short while stopping: its DataLoader's worker processes died (a "
                        "launcher such as torchrun signals every process of a rank's group; workers this process did not "
                        f"fork, as with `spawn`, do not wait for it); the model and optimizer hold step {self.step}, the "
                        "last whole one "
                        f"({type(exc).__name__}: {exc})")
+        ended = [] if isinstance(exc, StopIteration) else generators_ended(exc, self._project_relative)
+        if ended:
+            message += ended_sentence(ended)
+            self._ended_generators = (ended, self.step + 1, type(exc).__name__)
         broken: str | None = None
         renew = False
         if self.lockstep is not None:
