@@ -750,8 +750,8 @@ def step(state, bench):
 """
 
 
-def test_statements_that_use_a_changed_constant_are_offered_to_x_and_x_resumes_training(start_session) -> None:
-    from workbench.protocol.events import RunStatements
+def test_statements_that_use_a_changed_constant_are_offered_to_x_and_r_rebuilds_the_model_they_shape(start_session) -> None:
+    from workbench.protocol.events import Rebuild, RunStatements
 
     live = start_session({"train.py": POLY_PY})
     live.wait_running(1)
@@ -764,9 +764,14 @@ def test_statements_that_use_a_changed_constant_are_offered_to_x_and_x_resumes_t
     live.wait_for(is_event("paused", reason="error"))  # the new DEGREE against the old W_TARGET: shapes differ
     live.send(RunStatements())
     ran = live.wait_for(is_event("reload", file="train.py"))
-    assert ran.ok and {"W_TARGET", "fc"} <= set(ran.changed), ran
-    live.wait_for(is_event("resumed", reason="reload"))  # as a saved fix resumes
-    step = live.wait_for(is_event("step"))
+    assert ran.ok and ran.changed == ("W_TARGET",), ran
+    assert any(n.startswith("left line 5: `fc = torch.nn.Linear(W_TARGET.size(0), 1)` for a rebuild: W_TARGET changed")
+               for n in ran.notes), "x leaves the live model to R, which carries what fits"
+    live.wait_for(is_event("resumed", reason="reload"))  # as a saved fix resumes, with the old fc until R
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and rebuilt.mismatched == ("fc.weight (1, 4) -> (1, 3)",), rebuilt
+    step = live.wait_for(is_event("step"))  # the first step after the rebuild (waits look at new events only)
     assert step.scalars["out"] == 6.0 and step.scalars["width"] == 3.0, step.scalars
 
 

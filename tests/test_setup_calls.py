@@ -149,7 +149,7 @@ def step(state, bench):
 """
 
 
-def test_a_module_statement_that_calls_an_edited_function_is_named_and_x_runs_it(start_session) -> None:
+def test_a_module_statement_that_calls_an_edited_function_is_named_and_r_runs_it(start_session) -> None:
     live = start_session({"train.py": SCRIPT_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
     save(live.entry, SCRIPT_PY.replace("lr=0.1", "lr=0.5"))
@@ -157,13 +157,20 @@ def test_a_module_statement_that_calls_an_edited_function_is_named_and_x_runs_it
     assert reload.ok and reload.changed == ("make_opt",), reload
     said = [n for n in reload.notes if "calls changed code (make_opt)" in n]
     assert len(said) == 1 and said[0].startswith("line 9: `opt = make_opt(model.parameters())`"), reload.notes
+    assert "press R (command `rebuild`) to run it with the trained weights carried over" in said[0], said[0]
     live.send(StepOnce())
     assert live.wait_for(is_event("step")).scalars["lr"] == 0.1
-    live.send(RunStatements())
-    ran = live.wait_for(is_event("reload", file="train.py", code_version=1, ms=0.0))
-    assert any(note.startswith("ran line 9") for note in ran.notes), ran.notes
+    live.send(RunStatements())  # it would replace the live optimizer: x leaves it for R, and says so
+    left = live.wait_for(is_event("reload", file="train.py", code_version=1, ms=0.0))
+    assert any(n.startswith("left line 9: `opt = make_opt(model.parameters())` for a rebuild: it was edited")
+               for n in left.notes), left.notes
     live.send(StepOnce())
-    assert live.wait_for(is_event("step", step=2)).scalars["lr"] == 0.5
+    assert live.wait_for(is_event("step", step=2)).scalars["lr"] == 0.1
+    live.send(Rebuild())  # runs what the file builds at import, the optimizer's state carried over
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and any("line 9: `opt = make_opt(model.parameters())`" in n for n in rebuilt.notes), rebuilt
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step", step=3)).scalars["lr"] == 0.5
 
 
 FACTORY_PY = """\

@@ -73,8 +73,9 @@ def test_an_edited_argument_the_model_does_not_read_leaves_the_live_model_and_op
     save(live.entry, SCRIPT_PY.replace("default=0.25", "default=0.5"))
     reload = live.wait_for(is_event("reload", file="train.py"))
     said = " ".join(reload.notes)
-    assert "x runs line 10: `model = torch.nn.Linear(args.width, 1)` only if a value it reads has changed by then (args.width)" in said, reload.notes
-    assert "x runs line 11" in said and "`opt`, the live optimizer (SGD)" in said, reload.notes
+    assert ("x leaves line 10: `model = torch.nn.Linear(args.width, 1)` as it is: it would put a new object in place "
+            "of `model`, the live model (Linear); if a value it reads has changed by then (args.width), R") in said, reload.notes
+    assert "x leaves line 11" in said and "`opt`, the live optimizer (SGD)" in said, reload.notes
 
     ran = _x_run(live, reload.code_version)
     assert ran.ok, ran
@@ -92,17 +93,26 @@ def test_an_edited_argument_the_model_does_not_read_leaves_the_live_model_and_op
     assert any("left as they were" in n and "line(s) 13: `count = args.width - args.width`" in n for n in ran.notes)
 
 
-def test_an_edited_argument_the_model_is_built_from_makes_x_build_it_and_its_optimizer_anew(start_session) -> None:
+def test_an_edited_argument_the_model_is_built_from_is_left_by_x_for_a_rebuild_that_builds_it_anew(start_session) -> None:
+    """x would drop the trained weights (and leave setup()'s state holding the old model beside the new global):
+    it says R builds it, and R does, with the optimizer made again over the new model."""
+    from workbench.protocol.events import Rebuild
+
     live = _trained(start_session, SCRIPT_PY, 1)
     module = live.session.project.module
     model = module.model
     save(live.entry, SCRIPT_PY.replace("default=4", "default=3"))
     reload = live.wait_for(is_event("reload", file="train.py"))
     ran = _x_run(live, reload.code_version)
-    assert any(n.startswith("ran line 10: `model = torch.nn.Linear(args.width, 1)`: a new object in place of `model`")
-               and n.endswith("as args.width changed") for n in ran.notes), ran.notes
-    assert any(n.startswith("ran line 11") and n.endswith("as model changed") for n in ran.notes), ran.notes
+    assert any(n.startswith("left line 10: `model = torch.nn.Linear(args.width, 1)` for a rebuild: args.width changed, "
+                            "but running it would put a new object in place of `model`") for n in ran.notes), ran.notes
+    assert any(n.startswith("kept `opt`") for n in ran.notes), "the optimizer reads the model, which x left as it was"
+    assert module.model is model and module.model.in_features == 4
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and rebuilt.mismatched == ("model.weight (1, 4) -> (1, 3)",), rebuilt
     assert module.model is not model and module.model.in_features == 3
+    assert live.session.worker.user_state["model"] is module.model, "setup()'s state holds the new model"
     assert module.opt.param_groups[0]["params"][0] is module.model.weight, "the new optimizer steps the new model"
     live.send(StepOnce())
     after = live.wait_for(is_event("step", step=2)).scalars
@@ -138,15 +148,18 @@ def step(state, bench):
 """
 
 
-def test_a_model_whose_constructor_reads_an_edited_global_is_built_anew_as_a_fresh_start_would(start_session) -> None:
+def test_a_model_whose_constructor_reads_an_edited_global_is_built_anew_by_r_as_a_fresh_start_would(start_session) -> None:
+    from workbench.protocol.events import Rebuild
+
     live = start_session({"train.py": HIDDEN_PY}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
     save(live.entry, HIDDEN_PY.replace("default=0.25", "default=0.5"))
     reload = live.wait_for(is_event("reload", file="train.py"))
-    assert any("x runs line 17: `model = Net()` only if a value it reads has changed by then (args)" in n
-               for n in reload.notes), reload.notes
+    assert any("x leaves line 17: `model = Net()` as it is" in n and "(args)" in n for n in reload.notes), reload.notes
     ran = _x_run(live, reload.code_version)
-    assert any(n.startswith("ran line 17") and n.endswith("as args changed") for n in ran.notes), ran.notes
+    assert any(n.startswith("left line 17: `model = Net()` for a rebuild: args changed") for n in ran.notes), ran.notes
+    live.send(Rebuild())
+    live.wait_for(is_event("rebuild"))
     live.send(StepOnce())
     assert live.wait_for(is_event("step", step=1)).scalars["clip"] == 0.5
 

@@ -212,7 +212,7 @@ def _ran_notes(statements: list[tuple[str, RunInNamespace]]) -> tuple[str, ...]:
     for label, patch in statements:
         if not isinstance(patch, RunUnlessSameInputs):
             entries.append(f"ran {label}")
-        elif patch.ran and not patch.kept:
+        elif patch.ran:
             reason = tuple(patch.changed)
             if reason not in grouped:
                 grouped[reason] = []

@@ -143,10 +143,14 @@ def same_value(before: Any, now: Any) -> bool:
 
 @dataclass
 class RunUnlessSameInputs(RunInNamespace):
-    """A statement of x's slice that runs only if one of its inputs changed by its turn."""
+    """A statement of x's slice that runs only if one of its inputs changed by its turn; one that would put a new
+    object in place of a live model, optimizer or scheduler (`kept`) never runs under x: a rebuild (R) runs it,
+    carrying the trained weights over (import_builders.py), where x would drop them, and leave `setup()`'s state
+    holding the old object beside the new global."""
 
     inputs: tuple[str, ...] = ()
     kept: str = ""  # the live model, optimizer or scheduler it would replace, with what each holds; or ""
+    edited: bool = False  # the user edited it (or the code it calls): it differs whatever its inputs are
     before: dict[str, Any] = field(default_factory=dict, init=False)
     changed: list[str] = field(default_factory=list, init=False)
 
@@ -159,20 +163,29 @@ class RunUnlessSameInputs(RunInNamespace):
             name for name in self.inputs
             if not same_frozen(self.before.get(name, _Identity(_MISSING)), freeze(read_input(self.namespace, name)))
         ]
-        if self.changed:
+        if self.changed and not self.kept:
             super().apply()
         else:
             self._saved = {}
 
     @property
     def ran(self) -> bool:
-        return bool(self.changed)
+        return bool(self.changed) and not self.kept
+
+    @property
+    def for_rebuild(self) -> bool:
+        """Left for R: it would make something new of a live model, optimizer or scheduler."""
+        return bool(self.kept) and (self.edited or bool(self.changed))
 
     def outcome(self, label: str) -> str | None:
         """What x did with it, once applied: a note, or None for a plain line x left alone (listed together)."""
+        if self.for_rebuild:
+            why = "it was edited" if self.edited else f"{', '.join(self.changed)} changed"
+            return (f"left {label} for a rebuild: {why}, but running it would put a new object in place of "
+                    f"{self.kept} without what training did; R (command `rebuild`) runs it and carries the trained "
+                    "weights over (until then the live one runs)")
         if self.changed:
-            replaced = f": a new object in place of {self.kept}," if self.kept else ""
-            return f"ran {label}{replaced} as {', '.join(self.changed)} changed"
+            return f"ran {label} as {', '.join(self.changed)} changed"
         if self.kept:
             return f"kept {self.kept}: {label} reads nothing x changed, so running it would only lose what training did"
         return None

@@ -4,8 +4,9 @@ reload's notes say it will do.
 The slice is statement_slice.py's: the statements named (edited, or calling changed code), those that make what
 they use, and those that read what the slice binds, including what the project code they call reads (`model =
 Net()` whose constructor reads `args`). Of those, the ones the user did not name run only if a value they read
-changed by their turn (kept_objects.py), so x never puts a new, untrained model in place of the live one when
-only an unrelated argument changed; the notes name each such line and what it would replace.
+changed by their turn (kept_objects.py), and none that would put a new object in place of a live model,
+optimizer or scheduler runs under x at all: R runs those, carrying the trained weights over. The notes name each
+such line and what it would replace.
 """
 
 from __future__ import annotations
@@ -57,19 +58,21 @@ class StatementsForX:
         for node, always in picked:
             label = f"line {node.lineno}: `{label_for(node, self.source)}`"
             code, binds = compile_nodes((node,), self.path, self.flags), tuple(sorted(bound_names(node)))
-            replaced = self._replaced_by([node]) if statement_key(node) not in edited else []
+            replaced = self._replaced_by([node])
+            is_edited = statement_key(node) in edited
             if always and not replaced:
                 run.append((label, RunInNamespace(code, self.live, binds)))
                 continue
             kept = " and ".join(replaced)
             inputs = tuple(dict.fromkeys([*inputs_of(node), *self._hidden_inputs(inputs_of(node))]))
-            if kept:
+            if kept and not is_edited:
                 shown = [name for name in inputs if not isinstance(self.live.get(name.split(".")[0]), _CODE)]
                 notes.append(
-                    f"x runs {label} only if a value it reads has changed by then ({', '.join(shown) or 'none'}): "
-                    f"else {kept} stays, with what training did to it"
+                    f"x leaves {label} as it is: it would put a new object in place of {kept}; if a value it reads "
+                    f"has changed by then ({', '.join(shown) or 'none'}), R (command `rebuild`) runs it with the "
+                    "trained weights carried over"
                 )
-            run.append((label, RunUnlessSameInputs(code, self.live, binds, inputs=inputs, kept=kept)))
+            run.append((label, RunUnlessSameInputs(code, self.live, binds, inputs=inputs, kept=kept, edited=is_edited)))
         return run, notes
 
     def offer(self, nodes: list[ast.stmt]) -> str:
@@ -77,9 +80,8 @@ class StatementsForX:
         replaced = self._replaced_by(nodes)
         if replaced:
             return (
-                f"press x (command `run-statements`) to run it now: it puts a new object in place of "
-                f"{' and '.join(replaced)}, without what training did to it (R, command `rebuild`, builds it again "
-                "and carries the weights that still fit over)"
+                f"it would put a new object in place of {' and '.join(replaced)}: press R (command `rebuild`) to run "
+                "it with the trained weights carried over (x leaves it for R)"
             )
         return "press x (command `run-statements`) to run it now"
 
