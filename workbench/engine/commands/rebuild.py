@@ -18,8 +18,7 @@ from workbench.engine.control_plane import RanksLost
 from workbench.engine.dispatch import handles
 from workbench.protocol.events import Error, Rebuild, Rebuilt
 from workbench.engine.hotswap.compiled import reset_compiled_code
-from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs
-from workbench.engine.hotswap.patches import apply_all
+from workbench.engine.hotswap.kept_objects import ran, run_slice
 from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.import_builders import built_again_note, plan_import_builders
 from workbench.engine.init_skipping import skipping_init
@@ -205,13 +204,9 @@ def _build_what_import_built(worker: TrainingWorker) -> list[str]:
         planned = plan_import_builders(module, source, path)
         if not planned:
             continue
-        for _, patch in planned:
-            if isinstance(patch, RunUnlessSameInputs):
-                patch.capture()
         with worker.project.as_script():
-            apply_all([patch for _, patch in planned])
-        ran = [label for label, patch in planned if not isinstance(patch, RunUnlessSameInputs) or patch.ran]
-        notes.append(built_again_note(worker.project.relative(path), ran))
+            run_slice(planned)
+        notes.append(built_again_note(worker.project.relative(path), [label for label, patch in planned if ran(patch)]))
     return notes
 
 

@@ -20,8 +20,8 @@ from workbench.protocol.events import Command, Error, Reload, Rollback, RunState
 from workbench.engine.hotswap.compiled import reset_compiled_code
 from workbench.engine.hotswap.construction import built_from_note, called_by_setup_note, constants_read_when_built
 from workbench.engine.hotswap.loader_workers import worker_notes
-from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, freeze, same_frozen
-from workbench.engine.hotswap.patches import RunInNamespace, apply_all
+from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, freeze, ran, run_slice, same_frozen
+from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.reloader import AppliedVersion
 from workbench.engine.hotswap.service import SourceUnchanged
@@ -150,18 +150,15 @@ def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
         else:
             worker._command_error("no held-back module statements to run")
         return
-    ran = False
+    ran_any = False
     for path, statements in list(worker._statements.items()):
-        for _, patch in statements:
-            if isinstance(patch, RunUnlessSameInputs):
-                patch.capture()  # the inputs as they are before x runs anything
         bound = {name for _, patch in statements for name in patch.binds}
         namespace = statements[0][1].namespace if statements else {}
         before = {name: freeze(namespace.get(name)) for name in bound}
         try:
             with worker.project.as_script():
-                apply_all([patch for _, patch in statements])
-        except Exception as exc:  # noqa: BLE001 - undone by apply_all; the old values stay
+                run_slice(statements)
+        except Exception as exc:  # noqa: BLE001 - undone by run_slice (all or nothing); the old values stay
             file, line = worker._where(exc)
             worker.bus.publish(
                 Error(where="reload", message=f"running the statements failed: {type(exc).__name__}: {exc}; "
@@ -173,18 +170,18 @@ def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
         module = worker.project.modules().get(path)
         if module is not None:
             worker.setup_rebinds.saved(worker.reloader.version, module.__name__,
-                                       names_bound_by(patch for _, patch in statements if _ran(patch)))
+                                       names_bound_by(patch for _, patch in statements if ran(patch)))
         worker.bus.publish(
             Reload(
                 ok=True,
                 file=worker.project.relative(path),
-                changed=tuple(name for _, patch in statements if _ran(patch) for name in patch.binds),
+                changed=tuple(name for _, patch in statements if ran(patch) for name in patch.binds),
                 code_version=worker.reloader.version,
                 notes=(*_ran_notes(statements), *_built_from_what_x_changed(worker, namespace, before)),
             )
         )
-        ran = True
-    if ran:
+        ran_any = True
+    if ran_any:
         worker._after_code_change()  # like a saved fix: a pause for an error ends, a failed setup() runs again
 
 
@@ -197,10 +194,6 @@ def _built_from_what_x_changed(worker: TrainingWorker, namespace: dict[str, Any]
     changed = [name for name, was in before.items() if not same_frozen(was, freeze(namespace.get(name)))]
     read = constants_read_when_built(namespace, changed, setup)
     return [built_from_note(name, chains) for name, chains in read.items()]
-
-
-def _ran(patch: RunInNamespace) -> bool:
-    return not isinstance(patch, RunUnlessSameInputs) or patch.ran
 
 
 def _ran_notes(statements: list[tuple[str, RunInNamespace]]) -> tuple[str, ...]:

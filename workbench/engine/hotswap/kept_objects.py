@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from workbench.engine.hotswap.patches import RunInNamespace
+from workbench.engine.hotswap.patches import RunInNamespace, apply_all
 
 _MISSING = object()
 _PLAIN = (int, float, complex, str, bytes, bool, type(None), torch.device, torch.dtype)
@@ -189,3 +189,17 @@ class RunUnlessSameInputs(RunInNamespace):
         if self.kept:
             return f"kept {self.kept}: {label} reads nothing x changed, so running it would only lose what training did"
         return None
+
+
+def run_slice(statements: list[tuple[str, RunInNamespace]]) -> None:
+    """Run a planned slice (x's, or a rebuild's import-time builders), all or nothing: each conditional line's
+    inputs are taken first, as they are before any line runs."""
+    for _, patch in statements:
+        if isinstance(patch, RunUnlessSameInputs):
+            patch.capture()
+    apply_all([patch for _, patch in statements])
+
+
+def ran(patch: RunInNamespace) -> bool:
+    """Whether a line of a slice that `run_slice` applied did run."""
+    return not isinstance(patch, RunUnlessSameInputs) or patch.ran
