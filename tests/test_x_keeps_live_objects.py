@@ -310,3 +310,85 @@ def test_x_says_when_what_it_changed_was_read_by_setup_and_what_setup_built_keep
     live.send(StepOnce())
     after = live.wait_for(is_event("step", step=2)).scalars
     assert after["arg"] == 0.5 and after["lr"] == 0.8, "the note is true: the live optimizer kept the old rate"
+
+
+INIT_APPLIED_PY = """\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--std", type=float, default=0.02)
+args = parser.parse_args()
+
+
+def weights_init(m):
+    if isinstance(m, torch.nn.Linear):
+        torch.nn.init.normal_(m.weight, 0.0, args.std)
+
+
+def weights_init_g(m):
+    weights_init(m)
+
+
+netG = torch.nn.Linear(4, 4)
+netG.apply(weights_init)
+print(netG)
+opt = torch.optim.SGD(netG.parameters(), lr=0.5)
+
+
+def setup(bench):
+    return {"netG": netG, "opt": opt}
+
+
+def step(state, bench):
+    loss = netG(torch.ones(2, 4)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+"""
+
+
+def test_x_never_runs_a_line_that_could_change_a_live_model_in_place(start_session) -> None:
+    """Found porting pytorch/examples' dcgan: `netG.apply(weights_init)` at import, the line edited to apply another
+    init function, x pressed as the reload offered: x re-initialized the trained generator in place (its first
+    layer's std 0.0209 -> 0.0300, 2,000 steps of training gone) and said only `ran line 140`."""
+    from workbench.protocol.events import Rebuild
+
+    live = _trained(start_session, INIT_APPLIED_PY, 3)
+    module = live.session.project.module
+    trained = module.netG.weight.detach().clone()
+    save(live.entry, INIT_APPLIED_PY.replace("netG.apply(weights_init)\n", "netG.apply(weights_init_g)\n"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    (offer,) = [n for n in reload.notes if n.startswith("line 20: `netG.apply(weights_init_g)` was not re-run")]
+    assert ("it reads `netG`, the live model (Linear), and running it could change it in place, losing what training "
+            "did (x leaves it for R)") in offer, offer
+    ran = _x_run(live, reload.code_version)
+    assert any(n.startswith("left line 20: `netG.apply(weights_init_g)` for a rebuild: it was edited, but it reads "
+                            "`netG`, the live model (Linear)") for n in ran.notes), ran.notes
+    assert torch.equal(module.netG.weight, trained), "x left the trained weights as they were"
+
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and rebuilt.tensors_carried == 2, rebuilt
+    (note,) = [n for n in rebuilt.notes if n.startswith("ran again what train.py builds at import")]
+    assert "line 20: `netG.apply(weights_init_g)`" in note, note
+    assert torch.equal(module.netG.weight, trained), "R ran it on the new model, then carried the trained weights over"
+
+
+def test_x_leaves_a_line_reading_a_live_model_whose_inputs_changed_and_says_so_beforehand(start_session) -> None:
+    """An edited default that the init function reads: x runs the parser again, and the slice reaches the line that
+    applies the init to the live model; it stays for R, while `print(netG)` (only shows) is no concern."""
+    live = _trained(start_session, INIT_APPLIED_PY, 2)
+    module = live.session.project.module
+    trained = module.netG.weight.detach().clone()
+    save(live.entry, INIT_APPLIED_PY.replace("default=0.02", "default=0.5"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert any(n.startswith("x leaves line(s) 20 as they are: they read `netG`, the live model (Linear), and running "
+                            "them could change it in place") for n in reload.notes), reload.notes
+    ran = _x_run(live, reload.code_version)
+    assert any(n.startswith("left line 20: `netG.apply(weights_init)` for a rebuild: args changed")
+               for n in ran.notes), ran.notes
+    assert module.args.std == 0.5
+    assert torch.equal(module.netG.weight, trained), "x left the trained weights as they were"

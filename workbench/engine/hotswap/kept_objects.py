@@ -149,7 +149,8 @@ class RunUnlessSameInputs(RunInNamespace):
     holding the old object beside the new global."""
 
     inputs: tuple[str, ...] = ()
-    kept: str = ""  # the live model, optimizer or scheduler it would replace, with what each holds; or ""
+    kept: str = ""  # the live model, optimizer or scheduler it would replace or change, with what each holds; or ""
+    in_place: bool = False  # `kept` is what it reads and could change in place (`netG.apply(init)`), not replace
     edited: bool = False  # the user edited it (or the code it calls): it differs whatever its inputs are
     before: dict[str, Any] = field(default_factory=dict, init=False)
     changed: list[str] = field(default_factory=list, init=False)
@@ -181,12 +182,16 @@ class RunUnlessSameInputs(RunInNamespace):
         """What x did with it, once applied: a note, or None for a plain line x left alone (listed together)."""
         if self.for_rebuild:
             why = "it was edited" if self.edited else f"{', '.join(self.changed)} changed"
+            if self.in_place:
+                return (f"left {label} for a rebuild: {why}, but it reads {self.kept}, and running it could change "
+                        "it in place, losing what training did; R (command `rebuild`) runs it on what it builds anew, "
+                        "then carries the trained weights over (until then the live one runs as it is)")
             return (f"left {label} for a rebuild: {why}, but running it would put a new object in place of "
                     f"{self.kept} without what training did; R (command `rebuild`) runs it and carries the trained "
                     "weights over (until then the live one runs)")
         if self.changed:
             return f"ran {label} as {', '.join(self.changed)} changed"
-        if self.kept:
+        if self.kept and not self.in_place:
             return f"kept {self.kept}: {label} reads nothing x changed, so running it would only lose what training did"
         return None
 

@@ -5,8 +5,10 @@ The slice is statement_slice.py's: the statements named (edited, or calling chan
 they use, and those that read what the slice binds, including what the project code they call reads (`model =
 Net()` whose constructor reads `args`). Of those, the ones the user did not name run only if a value they read
 changed by their turn (kept_objects.py), and none that would put a new object in place of a live model,
-optimizer or scheduler runs under x at all: R runs those, carrying the trained weights over. The notes name each
-such line and what it would replace.
+optimizer or scheduler runs under x at all: R runs those, carrying the trained weights over. Nor does one that
+reads such an object and so could change it in place (`netG.apply(weights_init)` re-initialized a trained DCGAN
+generator when x ran it): R runs it on what it builds anew, before the trained weights are carried over. The notes
+name each such line and what it would replace or change.
 """
 
 from __future__ import annotations
@@ -55,24 +57,38 @@ class StatementsForX:
                              f"(line(s) {', '.join(map(str, readers))})")
             notes.append(f"x also runs, as a fresh start would, {' and '.join(parts)}")
         run: list[tuple[str, RunInNamespace]] = []
+        left_in_place: list[int] = []
+        touched_by_left: dict[str, None] = {}
         for node, always in picked:
             label = f"line {node.lineno}: `{label_for(node, self.source)}`"
             code, binds = compile_nodes((node,), self.path, self.flags), tuple(sorted(bound_names(node)))
             replaced = self._replaced_by([node])
+            touched = [] if replaced else self._touched_by([node])
             is_edited = statement_key(node) in edited
-            if always and not replaced:
+            if always and not replaced and not touched:
                 run.append((label, RunInNamespace(code, self.live, binds)))
                 continue
-            kept = " and ".join(replaced)
+            kept = " and ".join(replaced or touched)
             inputs = tuple(dict.fromkeys([*inputs_of(node), *self._hidden_inputs(inputs_of(node))]))
-            if kept and not is_edited:
+            if replaced and not is_edited:
                 shown = [name for name in inputs if not isinstance(self.live.get(name.split(".")[0]), _CODE)]
                 notes.append(
                     f"x leaves {label} as it is: it would put a new object in place of {kept}; if a value it reads "
                     f"has changed by then ({', '.join(shown) or 'none'}), R (command `rebuild`) runs it with the "
                     "trained weights carried over"
                 )
-            run.append((label, RunUnlessSameInputs(code, self.live, binds, inputs=inputs, kept=kept, edited=is_edited)))
+            elif touched and not is_edited:
+                left_in_place.append(node.lineno)
+                touched_by_left.update(dict.fromkeys(touched))
+            run.append((label, RunUnlessSameInputs(
+                code, self.live, binds, inputs=inputs, kept=kept, edited=is_edited, in_place=bool(touched))))
+        if left_in_place:
+            notes.append(
+                f"x leaves line(s) {', '.join(map(str, left_in_place))} as they are: they read "
+                f"{' and '.join(touched_by_left)}, and running them could change it in place, losing what training "
+                "did; if a value they read has changed by then, R (command `rebuild`) runs them on what it builds "
+                "anew, then carries the trained weights over"
+            )
         return run, notes
 
     def offer(self, nodes: list[ast.stmt]) -> str:
@@ -82,6 +98,13 @@ class StatementsForX:
             return (
                 f"it would put a new object in place of {' and '.join(replaced)}: press R (command `rebuild`) to run "
                 "it with the trained weights carried over (x leaves it for R)"
+            )
+        touched = self._touched_by(nodes)
+        if touched:
+            return (
+                f"it reads {' and '.join(touched)}, and running it could change it in place, losing what training "
+                "did (x leaves it for R): press R (command `rebuild`) to build the live objects anew, running the "
+                "script's import-time lines on them, and carry the trained weights over"
             )
         return "press x (command `run-statements`) to run it now"
 
@@ -109,7 +132,29 @@ class StatementsForX:
             self._training_objects[name] = training_object(self.live[name]) if name in self.live else None
         return self._training_objects[name]
 
+    def _touched_by(self, nodes: list[ast.stmt]) -> list[str]:
+        """The globals holding what training made that `nodes` read without binding anew (directly, or through the
+        project code they call), each with what it holds: a call on them may change them in place. A `print(...)`
+        only reads."""
+        found: dict[str, None] = {}
+        for node in nodes:
+            if _only_prints(node):
+                continue
+            binds = bound_names(node)
+            direct = inputs_of(node)
+            for name in (*direct, *self._hidden_inputs(direct)):
+                root = name.split(".")[0]
+                if root not in binds and (what := self._training_object(root)):
+                    found[f"`{root}`, {what}"] = None
+        return list(found)
+
     def _replaced_by(self, nodes: list[ast.stmt]) -> list[str]:
         """The globals holding what training made that running `nodes` would bind anew, each with what it holds."""
         names = sorted({name for node in nodes for name in bound_names(node)})
         return [f"`{name}`, {what}" for name in names if (what := self._training_object(name))]
+
+
+def _only_prints(node: ast.stmt) -> bool:
+    """`print(model)`: a statement that only shows what it reads."""
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name) and node.value.func.id == "print")
