@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from workbench.engine.memory.shards import local_shard
+from workbench.engine.moved_layers import moved_note, old_name, old_names
 from workbench.engine.state_walk import Namespaces, find_with_globals
 from workbench.engine.uninitialized import holds_garbage
 
@@ -35,6 +36,7 @@ class CarryReport:
     shared: int = 0  # carried by handing the old storage over (same device and dtype), not copied
     carried: list[torch.Tensor] = field(default_factory=list, repr=False)  # the new tensors that got old values
     restarted: list[str] = field(default_factory=list)  # optimizers whose state spans all their parameters, not carried
+    moved: list[str] = field(default_factory=list)  # notes: layers carried by their place in a renumbered container
     # id of each old parameter carried -> the new parameter it went to (what optimizers are moved along)
     param_map: dict[int, torch.nn.Parameter] = field(default_factory=dict, repr=False)
     old_names: dict[int, str] = field(default_factory=dict, repr=False)  # id of an old parameter -> its name
@@ -75,13 +77,21 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
                 continue  # the same object (a global setup() does not make again): nothing to carry
             old_tensors = old_module.state_dict(keep_vars=True)
             new_tensors = new_module.state_dict(keep_vars=True)
+            paths, moves = old_names(old_module, new_module)
+            if moves:
+                report.moved.append(moved_note(path, moves))
+            found: set[str] = set()
             for name, tensor in new_tensors.items():
                 full = f"{path}.{name}"
-                source = old_tensors.get(name)
+                old_key = old_name(paths, name) if paths else name
+                source = old_tensors.get(old_key) if old_key is not None else None
                 if source is None:
                     report.new.append(full)
-                elif source.shape != tensor.shape:
-                    report.mismatched.append(f"{full} {tuple(source.shape)} -> {tuple(tensor.shape)}")
+                    continue
+                found.add(old_key)
+                was = "" if old_key == name else f" (was {path}.{old_key})"
+                if source.shape != tensor.shape:
+                    report.mismatched.append(f"{full}{was} {tuple(source.shape)} -> {tuple(tensor.shape)}")
                 elif isinstance(source, torch.nn.Parameter) and holds_garbage(source):
                     report.garbage.append(full)  # carried, it would keep the loss NaN: setup()'s new value stays
                 else:
@@ -96,7 +106,7 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
                     report.tensors += 1
                     if isinstance(source, torch.nn.Parameter) and isinstance(tensor, torch.nn.Parameter):
                         report.param_map[id(source)] = tensor
-            report.dropped.extend(f"{path}.{name}" for name in old_tensors if name not in new_tensors)
+            report.dropped.extend(f"{path}.{name}" for name in old_tensors if name not in found)
         report.dropped.extend(path for path, module in old_modules.items() if id(module) not in matched_old)
         report.old_names = {id(p): f"{path}.{n}" for path, m in old_modules.items() for n, p in m.named_parameters()}
         for path, new_opt in new_optimizers.items():

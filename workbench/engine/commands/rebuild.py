@@ -96,6 +96,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         init_log.replay(report.carried)
         notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
         notes.extend(made_again_notes(worker.user_state, new_state, before, namespaces))
+        notes.extend(report.moved)
         if report.restarted:
             notes.append(restarted_note(report.restarted))
         if report.garbage:

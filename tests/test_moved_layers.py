@@ -1,0 +1,145 @@
+"""A rebuild carries the trained weights of layers that moved within an `nn.Sequential` or `nn.ModuleList`.
+
+Found porting pytorch/examples' dcgan: one `nn.Dropout` inserted into the generator's `nn.Sequential`
+renumbered every layer after it; matched by name, the rebuild dropped 16 trained tensors, called 3 changed in
+shape and initialized 16 anew, though every trained layer was still there.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from conftest import is_event, save
+from workbench.engine.moved_layers import old_name, old_names
+from workbench.engine.rebuild import carry_over
+from workbench.protocol.events import Rebuild, StepOnce
+
+
+def _generator(dropout: bool = False, extra: bool = False, width: int = 8) -> nn.Module:
+    layers: list[nn.Module] = [nn.Linear(4, width), nn.BatchNorm1d(width), nn.ReLU()]
+    if dropout:
+        layers.append(nn.Dropout(0.1))
+    if extra:
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers += [nn.Linear(width, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2), nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+def _trained_pair(old: nn.Module, new: nn.Module):  # type: ignore[no-untyped-def]
+    old_opt = torch.optim.Adam(old.parameters(), lr=0.01)
+    for _ in range(3):
+        old(torch.randn(5, 4)).pow(2).mean().backward()
+        old_opt.step()
+        old_opt.zero_grad()
+    return old_opt, torch.optim.Adam(new.parameters(), lr=0.01)
+
+
+def test_a_layer_inserted_into_a_sequential_leaves_every_trained_layer_carried_by_position() -> None:
+    old, new = _generator(), _generator(dropout=True)
+    old_opt, new_opt = _trained_pair(old, new)
+    report = carry_over({"netG": old, "opt": old_opt}, {"netG": new, "opt": new_opt})
+    assert report.new == [] and report.dropped == [] and report.mismatched == [], report
+    assert report.tensors == len(new.state_dict())
+    for position_old, position_new in ((0, 0), (1, 1), (3, 4), (4, 5), (6, 7)):
+        assert torch.equal(new[position_new].weight, old[position_old].weight), (position_old, position_new)
+    assert torch.equal(new[5].running_mean, old[4].running_mean), "buffers follow their layer"
+    assert new_opt.state[new[7].weight]["exp_avg"] is old_opt.state[old[6].weight]["exp_avg"], "Adam's state follows"
+    (note,) = report.moved
+    assert note.startswith("netG: layers moved within a numbered container") and "3 -> 4, 4 -> 5" in note, note
+
+
+def test_a_layer_with_weights_inserted_is_new_and_never_takes_the_weights_that_held_its_number() -> None:
+    old, new = _generator(), _generator(extra=True)
+    old_opt, new_opt = _trained_pair(old, new)
+    report = carry_over({"m": old}, {"m": new})
+    assert report.new == ["m.3.weight", "m.3.bias"], report.new
+    assert report.dropped == [] and report.mismatched == [], report
+    assert torch.equal(new[5].weight, old[3].weight) and torch.equal(new[8].weight, old[6].weight)
+
+
+def test_a_layer_widened_in_place_is_reported_against_the_layer_it_replaces_and_the_rest_still_line_up() -> None:
+    old = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 2))
+    new = nn.Sequential(nn.Linear(4, 8), nn.Dropout(), nn.ReLU(), nn.Linear(8, 9), nn.Linear(9, 2))
+    report = carry_over({"m": old}, {"m": new})
+    assert report.mismatched == ["m.3.weight (was m.2.weight) (8, 8) -> (9, 8)", "m.3.bias (was m.2.bias) (8,) -> (9,)",
+                                 "m.4.weight (was m.3.weight) (2, 8) -> (2, 9)"], report.mismatched
+    assert report.new == [] and report.dropped == []
+    assert torch.equal(new[0].weight, old[0].weight)
+
+
+def test_nested_blocks_in_a_module_list_move_with_their_insides_and_unchanged_containers_keep_their_names() -> None:
+    class Block(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.ff = nn.Sequential(nn.Linear(width, width), nn.ReLU())
+
+    class Net(nn.Module):
+        def __init__(self, blocks: list[int]) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Block(w) for w in blocks)
+            self.head = nn.Linear(4, 1)
+
+    old, new = Net([4, 4]), Net([4, 3, 4])
+    paths, moves = old_names(old, new)
+    assert old_name(paths, "blocks.2.ff.0.weight") == "blocks.1.ff.0.weight"
+    assert old_name(paths, "blocks.1.ff.0.weight") is None, "the inserted block is new"
+    assert old_name(paths, "head.weight") == "head.weight"
+    assert moves == ["blocks.1 -> blocks.2"]
+    assert old_names(old, Net([4, 4])) == ({}, []), "nothing moved: names are matched as before"
+
+
+PROJECT_PY = """\
+import torch
+from torch import nn
+
+
+class Generator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.main = nn.Sequential(
+            nn.Linear(4, 8),
+            nn.BatchNorm1d(8),
+            nn.ReLU(True),
+            nn.Linear(8, 2),
+            nn.Tanh(),
+        )
+
+    def forward(self, x):
+        return self.main(x)
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    net = Generator()
+    return {"net": net, "opt": torch.optim.Adam(net.parameters(), lr=0.01)}
+
+
+def step(state, bench):
+    loss = state["net"](torch.ones(3, 4)).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return loss
+"""
+
+
+def test_a_dropout_added_to_a_sequential_and_rebuilt_trains_on_from_the_trained_weights(start_session) -> None:
+    live = start_session({"train.py": PROJECT_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for step in (1, 2):
+        live.send(StepOnce())
+        live.wait_for(is_event("step", step=step))
+    trained = live.session.worker.user_state["net"].main[3].weight.detach().clone()
+    save(live.entry, PROJECT_PY.replace("nn.ReLU(True),\n", "nn.ReLU(True),\n            nn.Dropout(0.0),\n"))
+    held = live.wait_for(is_event("reload", file="train.py"))
+    assert "Generator.__init__" in held.held, held
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and rebuilt.new == () and rebuilt.dropped == () and rebuilt.mismatched == (), rebuilt
+    assert rebuilt.tensors_carried == 9 and rebuilt.optimizer_states_carried == 6, rebuilt
+    assert any(n.startswith("net: layers moved") and "net.main.3 -> net.main.4" not in n and "main.3 -> main.4" in n
+               for n in rebuilt.notes), rebuilt.notes
+    assert torch.equal(live.session.worker.user_state["net"].main[4].weight, trained)
+    live.send(StepOnce())
+    live.wait_for(is_event("step", step=3))
