@@ -60,7 +60,7 @@ def _align(old: torch.nn.Module, new: torch.nn.Module, old_path: str, new_path: 
         child_old = f"{old_path}.{old_key}" if old_path else old_key
         if child_old != child_new:
             paths[child_new] = child_old
-            if old_key != new_key:
+            if old_key != new_key and next(iter(new_children[new_key].state_dict()), None) is not None:
                 moves.append(f"{child_old} -> {child_new}")
         _align(old_children[old_key], new_children[new_key], child_old, child_new, paths, moves)
 

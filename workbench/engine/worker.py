@@ -39,6 +39,7 @@ from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
+from workbench.engine.fresh_iterators import fresh_iterator_notes
 from workbench.engine.generator_end import ended_by_error, ended_sentence, generators_ended
 from workbench.engine.dispatch import dispatch
 from workbench.errors import UserError
@@ -430,10 +431,13 @@ class TrainingWorker(threading.Thread):
         return True
 
     def _put_back_globals(self, saved: dict[str, Any]) -> tuple[str, ...]:
-        """The counters step() kept in module globals, as the snapshot has them (training_globals.py): the resume's notes."""
+        """The counters step() kept in module globals, as the snapshot has them (training_globals.py), and what the
+        iterators setup() made start from (fresh_iterators.py): the resume's notes."""
         done, left = put_back(saved, self._namespaces())
         notes = (f"put back from the snapshot (module globals that training changed, not setup()): {', '.join(done)}",) if done else ()
-        return notes + ((f"not put back: {', '.join(left)}",) if left else ())
+        notes += ((f"not put back: {', '.join(left)}",) if left else ())
+        names = [entry.split(" = ", 1)[0] for entry in done]
+        return notes + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative)
 
     def _resume_failed(self, event: ResumeLoaded) -> None:
         """Nothing was loaded: said; headless ends (exit 2), the app pauses on what setup() built."""

@@ -1,0 +1,68 @@
+"""A resume says that the iterators setup() made start from their beginning, and which put-back globals they set
+again (found porting pytorch/examples' dcgan: its epoch loop as a generator with `global epoch`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import is_event, make_project, open_session
+from workbench.engine.fresh_iterators import fresh_iterator_notes
+
+PROJECT = """\
+import torch
+
+epoch = 0
+model = torch.nn.Linear(2, 1)
+
+
+def batches():
+    global epoch
+    for epoch in range(100):
+        for i in range(3):
+            yield torch.full((1, 2), float(i))
+
+
+def setup(bench):
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "batches": batches()}
+
+
+def step(state, bench):
+    loss = state["model"](next(state["batches"])).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return {"loss": loss, "epoch": float(epoch)}
+"""
+
+
+def test_a_resume_says_the_generator_starts_over_and_sets_the_put_back_epoch_again(tmp_path: Path) -> None:
+    from workbench.protocol.events import TakeSnapshot
+
+    root = make_project(tmp_path, {"train.py": PROJECT}, folder="first")
+    with open_session(root / "train.py", max_steps=7, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        live.send(TakeSnapshot())
+        snapshot = live.wait_for(is_event("snapshot"), timeout=20)
+    root = make_project(tmp_path, {"train.py": PROJECT}, folder="second")
+    with open_session(root / "train.py", resume=Path(snapshot.path), max_steps=8, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=30)
+        assert "put back from the snapshot (module globals that training changed, not setup()): train.epoch = 2" \
+            in resumed.notes, resumed.notes
+        assert any(n.startswith("state['batches'] (the generator batches(), train.py:7): the one setup() just made, "
+                                "so it starts from its beginning, not where step 7 left it") for n in resumed.notes), resumed.notes
+        assert any(n.startswith("train.epoch put back from the snapshot, but state['batches'] sets it again when it "
+                                "starts (batches() assigns it)") for n in resumed.notes), resumed.notes
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        (step,) = live.events.of("step")
+        assert step.scalars["epoch"] == 0.0, "what the note says: the generator set the epoch to 0 at its first next()"
+
+
+def test_no_note_for_a_state_without_iterators_and_none_on_globals_a_generator_does_not_set() -> None:
+    def draws():
+        while True:
+            yield 1
+
+    assert fresh_iterator_notes({"model": object(), "data": [1, 2]}, 5, ["train.epoch"], lambda path: None) == ()
+    notes = fresh_iterator_notes({"data": draws()}, 5, ["test_fresh_iterators.epoch"], lambda path: None)
+    assert len(notes) == 1 and notes[0].startswith("state['data'] (the generator "), notes
+    assert "one that draws at random goes on from the restored RNG states" in notes[0]

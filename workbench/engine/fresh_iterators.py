@@ -1,0 +1,76 @@
+"""A resume says that the iterators setup() made start from their beginning, and which globals they set again.
+
+A snapshot keeps the weights, the optimizer, the step, the RNG states and the counters in module globals, not
+where an iterator was: there is no general way to save a generator's place. So a run resumed at step 654
+reads, at step 655, the batch a fresh start reads first, while the `resume` event said only that it had put
+back `train.epoch = 4`; and the generator `batches()` (pytorch/examples' dcgan, ported: `global epoch` and
+`for epoch in range(opt.niter):` inside it) set `epoch` to 0 again at its first `next()`, so the claim did not
+hold for one step. Both are said now.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import os
+from collections.abc import Callable, Iterator
+from types import CodeType, GeneratorType
+from typing import Any
+
+
+def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
+                         in_project: Callable[[str], str | None]) -> tuple[str, ...]:
+    """The resume's notes. `put_back`: the qualified globals the resume set (`train.epoch`); `in_project`: a
+    file's path relative to the project, or None outside it."""
+    found = list(_iterators(state))
+    if not found:
+        return ()
+    shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in found)
+    notes = [
+        f"{shown}: the one setup() just made, so it starts from its beginning, not where step {step} left it. A "
+        "snapshot keeps the weights, the optimizer, the step, the RNG states and counters in globals, not an "
+        "iterator's place: one that walks a dataset in order or by epochs starts it over; one that draws at random "
+        "goes on from the restored RNG states"
+    ]
+    for label, value in found:
+        reset = _globals_set_by(value, put_back)
+        if reset:
+            notes.append(f"{', '.join(reset)} put back from the snapshot, but {label} sets it again when it starts "
+                         f"({value.__qualname__}() assigns it), so the value it had at step {step} holds only until "
+                         "then")
+    return tuple(notes)
+
+
+def _iterators(state: Any) -> Iterator[tuple[str, Any]]:
+    """The iterators among what setup() returned: its dict's values, or the items of a list or tuple."""
+    if isinstance(state, dict):
+        items = [(f"state[{key!r}]", value) for key, value in state.items()]
+    elif isinstance(state, (list, tuple)):
+        items = [(f"state[{index}]", value) for index, value in enumerate(state)]
+    else:
+        items = [("state", state)]
+    for label, value in items:
+        if isinstance(value, Iterator):
+            yield label, value
+
+
+def _what(value: Any, in_project: Callable[[str], str | None]) -> str:
+    if isinstance(value, GeneratorType):
+        code = value.gi_code
+        where = in_project(os.path.abspath(code.co_filename))
+        return f"the generator {code.co_qualname}()" + (f", {where}:{code.co_firstlineno}" if where else "")
+    return f"a {type(value).__name__}"
+
+
+def _globals_set_by(value: Any, put_back: list[str]) -> list[str]:
+    """The put-back globals that a generator's own code assigns (`global epoch` and a loop over it)."""
+    if not isinstance(value, GeneratorType) or inspect.getgeneratorstate(value) != inspect.GEN_CREATED:
+        return []
+    module = value.gi_frame.f_globals.get("__name__") if value.gi_frame is not None else None
+    stored = _stored_globals(value.gi_code)
+    return [qualified for qualified in put_back
+            if qualified.rpartition(".")[0] == module and qualified.rpartition(".")[2] in stored]
+
+
+def _stored_globals(code: CodeType) -> set[str]:
+    return {ins.argval for ins in dis.get_instructions(code) if ins.opname == "STORE_GLOBAL"}
