@@ -59,9 +59,42 @@ def keep_data_loader_workers(owner: int) -> Callable[[], None]:
 
     set_worker_signal_handlers.vram_bench_owner = owner  # type: ignore[attr-defined]
     signal_handling._set_worker_signal_handlers = set_worker_signal_handlers
+    put_back_shutdown = _kill_what_shutdown_leaves(owner)
 
     def put_back() -> None:
         signal_handling._set_worker_signal_handlers = original
+        put_back_shutdown()
+
+    return put_back
+
+
+def _kill_what_shutdown_leaves(owner: int) -> Callable[[], None]:
+    """torch's iterator shutdown ends a worker that did not exit within its 5 s wait with `terminate()`: a SIGTERM,
+    which the handler above ignores while its owner lives. Left so, the worker lived on (found porting
+    pytorch/examples' imagenet trainer: one more worker process after every rebuild), so what is still alive after
+    the shutdown is killed."""
+    from torch.utils.data import dataloader
+
+    iterator = getattr(dataloader, "_MultiProcessingDataLoaderIter", None)
+    original = getattr(iterator, "_shutdown_workers", None)
+    if original is None or getattr(original, "vram_bench_owner", None) is not None:
+        return lambda: None
+
+    def shutdown_workers(self: object) -> None:
+        try:
+            original(self)
+        finally:
+            if os.getpid() == owner:  # not a forked copy of the iterator, freed in a child
+                for process in getattr(self, "_workers", ()):
+                    if process.is_alive():
+                        process.kill()
+                        process.join(timeout=1)
+
+    shutdown_workers.vram_bench_owner = owner  # type: ignore[attr-defined]
+    iterator._shutdown_workers = shutdown_workers  # type: ignore[union-attr]
+
+    def put_back() -> None:
+        iterator._shutdown_workers = original  # type: ignore[union-attr]
 
     return put_back
 
