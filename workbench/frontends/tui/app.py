@@ -267,7 +267,8 @@ class VramBenchApp(App[None]):
         reason = f"Held back: {', '.join(held)}.\n" if held else ""
         message = (
             f"{reason}Rebuild runs setup() again with the current code. Parameters, buffers and optimizer state "
-            "carry over by name and shape; everything else in the state (iterators, counters) starts fresh. "
+            "carry over by name and shape (layers renumbered by one inserted into a Sequential: by their place); "
+            "everything else in the state (iterators, counters) starts fresh. "
             "If the new setup() fails, nothing changes."
         )
 
