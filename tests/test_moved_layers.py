@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from conftest import is_event, save
-from workbench.engine.moved_layers import old_name, old_names
+from workbench.engine.moved_layers import aligned_names, old_name, shapes_of
 from workbench.engine.rebuild import carry_over
 from workbench.protocol.events import Rebuild, StepOnce
 
@@ -80,13 +80,16 @@ def test_nested_blocks_in_a_module_list_move_with_their_insides_and_unchanged_co
             self.blocks = nn.ModuleList(Block(w) for w in blocks)
             self.head = nn.Linear(4, 1)
 
+    def names(old: nn.Module, new: nn.Module):  # type: ignore[no-untyped-def]
+        return aligned_names(shapes_of(old.state_dict()), shapes_of(new.state_dict()))
+
     old, new = Net([4, 4]), Net([4, 3, 4])
-    paths, moves = old_names(old, new)
+    paths, moves = names(old, new)
     assert old_name(paths, "blocks.2.ff.0.weight") == "blocks.1.ff.0.weight"
     assert old_name(paths, "blocks.1.ff.0.weight") is None, "the inserted block is new"
     assert old_name(paths, "head.weight") == "head.weight"
     assert moves == ["blocks.1 -> blocks.2"]
-    assert old_names(old, Net([4, 4])) == ({}, []), "nothing moved: names are matched as before"
+    assert names(old, Net([4, 4])) == ({}, []), "nothing moved: names are matched as before"
 
 
 PROJECT_PY = """\
@@ -143,3 +146,31 @@ def test_a_dropout_added_to_a_sequential_and_rebuilt_trains_on_from_the_trained_
     assert torch.equal(live.session.worker.user_state["net"].main[4].weight, trained)
     live.send(StepOnce())
     live.wait_for(is_event("step", step=3))
+
+
+def test_a_snapshot_resumes_into_a_model_with_a_layer_inserted_since_matching_the_rest_by_place(tmp_path) -> None:
+    """The same alignment from the snapshot's keys and shapes alone: before, the resume loaded nothing and listed
+    the renumbered layers as missing and unexpected."""
+    from pathlib import Path
+
+    from tests.conftest import make_project, open_session
+    from workbench.protocol.events import TakeSnapshot
+
+    root = make_project(tmp_path, {"train.py": PROJECT_PY}, folder="first")
+    with open_session(root / "train.py", max_steps=3, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        net, opt = live.session.worker.user_state["net"], live.session.worker.user_state["opt"]
+        trained = net.main[3].weight.detach().clone()
+        momentum = opt.state[net.main[3].weight]["exp_avg"].clone()
+        live.send(TakeSnapshot())
+        snapshot = live.wait_for(is_event("snapshot"), timeout=20)
+    inserted = PROJECT_PY.replace("nn.ReLU(True),\n", "nn.ReLU(True),\n            nn.Dropout(0.0),\n")
+    root = make_project(tmp_path, {"train.py": inserted}, folder="second")
+    with open_session(root / "train.py", resume=Path(snapshot.path), start_paused=True) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=30)
+        assert resumed.ok and resumed.missing == () and resumed.unexpected == () and resumed.tensors == 9, resumed
+        assert any(n.startswith("net: layers moved within a numbered container") and "main.3 -> main.4" in n
+                   for n in resumed.notes), resumed.notes
+        net, opt = live.session.worker.user_state["net"], live.session.worker.user_state["opt"]
+        assert torch.equal(net.main[4].weight, trained)
+        assert torch.equal(opt.state[net.main[4].weight]["exp_avg"], momentum), "the optimizer state follows"

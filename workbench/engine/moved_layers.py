@@ -1,26 +1,32 @@
 """Layers that moved in a numbered container (`nn.Sequential`, `nn.ModuleList`) keep their trained weights.
 
-A rebuild carries tensors over by name. Inserting one `nn.Dropout` into the DCGAN generator's `nn.Sequential`
-renumbered every layer after it: `main.3` (a ConvTranspose2d) became `main.4`, where the old `main.4` was a
-BatchNorm. Matched by name, 16 trained tensors were dropped, 3 reported as changed shape and 16 initialized
-anew, though every trained layer was still there. So where a numbered container's children differ, old and new
-children are aligned by what they are (class and tensor shapes), as difflib aligns lines, and a tensor is looked
-up under its aligned old name. A child the alignment pairs with nothing is new: it is never matched to whatever
-held its number before.
+A rebuild carries tensors over by name, and a resume loads them by name. Inserting one `nn.Dropout` into the
+DCGAN generator's `nn.Sequential` renumbered every layer after it: `main.3` (a ConvTranspose2d) became `main.4`,
+where the old `main.4` was a BatchNorm. Matched by name, a rebuild dropped 16 trained tensors, called 3 changed in
+shape and initialized 16 anew, though every trained layer was still there. So where a numbered container's children
+differ, old and new children are aligned by what they hold (their tensors' names and shapes), as difflib aligns
+lines, and a tensor is looked up under its aligned old name. Only the state_dict's keys and shapes are used, so a
+snapshot, which has no modules, is aligned the same way. A child the alignment pairs with nothing is new: it is
+never matched to whatever held its number before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from difflib import SequenceMatcher
+from typing import Any
 
-import torch
-
-Signature = tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]
+Shapes = dict[str, tuple[int, ...]]
 
 
-def old_names(old: torch.nn.Module, new: torch.nn.Module) -> tuple[dict[str, str | None], list[str]]:
-    """(new module path -> old module path, or None for a child new in a realigned container; the moves, as
-    `old -> new` lines), for the modules whose path changed. Empty when no numbered container changed."""
+def shapes_of(tensors: Mapping[str, Any]) -> Shapes:
+    """A state_dict's keys with their tensors' shapes (entries that are not tensors, such as extra state, left out)."""
+    return {key: tuple(value.shape) for key, value in tensors.items() if hasattr(value, "shape")}
+
+
+def aligned_names(old: Shapes, new: Shapes) -> tuple[dict[str, str | None], list[str]]:
+    """(new module path -> old module path, or None for a child new in a realigned container, for each module whose
+    path changed; the moves, as `old -> new`). Both empty when no numbered container changed."""
     paths: dict[str, str | None] = {}
     moves: list[str] = []
     _align(old, new, "", "", paths, moves)
@@ -28,7 +34,7 @@ def old_names(old: torch.nn.Module, new: torch.nn.Module) -> tuple[dict[str, str
 
 
 def old_name(paths: dict[str, str | None], name: str) -> str | None:
-    """The old state_dict key of the new key `name` (`main.4.weight` -> `main.3.weight`); None if it is new."""
+    """The old key of the new key `name` (`main.4.weight` -> `main.3.weight`); None if it is new."""
     prefix = name
     while "." in prefix:
         prefix = prefix.rsplit(".", 1)[0]
@@ -41,16 +47,18 @@ def old_name(paths: dict[str, str | None], name: str) -> str | None:
 def moved_note(model: str, moves: list[str]) -> str:
     shown = ", ".join(moves[:6]) + (f" and {len(moves) - 6} more" if len(moves) > 6 else "")
     return (f"{model}: layers moved within a numbered container (one inserted or removed), so their trained weights "
-            f"were carried by position, not by number: {shown}")
+            f"were matched by position, not by number: {shown}")
 
 
-def _align(old: torch.nn.Module, new: torch.nn.Module, old_path: str, new_path: str,
+def _align(old: Shapes, new: Shapes, old_path: str, new_path: str,
            paths: dict[str, str | None], moves: list[str]) -> None:
-    old_children, new_children = dict(old.named_children()), dict(new.named_children())
+    old_children, new_children = _children(old), _children(new)
     pairs: dict[str, str | None] = {key: key for key in new_children if key in old_children}
+    # (a layer without tensors, a Dropout, has no keys: the numbers skip it, and its insertion shows as new numbers)
     if _numbered(old_children) and _numbered(new_children):
-        old_signatures, new_signatures = _signatures(old_children), _signatures(new_children)
-        if old_signatures != new_signatures:
+        old_signatures = [tuple(child.items()) for child in old_children.values()]
+        new_signatures = [tuple(child.items()) for child in new_children.values()]
+        if list(old_children) != list(new_children) or old_signatures != new_signatures:
             pairs = _aligned(list(old_children), list(new_children), old_signatures, new_signatures)
     for new_key, old_key in pairs.items():
         child_new = f"{new_path}.{new_key}" if new_path else new_key
@@ -60,13 +68,23 @@ def _align(old: torch.nn.Module, new: torch.nn.Module, old_path: str, new_path: 
         child_old = f"{old_path}.{old_key}" if old_path else old_key
         if child_old != child_new:
             paths[child_new] = child_old
-            if old_key != new_key and next(iter(new_children[new_key].state_dict()), None) is not None:
+            if old_key != new_key:
                 moves.append(f"{child_old} -> {child_new}")
         _align(old_children[old_key], new_children[new_key], child_old, child_new, paths, moves)
 
 
-def _aligned(old_keys: list[str], new_keys: list[str], old_signatures: list[Signature],
-             new_signatures: list[Signature]) -> dict[str, str | None]:
+def _children(keys: Shapes) -> dict[str, Shapes]:
+    """Each submodule's keys, relative to it, in order: `{"3": {"weight": ..., "bias": ...}}` from `3.weight`, ..."""
+    children: dict[str, Shapes] = {}
+    for key, shape in keys.items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            children.setdefault(head, {})[rest] = shape
+    return children
+
+
+def _aligned(old_keys: list[str], new_keys: list[str], old_signatures: list[Any],
+             new_signatures: list[Any]) -> dict[str, str | None]:
     """Each new child's old key, or None: runs of the same layers pair up; a run changed in place (as many
     layers on both sides, a width edited) pairs in order; an inserted or removed run pairs with nothing."""
     pairs: dict[str, str | None] = dict.fromkeys(new_keys)
@@ -77,15 +95,5 @@ def _aligned(old_keys: list[str], new_keys: list[str], old_signatures: list[Sign
     return pairs
 
 
-def _numbered(children: dict[str, torch.nn.Module]) -> bool:
+def _numbered(children: dict[str, Shapes]) -> bool:
     return bool(children) and all(key.isdigit() for key in children)
-
-
-def _signatures(children: dict[str, torch.nn.Module]) -> list[Signature]:
-    return [_signature(child) for child in children.values()]
-
-
-def _signature(module: torch.nn.Module) -> Signature:
-    """What a layer is, for the alignment: its class and its tensors' names and shapes."""
-    tensors = module.state_dict(keep_vars=True)
-    return type(module).__name__, tuple((name, tuple(t.shape)) for name, t in tensors.items() if isinstance(t, torch.Tensor))

@@ -409,6 +409,7 @@ class TrainingWorker(threading.Thread):
             self._pending_optimizers = PendingOptimizers.after_resume(path, report.pending_optimizers, self.step)
             notes = self._pending_optimizers.notes_at_resume
         notes += _initialized_note(report.initialized)
+        notes += tuple(report.moved)
         notes += tuple(report.scheduler_notes)
         notes += self._put_back_globals(payload.get("globals", {}))
         self.bus.publish(

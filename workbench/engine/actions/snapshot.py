@@ -35,6 +35,7 @@ from workbench.engine.actions.snapshot_integrity import check_free_space, disk_f
 from workbench.errors import UserError
 from workbench.protocol.events import Snapshot
 from workbench.engine.init_skipping import InitLog
+from workbench.engine.moved_layers import aligned_names, moved_note, old_name, shapes_of
 from workbench.engine.memory.populate import populate_for_writing
 from workbench.engine.runs import LEGACY, RUNS, latest_snapshot, snapshots_by_step
 from workbench.engine.state_walk import Namespaces, find_with_globals
@@ -188,6 +189,7 @@ class ResumeReport:
     populated: int = 0  # bytes of those made private up front (memory/populate.py), not page by page in step 1
     schedulers: int = 0  # LR schedulers loaded (their schedule goes on where the snapshot left it)
     scheduler_notes: list[str] = field(default_factory=list)  # those that start over, and why
+    moved: list[str] = field(default_factory=list)  # notes: layers matched by their place in a renumbered container
     # Optimizers in the snapshot that setup() does not make (step() makes them on first use): loaded when they appear.
     pending_optimizers: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
@@ -241,14 +243,22 @@ def apply_snapshot(
         if saved is None:
             report.missing.extend(f"{name}.{k}" for k in live)
             continue
+        paths, moves = aligned_names(shapes_of(saved), shapes_of(live))  # a layer inserted since: the rest by place
+        if moves:
+            report.moved.append(moved_note(name, moves))
+        found: set[str] = set()
         for key, tensor in live.items():
-            if key not in saved:
+            saved_key = old_name(paths, key) if paths else key
+            if saved_key is None or saved_key not in saved:
                 report.missing.append(f"{name}.{key}")
-            elif tuple(saved[key].shape) != tuple(tensor.shape):
-                report.mismatched.append(f"{name}.{key} {tuple(saved[key].shape)} -> {tuple(tensor.shape)}")
+                continue
+            found.add(saved_key)
+            was = "" if saved_key == key else f" (saved as {name}.{saved_key})"
+            if tuple(saved[saved_key].shape) != tuple(tensor.shape):
+                report.mismatched.append(f"{name}.{key}{was} {tuple(saved[saved_key].shape)} -> {tuple(tensor.shape)}")
             else:
-                fills.append((tensor, saved[key]))
-        report.unexpected.extend(f"{name}.{k}" for k in saved if k not in live)
+                fills.append((tensor, saved[saved_key]))
+        report.unexpected.extend(f"{name}.{k}" for k in saved if k not in found)
     report.unexpected.extend(f"{n}.*" for n in saved_modules if n not in modules)
     saved_optimizers = payload.get("optimizers", {})
     saved_types = payload.get("optimizer_types", {})
