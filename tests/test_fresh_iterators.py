@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import is_event, make_project, open_session
+from tests.conftest import is_event, make_project, open_session, snapshot_after
 from workbench.engine.fresh_iterators import fresh_iterator_notes
 
 PROJECT = """\
@@ -36,15 +36,9 @@ def step(state, bench):
 
 
 def test_a_resume_says_the_generator_starts_over_and_sets_the_put_back_epoch_again(tmp_path: Path) -> None:
-    from workbench.protocol.events import TakeSnapshot
-
-    root = make_project(tmp_path, {"train.py": PROJECT}, folder="first")
-    with open_session(root / "train.py", max_steps=7, exit_at_max_steps=False) as live:
-        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
-        live.send(TakeSnapshot())
-        snapshot = live.wait_for(is_event("snapshot"), timeout=20)
+    snapshot = snapshot_after(tmp_path, PROJECT, 7)
     root = make_project(tmp_path, {"train.py": PROJECT}, folder="second")
-    with open_session(root / "train.py", resume=Path(snapshot.path), max_steps=8, exit_at_max_steps=False) as live:
+    with open_session(root / "train.py", resume=snapshot, max_steps=8, exit_at_max_steps=False) as live:
         resumed = live.wait_for(is_event("resume"), timeout=30)
         assert "put back from the snapshot (module globals that training changed, not setup()): train.epoch = 2" \
             in resumed.notes, resumed.notes

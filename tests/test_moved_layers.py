@@ -151,22 +151,15 @@ def test_a_dropout_added_to_a_sequential_and_rebuilt_trains_on_from_the_trained_
 def test_a_snapshot_resumes_into_a_model_with_a_layer_inserted_since_matching_the_rest_by_place(tmp_path) -> None:
     """The same alignment from the snapshot's keys and shapes alone: before, the resume loaded nothing and listed
     the renumbered layers as missing and unexpected."""
-    from pathlib import Path
+    from tests.conftest import make_project, open_session, snapshot_after
 
-    from tests.conftest import make_project, open_session
-    from workbench.protocol.events import TakeSnapshot
-
-    root = make_project(tmp_path, {"train.py": PROJECT_PY}, folder="first")
-    with open_session(root / "train.py", max_steps=3, exit_at_max_steps=False) as live:
-        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
-        net, opt = live.session.worker.user_state["net"], live.session.worker.user_state["opt"]
-        trained = net.main[3].weight.detach().clone()
-        momentum = opt.state[net.main[3].weight]["exp_avg"].clone()
-        live.send(TakeSnapshot())
-        snapshot = live.wait_for(is_event("snapshot"), timeout=20)
+    snapshot = snapshot_after(tmp_path, PROJECT_PY, 3)
+    saved = torch.load(snapshot, weights_only=True)
+    trained = saved["modules"]["net"]["main.3.weight"]
+    momentum = saved["optimizers"]["opt"]["state"][4]["exp_avg"]  # the 5th parameter: main.3.weight
     inserted = PROJECT_PY.replace("nn.ReLU(True),\n", "nn.ReLU(True),\n            nn.Dropout(0.0),\n")
     root = make_project(tmp_path, {"train.py": inserted}, folder="second")
-    with open_session(root / "train.py", resume=Path(snapshot.path), start_paused=True) as live:
+    with open_session(root / "train.py", resume=snapshot, start_paused=True) as live:
         resumed = live.wait_for(is_event("resume"), timeout=30)
         assert resumed.ok and resumed.missing == () and resumed.unexpected == () and resumed.tensors == 9, resumed
         assert any(n.startswith("net: layers moved within a numbered container") and "main.3 -> main.4" in n
