@@ -268,8 +268,9 @@ def _run(args: argparse.Namespace) -> int:
         from workbench.frontends.headless import run_headless
 
         with ProtocolStdout() as protocol, _process_groups(ranks, device, args.collective_timeout) as groups:
-            project, early, resume = _load_as_a_script(entry, args)
-            role = groups.role() if groups is not None else None  # after the import: the user's code may have made the group
+            with _default_group_at_import(groups):
+                project, early, resume = _load_as_a_script(entry, args)
+            role = groups.role() if groups is not None else None  # the control group, after the import
             session = Session(project, replace(config, resume=resume), stdout_passthrough=sys.stderr, early_output=early,
                               ranks=role)
             if session.is_main:
@@ -284,6 +285,13 @@ def _run(args: argparse.Namespace) -> int:
         return code
 
     return _start_and_attach(entry, args, tui_settings)
+
+
+def _default_group_at_import(groups):  # type: ignore[no-untyped-def]
+    """Under torchrun, the default process group made before the project's import (a no-op context otherwise)."""
+    from workbench.engine.import_time_group import default_group_at_import as made_first
+
+    return made_first(groups)
 
 
 def _process_groups(ranks, device, collective_timeout: float):  # type: ignore[no-untyped-def]
@@ -348,7 +356,8 @@ def _session_process(entry: Path, args: argparse.Namespace, config) -> int:  # t
 
     ranks = rank_info_from_env()
     with _process_groups(ranks, config.device, args.collective_timeout) as groups:
-        project, early, resume = _load_as_a_script(entry, args)
+        with _default_group_at_import(groups):
+            project, early, resume = _load_as_a_script(entry, args)
         session = Session(project, replace(config, resume=resume, write_event_log=True, memory_event_interval=1.0),
                           stdout_passthrough=sys.stderr, early_output=early, ranks=groups.role() if groups else None)
         if session.is_main:  # rank 0 (or the only process) hosts the socket; the other ranks have no front end

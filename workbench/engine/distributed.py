@@ -149,14 +149,20 @@ class ProcessGroups:
         self._store = None  # the store the first default group was made from: renewals take a fresh prefix of it
         self._doorbell: Doorbell | None = None  # the current generation's (closed with its groups)
         self._ahead: PrepareAhead | None = None  # likewise
+        self.skipped_inits: list[str] = []  # the project's own init_process_group calls at import (import_time_group.py)
 
-    def start(self) -> None:
-        """Before the project is imported: the default group (unless the user made it) and the control group."""
+    def make_default(self) -> None:
+        """Before the project is imported: the default group, unless it exists (import_time_group.py)."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
             dist.init_process_group(backend=self._backend(), timeout=self.collective_timeout, **self._device_id())
             self.created_default = True
+
+    def start(self) -> None:
+        """After the project is imported: the default group (if the import did not happen inside
+        `default_group_at_import`) and the control group."""
+        self.make_default()
         self._store = dist.distributed_c10d._get_default_store()
         self.control = new_control_group(self.control_timeout)
 
@@ -218,7 +224,8 @@ class ProcessGroups:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[ProcessGroups]:
-        """The groups are started lazily (`role()`), after the project is imported, and always closed."""
+        """The control group is started lazily (`role()`), after the project is imported; the groups are always
+        closed."""
         try:
             yield self
         finally:

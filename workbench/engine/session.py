@@ -266,6 +266,8 @@ class Session:
             return
         if self.ranks is not None and (restart_note := shared_store_restart_note(self.ranks.info)) is not None:
             self.bus.publish(Error(where="torchrun", message=restart_note))
+        for note in self.ranks.groups.skipped_inits if self.ranks is not None else ():
+            self.bus.publish(Error(where="torchrun", message=note))
         self.run_record.start(str(self.project.entry), self.config.resume)
         for leftover in remove_leftovers(leftover_folders(self.state_dir)):
             self.bus.publish(
