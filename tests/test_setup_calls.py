@@ -157,7 +157,7 @@ def test_a_module_statement_that_calls_an_edited_function_is_named_and_r_runs_it
     assert reload.ok and reload.changed == ("make_opt",), reload
     said = [n for n in reload.notes if "calls changed code (make_opt)" in n]
     assert len(said) == 1 and said[0].startswith("line 9: `opt = make_opt(model.parameters())`"), reload.notes
-    assert "press R (command `rebuild`) to run it with the trained weights carried over" in said[0], said[0]
+    assert "press R (command `rebuild`) to run it with the trained weights and optimizer state carried over" in said[0], said[0]
     live.send(StepOnce())
     assert live.wait_for(is_event("step")).scalars["lr"] == 0.1
     live.send(RunStatements())  # it would replace the live optimizer: x leaves it for R, and says so

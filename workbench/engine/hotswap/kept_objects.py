@@ -185,10 +185,11 @@ class RunUnlessSameInputs(RunInNamespace):
             if self.in_place:
                 return (f"left {label} for a rebuild: {why}, but it reads {self.kept}, and running it could change "
                         "it in place, losing what training did; R (command `rebuild`) runs it on what it builds anew, "
-                        "then carries the trained weights over (until then the live one runs as it is)")
+                        "then carries the trained weights and optimizer state over (until then the live one runs as "
+                        "it is)")
             return (f"left {label} for a rebuild: {why}, but running it would put a new object in place of "
                     f"{self.kept} without what training did; R (command `rebuild`) runs it and carries the trained "
-                    "weights over (until then the live one runs)")
+                    "weights and optimizer state over (until then the live one runs)")
         if self.changed:
             return f"ran {label} as {', '.join(self.changed)} changed"
         if self.kept and not self.in_place:

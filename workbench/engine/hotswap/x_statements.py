@@ -75,7 +75,7 @@ class StatementsForX:
                 notes.append(
                     f"x leaves {label} as it is: it would put a new object in place of {kept}; if a value it reads "
                     f"has changed by then ({', '.join(shown) or 'none'}), R (command `rebuild`) runs it with the "
-                    "trained weights carried over"
+                    "trained weights and optimizer state carried over"
                 )
             elif touched and not is_edited:
                 left_in_place.append(node.lineno)
@@ -87,7 +87,7 @@ class StatementsForX:
                 f"x leaves line(s) {', '.join(map(str, left_in_place))} as they are: they read "
                 f"{' and '.join(touched_by_left)}, and running them could change it in place, losing what training "
                 "did; if a value they read has changed by then, R (command `rebuild`) runs them on what it builds "
-                "anew, then carries the trained weights over"
+                "anew, then carries the trained weights and optimizer state over"
             )
         return run, notes
 
@@ -97,7 +97,7 @@ class StatementsForX:
         if replaced:
             return (
                 f"it would put a new object in place of {' and '.join(replaced)}: press R (command `rebuild`) to run "
-                "it with the trained weights carried over (x leaves it for R)"
+                "it with the trained weights and optimizer state carried over (x leaves it for R)"
             )
         touched = self._touched_by(nodes)
         if touched:
