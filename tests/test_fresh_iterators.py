@@ -56,7 +56,9 @@ def test_no_note_for_a_state_without_iterators_and_none_on_globals_a_generator_d
         while True:
             yield 1
 
-    assert fresh_iterator_notes({"model": object(), "data": [1, 2]}, 5, ["train.epoch"], lambda path: None) == ()
+    with open(__file__) as log:  # an open file is an iterator too, but not where data was read from
+        assert fresh_iterator_notes({"model": object(), "data": [1, 2], "log": log}, 5, ["train.epoch"],
+                                    lambda path: None) == ()
     notes = fresh_iterator_notes({"data": draws()}, 5, ["test_fresh_iterators.epoch"], lambda path: None)
     assert len(notes) == 1 and notes[0].startswith("state['data'] (the generator "), notes
     assert "one that draws at random goes on from the restored RNG states" in notes[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dis
 import inspect
+import io
 import os
 from collections.abc import Callable, Iterator
 from types import CodeType, GeneratorType
@@ -50,7 +51,7 @@ def _iterators(state: Any) -> Iterator[tuple[str, Any]]:
     else:
         items = [("state", state)]
     for label, value in items:
-        if isinstance(value, Iterator):
+        if isinstance(value, Iterator) and not isinstance(value, io.IOBase):  # an open file is no data's place
             yield label, value
 
 
