@@ -167,3 +167,67 @@ def test_a_snapshot_resumes_into_a_model_with_a_layer_inserted_since_matching_th
         net, opt = live.session.worker.user_state["net"], live.session.worker.user_state["opt"]
         assert torch.equal(net.main[4].weight, trained)
         assert torch.equal(opt.state[net.main[4].weight]["exp_avg"], momentum), "the optimizer state follows"
+
+
+SHARDED_PY = """\
+import torch
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
+    fully_shard(model)
+    return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=1e-2),
+            "data": torch.Generator().manual_seed(bench.rank)}
+
+
+def full_sum(model):  # every rank's shards (an all-gather on every rank alike)
+    return sum(float(p.full_tensor().double().sum()) for p in model.parameters())
+
+
+def step(state, bench):
+    before = full_sum(state["model"])
+    x = torch.randn(4, 8, generator=state["data"])
+    loss = (state["model"](x) - x).pow(2).mean()
+    state["opt"].zero_grad()
+    loss.backward()
+    state["opt"].step()
+    bench.log(before=before, after=full_sum(state["model"]))
+    return loss
+"""
+
+
+def test_a_sharded_snapshot_resumes_into_a_model_with_a_layer_inserted_since(tmp_path) -> None:
+    """Under torchrun, FSDP2 on 2 ranks: a DCP snapshot is matched by place too, model and optimizer state."""
+    import pytest
+
+    from tests.test_distributed import project_folder, steps_of
+    from tests.test_headless import Headless
+
+    project = project_folder(tmp_path, SHARDED_PY)
+    run = Headless(project / "train.py", "--nproc-per-node", "2")
+    try:
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")
+        run.send("snapshot")
+        taken = run.wait_event("snapshot", timeout=60)
+        assert taken["path"].endswith(".dcp"), taken
+        run.send("quit")
+        assert run.finish(timeout=60) == 0
+    finally:
+        run.close()
+    snapped = steps_of(run.events, 0)[taken["step"]]["scalars"]["after"]
+    (project / "train.py").write_text(SHARDED_PY.replace("nn.ReLU(), ", "nn.ReLU(), nn.Dropout(0.0), "))
+    again = Headless(project / "train.py", "--nproc-per-node", "2", "--resume", "latest",
+                     "--max-steps", str(taken["step"] + 1))
+    try:
+        resumed = again.wait_event("resume", timeout=90)
+        assert resumed["ok"] and resumed["missing"] == [] and resumed["unexpected"] == [], resumed
+        assert resumed["optimizers"] == 1, resumed
+        assert any(n.startswith("model: layers moved") and "2 -> 3" in n for n in resumed["notes"]), resumed["notes"]
+        assert again.finish(timeout=60) == 0
+    finally:
+        again.close()
+    first = steps_of(again.events, 0)[taken["step"] + 1]["scalars"]
+    assert first["before"] == pytest.approx(snapped, rel=1e-12), "the first resumed step starts from the snapshot"

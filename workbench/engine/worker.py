@@ -466,7 +466,8 @@ class TrainingWorker(threading.Thread):
                                       missing=tuple(report.missing), unexpected=tuple(report.unexpected),
                                       mismatched=tuple(report.mismatched), initialized=tuple(report.initialized),
                                       notes=("sharded snapshot (torch.distributed.checkpoint): every rank read its part",
-                                             *_initialized_note(report.initialized), *report.scheduler_notes,
+                                             *_initialized_note(report.initialized), *report.moved,
+                                             *report.scheduler_notes,
                                              *self._put_back_globals(saved_globals))))
         return True
 

@@ -38,6 +38,7 @@ try:  # DCP's own flattening (private): its keys exactly. Without it the optimiz
 except ImportError:  # pragma: no cover - a torch that moved it
     flatten_state_dict = None
 
+from workbench.engine.moved_layers import aligned_names, moved_note, old_name, shapes_of
 from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
 from workbench.engine.actions.snapshot import ResumeMismatch, ResumeReport, prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
@@ -134,6 +135,7 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
     state_dict = _state_dict(state, namespaces)
     modules, optimizers = _pairs(state, namespaces)
     saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    renamed = _to_saved_names(state_dict, saved, modules, optimizers, report)
     unfit = _compare(state_dict, saved, modules, optimizers, report)
     if not report.clean and not partial:
         raise ResumeMismatch(report)
@@ -142,19 +144,60 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
         load[top] = {k: v for k, v in load[top].items() if k not in names}
     _checkpoint_call(dcp.load, load, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=partial))
     for name, module in modules.items():
-        set_model_state_dict(module, load[f"model/{name}"], options=StateDictOptions(strict=not partial))
+        back = renamed.get(f"model/{name}", {})
+        set_model_state_dict(module, {back.get(k, k): v for k, v in load[f"model/{name}"].items()},
+                             options=StateDictOptions(strict=not partial))
         report.tensors += len(load[f"model/{name}"])
     for name, (module, optimizer) in optimizers.items():
         if f"optim/{name}" in load:
-            set_optimizer_state_dict(module, optimizer, load[f"optim/{name}"])
+            top = next(f"model/{n}" for n, m in modules.items() if m is module)
+            set_optimizer_state_dict(module, optimizer, _renamed_optimizer(load[f"optim/{name}"], renamed.get(top, {})))
             report.optimizers += 1
     if report.clean:
         report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), facts)
     else:
         report.scheduler_notes = partial_resume_notes(find_schedulers(state, namespaces))
     # Initialized as setup() does (before the load: DCP fills live shards): missing, or of another shape.
-    report.initialized = [f"{top[len('model/'):]}.{key}" for top, keys in unfit["tensors"].items() for key in keys]
+    report.initialized = [f"{top[len('model/'):]}.{renamed.get(top, {}).get(key, key)}"
+                          for top, keys in unfit["tensors"].items() for key in keys]
     return report, dict(facts.get("globals") or {})
+
+
+def _to_saved_names(state_dict: dict[str, Any], saved: dict[str, Any], modules: dict[str, torch.nn.Module],
+                    optimizers: dict[str, Any], report: ResumeReport) -> dict[str, dict[str, str]]:
+    """Layers renumbered since the snapshot (one inserted into an nn.Sequential): each model's keys, and its
+    optimizer's parameter names, put under the names the snapshot has them by (moved_layers.py), in place.
+    Returns {top key: {saved name: live name}} to put them back after the load."""
+    renamed: dict[str, dict[str, str]] = {}
+    for name in modules:
+        top = f"model/{name}"
+        saved_shapes = {k[len(top) + 1:]: tuple(meta.size) for k, meta in saved.items()
+                        if k.startswith(f"{top}.") and isinstance(meta, TensorStorageMetadata)}
+        paths, moves = aligned_names(saved_shapes, shapes_of(state_dict[top]))
+        if not moves:
+            continue
+        report.moved.append(moved_note(name, moves))
+        to_saved = {key: old_name(paths, key) or f"{key} (new)" for key in state_dict[top]}
+        state_dict[top] = {to_saved[key]: value for key, value in state_dict[top].items()}
+        renamed[top] = {old: new for new, old in to_saved.items()}
+    for name, (module, _) in optimizers.items():
+        top = next(f"model/{n}" for n, m in modules.items() if m is module)
+        if top in renamed and f"optim/{name}" in state_dict:
+            to_saved = {new: old for old, new in renamed[top].items()}
+            state_dict[f"optim/{name}"] = _renamed_optimizer(state_dict[f"optim/{name}"], to_saved)
+    return renamed
+
+
+def _renamed_optimizer(optimizer_state: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """An optimizer state dict (keyed by parameter names, as get_optimizer_state_dict makes it) with its names mapped."""
+    if not names:
+        return optimizer_state
+    return {
+        **optimizer_state,
+        "state": {names.get(k, k): v for k, v in optimizer_state.get("state", {}).items()},
+        "param_groups": [{**group, "params": [names.get(p, p) for p in group.get("params", [])]}
+                         for group in optimizer_state.get("param_groups", [])],
+    }
 
 
 def _compare(state_dict: dict[str, Any], saved: dict[str, Any], modules: dict[str, torch.nn.Module],
