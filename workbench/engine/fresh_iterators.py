@@ -18,12 +18,15 @@ from collections.abc import Callable, Iterator
 from types import CodeType, GeneratorType
 from typing import Any
 
+from workbench.engine.state_walk import top_values
+
 
 def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
                          in_project: Callable[[str], str | None]) -> tuple[str, ...]:
     """The resume's notes. `put_back`: the qualified globals the resume set (`train.epoch`); `in_project`: a
     file's path relative to the project, or None outside it."""
-    found = list(_iterators(state))
+    found = [(label, value) for label, value in top_values(state)
+             if isinstance(value, Iterator) and not isinstance(value, io.IOBase)]  # an open file is no data's place
     if not found:
         return ()
     shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in found)
@@ -40,19 +43,6 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
                          f"({value.__qualname__}() assigns it), so the value it had at step {step} holds only until "
                          "then")
     return tuple(notes)
-
-
-def _iterators(state: Any) -> Iterator[tuple[str, Any]]:
-    """The iterators among what setup() returned: its dict's values, or the items of a list or tuple."""
-    if isinstance(state, dict):
-        items = [(f"state[{key!r}]", value) for key, value in state.items()]
-    elif isinstance(state, (list, tuple)):
-        items = [(f"state[{index}]", value) for index, value in enumerate(state)]
-    else:
-        items = [("state", state)]
-    for label, value in items:
-        if isinstance(value, Iterator) and not isinstance(value, io.IOBase):  # an open file is no data's place
-            yield label, value
 
 
 def _what(value: Any, in_project: Callable[[str], str | None]) -> str:

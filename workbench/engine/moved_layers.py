@@ -24,6 +24,14 @@ def shapes_of(tensors: Mapping[str, Any]) -> Shapes:
     return {key: tuple(value.shape) for key, value in tensors.items() if hasattr(value, "shape")}
 
 
+def match_moved(old: Shapes, new: Mapping[str, Any], model: str) -> tuple[dict[str, str | None], str | None]:
+    """Each key of the state_dict `new` with the old key it is matched to (None: it is new and matches nothing),
+    and the note naming the layers that moved (None: none did, so every key keeps its own name). `model`: what
+    the note calls the model. What a rebuild, a resume and a sharded resume each ask."""
+    paths, moves = aligned_names(old, shapes_of(new))
+    return {key: old_name(paths, key) if paths else key for key in new}, (moved_note(model, moves) if moves else None)
+
+
 def aligned_names(old: Shapes, new: Shapes) -> tuple[dict[str, str | None], list[str]]:
     """(new module path -> old module path, or None for a child new in a realigned container, for each module whose
     path changed; the moves, as `old -> new`). Both empty when no numbered container changed."""

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from workbench.engine.memory.shards import local_shard
-from workbench.engine.moved_layers import aligned_names, moved_note, old_name, shapes_of
+from workbench.engine.moved_layers import match_moved, shapes_of
 from workbench.engine.state_walk import Namespaces, find_with_globals
 from workbench.engine.uninitialized import holds_garbage
 
@@ -77,13 +77,13 @@ def carry_over(old_state: Any, new_state: Any, old_namespaces: Namespaces = (), 
                 continue  # the same object (a global setup() does not make again): nothing to carry
             old_tensors = old_module.state_dict(keep_vars=True)
             new_tensors = new_module.state_dict(keep_vars=True)
-            paths, moves = aligned_names(shapes_of(old_tensors), shapes_of(new_tensors))
-            if moves:
-                report.moved.append(moved_note(path, moves))
+            old_keys, moved = match_moved(shapes_of(old_tensors), new_tensors, path)
+            if moved:
+                report.moved.append(moved)
             found: set[str] = set()
             for name, tensor in new_tensors.items():
                 full = f"{path}.{name}"
-                old_key = old_name(paths, name) if paths else name
+                old_key = old_keys[name]
                 source = old_tensors.get(old_key) if old_key is not None else None
                 if source is None:
                     report.new.append(full)

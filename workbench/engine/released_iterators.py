@@ -14,15 +14,17 @@ from __future__ import annotations
 from types import GeneratorType
 from typing import Any
 
+from workbench.engine.state_walk import top_values
+
 
 def release_iterators(old_state: Any, new_state: Any) -> list[str]:
     """Close the generators and shut down the DataLoader iterators among `old_state`'s values that `new_state` does not
     hold too. Returns a note for each one whose own clean-up raised (its `finally:`): the rebuild stands."""
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    kept = {id(value) for _, value in _items(new_state)}
+    kept = {id(value) for _, value in top_values(new_state)}
     problems: list[str] = []
-    for label, value in _items(old_state):
+    for label, value in top_values(old_state):
         if id(value) in kept:
             continue
         try:
@@ -33,11 +35,3 @@ def release_iterators(old_state: Any, new_state: Any) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - the user's clean-up code; the new state is in place already
             problems.append(f"closing the old {label} raised {type(exc).__name__}: {exc}")
     return problems
-
-
-def _items(state: Any) -> list[tuple[str, Any]]:
-    if isinstance(state, dict):
-        return [(f"state[{key!r}]", value) for key, value in state.items()]
-    if isinstance(state, (list, tuple)):
-        return [(f"state[{index}]", value) for index, value in enumerate(state)]
-    return [("state", state)]

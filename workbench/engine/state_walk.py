@@ -38,6 +38,15 @@ def children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
                 yield (f"{path}.{key}" if path else key), value
 
 
+def top_values(state: Any) -> list[tuple[str, Any]]:
+    """What setup() returned, one level down (`children`), each labelled as the user's code reaches it:
+    `state['batches']`, `state[0]`, `state.loader`; a state of no kind `children` goes into is itself `state`."""
+    if isinstance(state, dict):
+        return [(f"state[{key!r}]", value) for key, value in itertools.islice(state.items(), _MAX_ITEMS)]
+    found = [(f"state{path}" if path.startswith("[") else f"state.{path}", value) for path, value in children(state, "")]
+    return found or [("state", state)]
+
+
 def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
     modules: dict[str, torch.nn.Module] = {}
     optimizers: dict[str, torch.optim.Optimizer] = {}

@@ -38,7 +38,7 @@ try:  # DCP's own flattening (private): its keys exactly. Without it the optimiz
 except ImportError:  # pragma: no cover - a torch that moved it
     flatten_state_dict = None
 
-from workbench.engine.moved_layers import aligned_names, moved_note, old_name, shapes_of
+from workbench.engine.moved_layers import match_moved
 from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
 from workbench.engine.actions.snapshot import ResumeMismatch, ResumeReport, prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
@@ -150,8 +150,8 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
         report.tensors += len(load[f"model/{name}"])
     for name, (module, optimizer) in optimizers.items():
         if f"optim/{name}" in load:
-            top = next(f"model/{n}" for n, m in modules.items() if m is module)
-            set_optimizer_state_dict(module, optimizer, _renamed_optimizer(load[f"optim/{name}"], renamed.get(top, {})))
+            set_optimizer_state_dict(module, optimizer,
+                                     _renamed_optimizer(load[f"optim/{name}"], renamed.get(_top_of(module, modules), {})))
             report.optimizers += 1
     if report.clean:
         report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), facts)
@@ -173,19 +173,24 @@ def _to_saved_names(state_dict: dict[str, Any], saved: dict[str, Any], modules: 
         top = f"model/{name}"
         saved_shapes = {k[len(top) + 1:]: tuple(meta.size) for k, meta in saved.items()
                         if k.startswith(f"{top}.") and isinstance(meta, TensorStorageMetadata)}
-        paths, moves = aligned_names(saved_shapes, shapes_of(state_dict[top]))
-        if not moves:
+        saved_keys, moved = match_moved(saved_shapes, state_dict[top], name)
+        if moved is None:
             continue
-        report.moved.append(moved_note(name, moves))
-        to_saved = {key: old_name(paths, key) or f"{key} (new)" for key in state_dict[top]}
+        report.moved.append(moved)
+        to_saved = {key: saved_key or f"{key} (new)" for key, saved_key in saved_keys.items()}
         state_dict[top] = {to_saved[key]: value for key, value in state_dict[top].items()}
         renamed[top] = {old: new for new, old in to_saved.items()}
     for name, (module, _) in optimizers.items():
-        top = next(f"model/{n}" for n, m in modules.items() if m is module)
+        top = _top_of(module, modules)
         if top in renamed and f"optim/{name}" in state_dict:
             to_saved = {new: old for old, new in renamed[top].items()}
             state_dict[f"optim/{name}"] = _renamed_optimizer(state_dict[f"optim/{name}"], to_saved)
     return renamed
+
+
+def _top_of(module: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> str:
+    """The state dict key of the top module an optimizer trains (`_pairs` found it among `modules`)."""
+    return next(f"model/{name}" for name, m in modules.items() if m is module)
 
 
 def _renamed_optimizer(optimizer_state: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:

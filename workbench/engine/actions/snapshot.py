@@ -35,7 +35,7 @@ from workbench.engine.actions.snapshot_integrity import check_free_space, disk_f
 from workbench.errors import UserError
 from workbench.protocol.events import Snapshot
 from workbench.engine.init_skipping import InitLog
-from workbench.engine.moved_layers import aligned_names, moved_note, old_name, shapes_of
+from workbench.engine.moved_layers import match_moved, shapes_of
 from workbench.engine.memory.populate import populate_for_writing
 from workbench.engine.runs import LEGACY, RUNS, latest_snapshot, snapshots_by_step
 from workbench.engine.state_walk import Namespaces, find_with_globals
@@ -243,12 +243,12 @@ def apply_snapshot(
         if saved is None:
             report.missing.extend(f"{name}.{k}" for k in live)
             continue
-        paths, moves = aligned_names(shapes_of(saved), shapes_of(live))  # a layer inserted since: the rest by place
-        if moves:
-            report.moved.append(moved_note(name, moves))
+        saved_keys, moved = match_moved(shapes_of(saved), live, name)  # a layer inserted since: the rest by place
+        if moved:
+            report.moved.append(moved)
         found: set[str] = set()
         for key, tensor in live.items():
-            saved_key = old_name(paths, key) if paths else key
+            saved_key = saved_keys[key]
             if saved_key is None or saved_key not in saved:
                 report.missing.append(f"{name}.{key}")
                 continue
