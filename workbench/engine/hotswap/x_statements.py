@@ -104,7 +104,7 @@ class StatementsForX:
             return (
                 f"it reads {' and '.join(touched)}, and running it could change it in place, losing what training "
                 "did (x leaves it for R): press R (command `rebuild`) to build the live objects anew, running the "
-                "script's import-time lines on them, and carry the trained weights over"
+                "script's import-time lines on them, and carry the trained weights and optimizer state over"
             )
         return "press x (command `run-statements`) to run it now"
 
