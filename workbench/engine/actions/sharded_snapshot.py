@@ -22,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -39,6 +38,7 @@ except ImportError:  # pragma: no cover - a torch that moved it
     flatten_state_dict = None
 
 from workbench.engine.moved_layers import match_moved
+from workbench.engine.actions.plain_data_dcp import PlainDataLoadPlanner, PlainDataReader, check_values, read_metadata
 from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
 from workbench.engine.actions.snapshot import ResumeMismatch, ResumeReport, prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
@@ -134,7 +134,9 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
     report = ResumeReport(path=str(path), step=int(facts["step"]))
     state_dict = _state_dict(state, namespaces)
     modules, optimizers = _pairs(state, namespaces)
-    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    metadata = read_metadata(path)  # plain data only, as one-file snapshots are read (plain_data_dcp.py)
+    check_values(path, metadata)
+    saved = metadata.state_dict_metadata
     renamed = _to_saved_names(state_dict, saved, modules, optimizers, report)
     unfit = _compare(state_dict, saved, modules, optimizers, report)
     if not report.clean and not partial:
@@ -142,7 +144,8 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
     load = {key: value for key, value in state_dict.items() if key not in unfit["optimizers"]}
     for top, names in unfit["tensors"].items():
         load[top] = {k: v for k, v in load[top].items() if k not in names}
-    _checkpoint_call(dcp.load, load, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=partial))
+    _checkpoint_call(dcp.load, load, storage_reader=PlainDataReader(str(path)),
+                     planner=PlainDataLoadPlanner(allow_partial_load=partial))
     for name, module in modules.items():
         back = renamed.get(f"model/{name}", {})
         set_model_state_dict(module, {back.get(k, k): v for k, v in load[f"model/{name}"].items()},
