@@ -5,7 +5,8 @@ where an iterator was: there is no general way to save a generator's place. So a
 reads, at step 655, the batch a fresh start reads first, while the `resume` event said only that it had put
 back `train.epoch = 4`; and the generator `batches()` (pytorch/examples' dcgan, ported: `global epoch` and
 `for epoch in range(opt.niter):` inside it) set `epoch` to 0 again at its first `next()`, so the claim did not
-hold for one step. Both are said now.
+hold for one step. Both are said now. A generator that reads a loader whose place the resume put back
+(loader_places.py) is said to start over with its own variables only.
 """
 
 from __future__ import annotations
@@ -18,24 +19,37 @@ from collections.abc import Callable, Iterator
 from types import CodeType, GeneratorType
 from typing import Any
 
+from workbench.engine.loader_places import loaders_read_by
 from workbench.engine.state_walk import top_values
 
 
 def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
-                         in_project: Callable[[str], str | None]) -> tuple[str, ...]:
+                         in_project: Callable[[str], str | None], placed: dict[int, str] | None = None) -> tuple[str, ...]:
     """The resume's notes. `put_back`: the qualified globals the resume set (`train.epoch`); `in_project`: a
-    file's path relative to the project, or None outside it."""
+    file's path relative to the project, or None outside it; `placed`: the stateful loaders given back their place
+    (loader_places.py; by id, their paths)."""
+    placed = placed or {}
     found = [(label, value) for label, value in top_values(state)
              if isinstance(value, Iterator) and not isinstance(value, io.IOBase)]  # an open file is no data's place
     if not found:
         return ()
-    shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in found)
-    notes = [
-        f"{shown}: the one setup() just made, so it starts from its beginning, not where step {step} left it. A "
-        "snapshot keeps the weights, the optimizer, the step, the RNG states and counters in globals, not an "
-        "iterator's place: one that walks a dataset in order or by epochs starts it over; one that draws at random "
-        "goes on from the restored RNG states"
-    ]
+    reading = {label: [placed[id(loader)] for loader in loaders_read_by(value) if id(loader) in placed]
+               for label, value in found if isinstance(value, GeneratorType)}
+    fresh = [(label, value) for label, value in found if not reading.get(label)]
+    notes = []
+    if fresh:
+        shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in fresh)
+        notes.append(
+            f"{shown}: the one setup() just made, so it starts from its beginning, not where step {step} left it. A "
+            "snapshot keeps the weights, the optimizer, the step, the RNG states and counters in globals, not an "
+            "iterator's place: one that walks a dataset in order or by epochs starts it over; one that draws at random "
+            "goes on from the restored RNG states (a torchdata StatefulDataLoader it reads would go on from its place)"
+        )
+    for label, value in found:
+        if reading.get(label):
+            notes.append(f"{label} ({_what(value, in_project)}): the one setup() just made, so its own variables (an "
+                         f"epoch count, a sampler's set_epoch) start over, while the loader it reads, "
+                         f"{', '.join(reading[label])}, goes on from where step {step} left it")
     for label, value in found:
         reset = _globals_set_by(value, put_back)
         if reset:
@@ -54,7 +68,9 @@ def _what(value: Any, in_project: Callable[[str], str | None]) -> str:
 
 
 def _globals_set_by(value: Any, put_back: list[str]) -> list[str]:
-    """The put-back globals that a generator's own code assigns (`global epoch` and a loop over it)."""
+    """The put-back globals that a generator's own code assigns before it reads them (`global epoch` and
+    `for epoch in range(...)`), so the snapshot's value is lost at its start; one it reads first (`while True:
+    sampler.set_epoch(epoch)` ... `epoch += 1`) goes on from the put-back value."""
     if not isinstance(value, GeneratorType) or inspect.getgeneratorstate(value) != inspect.GEN_CREATED:
         return []
     module = value.gi_frame.f_globals.get("__name__") if value.gi_frame is not None else None
@@ -64,4 +80,10 @@ def _globals_set_by(value: Any, put_back: list[str]) -> list[str]:
 
 
 def _stored_globals(code: CodeType) -> set[str]:
-    return {ins.argval for ins in dis.get_instructions(code) if ins.opname == "STORE_GLOBAL"}
+    """The globals whose first use in the code (in the order of its instructions, which follows the source's) is
+    an assignment."""
+    first: dict[str, str] = {}
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("STORE_GLOBAL", "LOAD_GLOBAL"):
+            first.setdefault(ins.argval, ins.opname)
+    return {name for name, opname in first.items() if opname == "STORE_GLOBAL"}

@@ -34,12 +34,14 @@ from workbench.engine.actions.snapshot import (
     load_snapshot,
     write_snapshot,
 )
-from workbench.engine.actions.sharded_snapshot import has_fsdp1, is_sharded, load_sharded, write_sharded
+from workbench.engine.actions.sharded_snapshot import has_fsdp1, is_sharded, load_sharded, read_loader_places, write_sharded
 from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.fresh_iterators import fresh_iterator_notes
+from workbench.engine.loader_places import find_loaders, places, put_back as put_back_places, record as loader_record
+from workbench.engine.loader_places import pack as pack_places, unpack as unpack_places
 from workbench.engine.generator_end import ended_by_error, ended_sentence, generators_ended
 from workbench.engine.dispatch import dispatch
 from workbench.errors import UserError
@@ -411,7 +413,7 @@ class TrainingWorker(threading.Thread):
         notes += _initialized_note(report.initialized)
         notes += tuple(report.moved)
         notes += tuple(report.scheduler_notes)
-        notes += self._put_back_globals(payload.get("globals", {}))
+        notes += self._put_back_globals(payload.get("globals", {}), payload.get("loader_places"))
         self.bus.publish(
             ResumeLoaded(
                 ok=True,
@@ -431,14 +433,22 @@ class TrainingWorker(threading.Thread):
         )
         return True
 
-    def _put_back_globals(self, saved: dict[str, Any]) -> tuple[str, ...]:
-        """The counters step() kept in module globals, as the snapshot has them (training_globals.py), and what the
-        iterators setup() made start from (fresh_iterators.py): the resume's notes."""
+    def _put_back_globals(self, saved: dict[str, Any], saved_places: dict[str, Any] | None) -> tuple[str, ...]:
+        """The counters step() kept in module globals, as the snapshot has them (training_globals.py), the places of
+        the stateful data loaders (loader_places.py), and what the iterators setup() made start from
+        (fresh_iterators.py): the resume's notes."""
         done, left = put_back(saved, self._namespaces())
         notes = (f"put back from the snapshot (module globals that training changed, not setup()): {', '.join(done)}",) if done else ()
         notes += ((f"not put back: {', '.join(left)}",) if left else ())
+        rank, world_size = (self.lockstep.rank, self.lockstep.world_size) if self.lockstep is not None else (0, 1)
+        try:
+            placed, loader_notes = put_back_places(find_loaders(self.user_state, self._namespaces()), saved_places,
+                                                   rank, world_size, self.step)
+        except Exception as exc:  # noqa: BLE001 - the data starting over must not cost the resume
+            placed, loader_notes = {}, [f"the data loaders' places were not put back ({type(exc).__name__}: {exc})"]
         names = [entry.split(" = ", 1)[0] for entry in done]
-        return notes + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative)
+        return (notes + tuple(loader_notes)
+                + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative, placed))
 
     def _resume_failed(self, event: ResumeLoaded) -> None:
         """Nothing was loaded: said; headless ends (exit 2), the app pauses on what setup() built."""
@@ -460,6 +470,10 @@ class TrainingWorker(threading.Thread):
             return False
         self.step = self.last_snapshot_step = self._first_step = report.step
         self.last_snapshot_path = str(path)
+        try:
+            saved_places = read_loader_places(path, self.lockstep.rank if self.lockstep is not None else 0)
+        except Exception as exc:  # noqa: BLE001 - the model is loaded: the data starting over is said, not fatal
+            saved_places = {"error": f"{type(exc).__name__}: {exc}"}
         self.bus.publish(ResumeLoaded(ok=True, path=str(path), step=report.step, tensors=report.tensors,
                                       optimizers=report.optimizers, schedulers=report.schedulers,
                                       seconds=time.monotonic() - started,
@@ -468,7 +482,7 @@ class TrainingWorker(threading.Thread):
                                       notes=("sharded snapshot (torch.distributed.checkpoint): every rank read its part",
                                              *_initialized_note(report.initialized), *report.moved,
                                              *report.scheduler_notes,
-                                             *self._put_back_globals(saved_globals))))
+                                             *self._put_back_globals(saved_globals, saved_places))))
         return True
 
     def _namespaces(self) -> list[tuple[str, dict[str, Any]]]:
@@ -860,8 +874,9 @@ class TrainingWorker(threading.Thread):
             )
         return self._state_bytes_estimate
 
-    def _final_snapshot(self) -> None:
-        """The quit's snapshot, and what it did (`final_snapshot`): failed means the exit status says so too."""
+    def _final_snapshot(self, together: bool = False) -> None:
+        """The quit's snapshot, and what it did (`final_snapshot`): failed means the exit status says so too.
+        `together`: every rank takes it at this boundary (a lockstep command), as for `_snapshot`."""
         self._settle_values()
         if self.step == self._first_step:
             self.final_snapshot = FinalSnapshot("nothing trained", self.step)
@@ -869,7 +884,7 @@ class TrainingWorker(threading.Thread):
             self.final_snapshot = FinalSnapshot("up to date", self.step, path=self.last_snapshot_path)
         else:
             good_path, good_step = self.last_snapshot_path, self.last_snapshot_step
-            if self._snapshot("final"):
+            if self._snapshot("final", together):
                 self.final_snapshot = FinalSnapshot("written", self.step, path=self.last_snapshot_path)
             else:
                 self.final_snapshot = FinalSnapshot(
@@ -879,9 +894,13 @@ class TrainingWorker(threading.Thread):
         if not self.final_snapshot.ok:
             self.bus.publish(Error(where="snapshot", message=self.final_snapshot.sentence()))
 
-    def _snapshot(self, reason: str) -> bool:
-        """Write one; True if it was written (a failure is an error event and `last_snapshot_error`)."""
+    def _snapshot(self, reason: str, together: bool = False) -> bool:
+        """Write one; True if it was written (a failure is an error event and `last_snapshot_error`). `together`:
+        under torchrun, every rank is here at the same boundary (a lockstep command), so rank 0's one-file snapshot
+        can hold every rank's loader places (a gather); otherwise it holds its own."""
         sharded = self.lockstep is not None and is_sharded(self.user_state, self._namespaces())
+        loaders = self._loader_record()
+        ranks_places = self._every_ranks_places(loaders) if together and self.lockstep is not None and not sharded else None
         if self.lockstep is not None and self.lockstep.rank != 0 and not sharded:
             # Replicated state (DDP, or the same model on every rank): rank 0's snapshot holds it all.
             self.last_snapshot_step = self.step
@@ -892,11 +911,13 @@ class TrainingWorker(threading.Thread):
                 assert self.lockstep is not None
                 writer = self.lockstep.plane.broadcast_json(os.getpid())  # rank 0's pid names the temp folder everywhere
                 event = write_sharded(self.user_state, self.step, self.reloader.version, self.bench.run_dir, writer,
-                                      self.lockstep.rank == 0, self.snapshot_keep, self._namespaces(), self._changed_globals())
+                                      self.lockstep.rank == 0, self.snapshot_keep, self._namespaces(), self._changed_globals(),
+                                      loader_record=loaders)
             else:
+                rank, world_size = (self.lockstep.rank, self.lockstep.world_size) if self.lockstep else (0, 1)
                 event = write_snapshot(
                     self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces(),
-                    self._changed_globals(),
+                    self._changed_globals(), loader_places=places(ranks_places or {rank: loaders}, world_size),
                 )
         except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
             self.last_snapshot_error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
@@ -911,6 +932,21 @@ class TrainingWorker(threading.Thread):
         self._update_run_record()
         self.bus.publish(dataclasses.replace(event, reason=reason))
         return True
+
+    def _loader_record(self) -> dict[str, Any]:
+        """Where this rank's stateful data loaders are (loader_places.py); a loader whose state cannot be taken is
+        named in the record, never a reason for the snapshot to fail."""
+        try:
+            return loader_record(find_loaders(self.user_state, self._namespaces()))
+        except Exception as exc:  # noqa: BLE001 - the walk itself failing: the snapshot goes on without places
+            return {"states": {}, "errors": {"(the state)": f"{type(exc).__name__}: {exc}"}}
+
+    def _every_ranks_places(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """Every rank's loader record, for rank 0's one-file snapshot (each rank's loader reads its own shard). A
+        collective: only where every rank takes this snapshot at the same boundary. A rank gone raises RanksLost."""
+        assert self.lockstep is not None
+        every = self.lockstep.plane.gather_bytes(pack_places(mine))
+        return {rank: unpack_places(raw) for rank, raw in enumerate(every) if raw}
 
     def _changed_globals(self) -> dict[str, Any]:
         return self.training_globals.changed(self._namespaces(), self.setup_rebinds.bound_since_setup())
@@ -996,7 +1032,7 @@ class TrainingWorker(threading.Thread):
         """A pause nobody can resume (headless, stdin closed) ends the run: with exit code 1 for a failure; for the
         data's end, the run's natural end as for a plain loop, with a final snapshot of the trained model and code 0."""
         if reason == DATA_EXHAUSTED:
-            self._final_snapshot()  # on every rank under torchrun (EndRun): sharded state needs each rank's shard
+            self._final_snapshot(together=True)  # on every rank under torchrun (EndRun): sharded state needs each rank's shard
             if self.exit_reason != "final snapshot failed":
                 self.exit_code, self.exit_reason = 0, reason
         else:

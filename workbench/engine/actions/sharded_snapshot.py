@@ -37,6 +37,7 @@ try:  # DCP's own flattening (private): its keys exactly. Without it the optimiz
 except ImportError:  # pragma: no cover - a torch that moved it
     flatten_state_dict = None
 
+from workbench.engine.loader_places import SHARDED_KEY, pack, places, unpack
 from workbench.engine.moved_layers import match_moved
 from workbench.engine.actions.plain_data_dcp import PlainDataLoadPlanner, PlainDataReader, check_values, read_metadata
 from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
@@ -71,9 +72,11 @@ def has_fsdp1(modules: Any) -> bool:
 def write_sharded(
     state: Any, step: int, code_version: int, run_dir: Path, writer_pid: int, is_main: bool, keep: int,
     namespaces: Namespaces = (), training_globals: dict[str, Any] | None = None,
+    loader_record: dict[str, Any] | None = None,
 ) -> Snapshot:
     """Every rank at once (a lockstep command). `writer_pid`: rank 0's, the same name on every rank; rank 0 then
-    keeps the run's `keep` newest snapshots, as for one process."""
+    keeps the run's `keep` newest snapshots, as for one process. `loader_record`: where this rank's stateful data
+    loaders were (loader_places.py), under a key of this rank's own, so every rank writes its own."""
     started = time.monotonic()
     folder = run_dir / "snapshots"
     final = folder / f"step-{step:08d}{SUFFIX}"
@@ -81,7 +84,11 @@ def write_sharded(
     if is_main:
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(temp, ignore_errors=True)
-    _checkpoint_call(dcp.save, _state_dict(state, namespaces), checkpoint_id=str(temp))
+    state_dict = _state_dict(state, namespaces)
+    if loader_record is not None:
+        # As bytes in a tensor: DCP pickles other values whole (a BytesIO too), which weights_only cannot read back.
+        state_dict[SHARDED_KEY.format(rank=_rank())] = torch.frombuffer(bytearray(pack(loader_record)), dtype=torch.uint8)
+    _checkpoint_call(dcp.save, state_dict, checkpoint_id=str(temp))
     if is_main:
         facts = {"format": FORMAT, "step": step, "code_version": code_version, "saved_at": time.time(),
                  "world_size": dist.get_world_size() if dist.is_initialized() else 1, "globals": dict(training_globals or {})}
@@ -94,6 +101,30 @@ def write_sharded(
         prune_snapshots(folder, keep, protect=final)
     return Snapshot(path=str(final), bytes=folder_bytes(final) if is_main else 0, step=step,
                     seconds=time.monotonic() - started)
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def read_loader_places(path: Path, rank: int) -> dict[str, Any] | None:
+    """This rank's loader places in a sharded snapshot, in the form a one-file snapshot keeps them (None: the
+    snapshot has none: written before vram-bench kept them). Read with no collective: each rank reads its own key."""
+    facts = read_facts(path)
+    metadata = read_metadata(path)
+    keys = [key for key in metadata.state_dict_metadata if key.startswith(SHARDED_KEY.split("{", 1)[0])]
+    if not keys:
+        return None
+    world_size = int(facts.get("world_size", 1))
+    mine = SHARDED_KEY.format(rank=rank)
+    if mine not in metadata.state_dict_metadata:
+        return places({}, world_size)
+    item = metadata.state_dict_metadata[mine]
+    if not isinstance(item, TensorStorageMetadata):
+        raise UserError(f"{path}: {mine} is not a loader record")
+    holder = {mine: torch.empty(tuple(item.size), dtype=torch.uint8)}
+    dcp.load(holder, storage_reader=PlainDataReader(str(path)), planner=PlainDataLoadPlanner(), no_dist=True)
+    return places({rank: unpack(holder[mine].numpy().tobytes())}, world_size)
 
 
 def _facts_json(facts: dict[str, Any]) -> str:

@@ -50,10 +50,11 @@ def snapshot_folder(run_dir: Path) -> Path:
 
 def write_snapshot(
     state: Any, step: int, code_version: int, run_dir: Path, keep: int = DEFAULT_KEEP, namespaces: Namespaces = (),
-    training_globals: dict[str, Any] | None = None,
+    training_globals: dict[str, Any] | None = None, loader_places: dict[str, Any] | None = None,
 ) -> Snapshot:
     """`namespaces`: the project's module globals, where script-style trainers keep an optimizer or model too.
-    `training_globals`: plain values step() keeps in module globals (`train.iter_num`), put back on resume."""
+    `training_globals`: plain values step() keeps in module globals (`train.iter_num`), put back on resume.
+    `loader_places`: where each stateful data loader was, every rank's (loader_places.py)."""
     modules, optimizers = find_with_globals(state, namespaces)
     if not modules and not optimizers:
         raise ValueError("the state returned by setup() holds no nn.Module or optimizer to snapshot")
@@ -72,6 +73,8 @@ def write_snapshot(
         "globals": dict(training_globals or {}),
     }
     payload["schedulers"], payload["scheduler_types"] = scheduler_payload(find_schedulers(state, namespaces))
+    if loader_places is not None:
+        payload["loader_places"] = loader_places
     folder = snapshot_folder(run_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)

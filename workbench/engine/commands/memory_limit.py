@@ -29,6 +29,6 @@ def memory_limit_near(worker: TrainingWorker, near: MemoryLimitNear) -> None:
     if worker.on_memory_limit == "warn":
         return
     if worker.on_memory_limit == "snapshot" and worker.step != worker._first_step and worker.step != worker.last_snapshot_step:
-        worker._snapshot("memory limit")
+        worker._snapshot("memory limit", together=True)
     worker._publish_or_report("leaks", lambda: leak_census(worker))  # who holds the memory: the leak finder's top owners
     worker._pause("memory limit")

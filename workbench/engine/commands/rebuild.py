@@ -23,6 +23,7 @@ from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.import_builders import built_again_note, plan_import_builders
 from workbench.engine.init_skipping import skipping_init
 from workbench.engine.memory.gc_freeze import collect_all
+from workbench.engine.loader_places import carry_places
 from workbench.engine.released_iterators import release_iterators
 from workbench.engine.rebuild import (
     carry_optimizers_setup_did_not_make,
@@ -134,6 +135,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         worker.probe.empty_cache()
         worker.bus.publish(Rebuilt(ok=False, error=message, code_version=worker.reloader.version))
         return
+    notes.extend(carry_places(worker.user_state, new_state))  # before the old loaders are shut down
     notes.extend(release_iterators(worker.user_state, new_state))
     worker.user_state = new_state
     worker._state_built_at = worker.reloader.version

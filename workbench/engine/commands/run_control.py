@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 @handles(Quit)
 def quit_(worker: TrainingWorker, command: Quit) -> None:
     if command.final_snapshot and worker.user_state is not None:
-        worker._final_snapshot()
+        worker._final_snapshot(together=True)
     worker._quit = True
     if command.reason != "quit":
         worker._end_for(command.reason)

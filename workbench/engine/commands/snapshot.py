@@ -16,7 +16,7 @@ def take_snapshot(worker: TrainingWorker, command: TakeSnapshot) -> None:
     if worker.step == worker._first_step:
         worker._command_error(nothing_trained_yet(worker))
     else:
-        worker._snapshot("requested")
+        worker._snapshot("requested", together=True)
 
 
 def nothing_trained_yet(worker: TrainingWorker) -> str:

@@ -1,0 +1,327 @@
+"""A stateful data loader (torchdata's StatefulDataLoader) goes on from its place after a resume and a rebuild.
+
+The proof is differential: the batches a resumed run reads after the snapshot's step are the ones a run that never
+stopped read at the same steps (workbench/engine/loader_places.py).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import is_event, make_project, open_session, snapshot_after
+from tests.test_distributed import rank_log, steps_of
+from tests.test_headless import Headless
+from workbench.engine.loader_places import find_loaders, put_back, record
+
+pytest.importorskip("torchdata.stateful_dataloader")
+from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+
+PROJECT = """\
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+WORKERS = 0
+model = torch.nn.Linear(1, 1)
+
+
+def batches(loader):
+    for epoch in range(1000):
+        for batch in loader:
+            yield batch
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    loader = StatefulDataLoader(list(range(10)), batch_size=2, shuffle=True, num_workers=WORKERS)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "batches": batches(loader)}
+
+
+def step(state, bench):
+    batch = next(state["batches"])
+    loss = state["model"](batch.float()[:, None] / 10).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return {"loss": loss, "a": float(batch[0]), "b": float(batch[1])}
+"""
+
+
+def batches_read(live: Any) -> dict[int, tuple[float, float]]:
+    return {e.step: (e.scalars["a"], e.scalars["b"]) for e in live.events.of("step")}
+
+
+def straight_run(tmp_path: Path, source: str, steps: int) -> dict[int, tuple[float, float]]:
+    root = make_project(tmp_path, {"train.py": source}, folder="straight")
+    with open_session(root / "train.py", max_steps=steps, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        return batches_read(live)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_run_reads_the_batches_a_run_that_never_stopped_read(tmp_path: Path, workers: int) -> None:
+    source = PROJECT.replace("WORKERS = 0", f"WORKERS = {workers}")
+    straight = straight_run(tmp_path, source, 13)
+    snapshot = snapshot_after(tmp_path, source, 7)  # epoch 1 of 5 batches, its second batch
+    root = make_project(tmp_path, {"train.py": source}, folder="second")
+    with open_session(root / "train.py", resume=snapshot, max_steps=13, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=60)
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        after = batches_read(live)
+    assert sorted(after) == list(range(8, 14))
+    assert after == {k: straight[k] for k in range(8, 14)}, "the batches after the snapshot (an epoch's end included)"
+    assert resumed.notes[0] == ("batches(loader): given back the place step 7 had left it at (state_dict()), so the "
+                                "batch after the snapshot's comes next"), resumed.notes
+    assert any(n.startswith("state['batches'] (the generator batches(), train.py:8): the one setup() just made, so its "
+                            "own variables (an epoch count, a sampler's set_epoch) start over, while the loader it "
+                            "reads, batches(loader), goes on from where step 7 left it") for n in resumed.notes), resumed.notes
+    assert not any("starts from its beginning, not where step 7 left it" in n for n in resumed.notes), resumed.notes
+
+
+def test_without_a_stateful_loader_the_data_starts_over_as_the_notes_say(tmp_path: Path) -> None:
+    source = PROJECT.replace("from torchdata.stateful_dataloader import StatefulDataLoader",
+                             "from torch.utils.data import DataLoader as StatefulDataLoader")
+    straight = straight_run(tmp_path, source, 9)
+    snapshot = snapshot_after(tmp_path, source, 7)
+    root = make_project(tmp_path, {"train.py": source}, folder="second")
+    with open_session(root / "train.py", resume=snapshot, max_steps=9, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=60)
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        after = batches_read(live)
+    assert any("starts from its beginning, not where step 7 left it" in n
+               and "a torchdata StatefulDataLoader it reads would go on from its place" in n for n in resumed.notes)
+    assert after[8] != straight[8] or after[9] != straight[9], "a plain DataLoader starts its epoch over"
+
+
+def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp_path: Path) -> None:
+    straight = straight_run(tmp_path, PROJECT, 10)
+    root = make_project(tmp_path, {"train.py": PROJECT}, folder="rebuilt")
+    from workbench.protocol.events import Rebuild, StepOnce
+
+    with open_session(root / "train.py", max_steps=7, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+        assert rebuilt.ok, rebuilt
+        assert any(n.startswith("batches(loader): carried over the place the old loader had reached")
+                   for n in rebuilt.notes), rebuilt.notes
+        for k in range(8, 11):  # to the epoch's end (the next epoch's order is drawn from the RNG setup() seeded again)
+            live.send(StepOnce())
+            live.wait_for(is_event("step", step=k), timeout=30)
+        read = batches_read(live)
+    assert sorted(read) == list(range(1, 11))
+    assert read == {k: straight[k] for k in read}, "the batches after the rebuild are the ones of a run without it"
+
+
+def loader_of(data: list[int], seed: int = 0) -> StatefulDataLoader:
+    torch.manual_seed(seed)
+    return StatefulDataLoader(data, batch_size=2, shuffle=True)
+
+
+def test_what_cannot_take_its_place_is_named_with_why() -> None:
+    used = loader_of(list(range(10)))
+    iterator = iter(used)
+    next(iterator)
+    saved = {"world_size": 1, "ranks": {0: record({"loader": used})}}
+
+    made_iterator = loader_of(list(range(10)))
+    iter(made_iterator)
+    placed, notes = put_back({"loader": made_iterator}, saved, 0, 1, 1)
+    assert placed == {} and notes == ["loader (StatefulDataLoader) starts from its beginning: setup() already made "
+                                      "an iterator of it, which the snapshot's place cannot go into; iterate the "
+                                      "loader in a generator or in step() instead"]
+
+    placed, notes = put_back({"loader": loader_of(list(range(10)))}, saved, 1, 2, 1)
+    assert placed == {} and "are for 1 ranks' shares of the data, and this run has 2" in notes[0]
+
+    placed, notes = put_back({"loader": loader_of(list(range(10)))}, None, 0, 1, 1)
+    assert "written before vram-bench kept them" in notes[0]
+
+    placed, notes = put_back({"other": loader_of(list(range(10)))}, saved, 0, 1, 1)
+    assert notes == ["other (StatefulDataLoader) starts from its beginning: the snapshot holds no place for it",
+                     "the snapshot holds the place of loader(s) setup() did not make: loader (not used)"]
+
+
+def test_a_loader_never_iterated_is_not_asked_for_its_state_and_needs_no_place() -> None:
+    class Watched(StatefulDataLoader):
+        asked = 0
+
+        def state_dict(self):  # noqa: ANN201 - a StatefulDataLoader makes an iterator (starts workers) to answer
+            Watched.asked += 1
+            return super().state_dict()
+
+    idle = Watched(list(range(4)), batch_size=2)
+    kept = record(find_loaders({"test_loader": idle}))
+    assert Watched.asked == 0 and kept == {"states": {"test_loader": None}, "errors": {}}
+    assert put_back({"test_loader": Watched(list(range(4)), batch_size=2)}, {"world_size": 1, "ranks": {0: kept}}, 0, 1, 3) == ({}, [])
+
+
+def test_loaders_are_found_in_module_globals_and_in_what_a_generator_closes_over() -> None:
+    loader = loader_of(list(range(4)))
+
+    def make():
+        def batches():
+            yield from loader
+
+        return batches()
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.train_loader = loader_of(list(range(4)))
+
+    found = find_loaders({"batches": make()}, [("train", {"trainer": Trainer(), "plain": [1, 2]})])
+    assert list(found) == ["batches(loader)", "train.trainer.train_loader"]
+
+
+DDP_PROJECT = textwrap.dedent(
+    """
+    import time
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data.distributed import DistributedSampler
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+
+    epoch = 0  # a module global, so a snapshot keeps it and a resume puts it back (training_globals.py)
+
+
+    def batches(loader, sampler):
+        global epoch
+        while True:
+            sampler.set_epoch(epoch)  # the order of this epoch; the loader's place is where in it
+            yield from loader
+            epoch += 1
+
+
+    def setup(bench):
+        torch.manual_seed(0)
+        data = list(range(24))
+        sampler = DistributedSampler(data, shuffle=True, seed=3)
+        loader = StatefulDataLoader(data, batch_size=2, sampler=sampler)
+        model = DDP(torch.nn.Linear(1, 1))
+        return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "batches": batches(loader, sampler)}
+
+
+    def step(state, bench):
+        time.sleep(0.05)  # the test's pause lands a few steps in
+        batch = next(state["batches"])
+        loss = state["model"](batch.float()[:, None] / 24).pow(2).mean()
+        loss.backward()
+        state["opt"].step()
+        state["opt"].zero_grad()
+        bench.log(a=float(batch[0]), b=float(batch[1]))
+        return loss
+    """
+)
+
+
+def rank_batches(run: Headless) -> dict[int, dict[int, tuple[float, float]]]:
+    """Each rank's batches by step: rank 0's from its stream, rank 1's from its own event log."""
+    both = {}
+    for rank, events in ((0, run.events), (1, rank_log(run))):
+        steps = steps_of(events, rank)
+        both[rank] = {k: (e["scalars"]["a"], e["scalars"]["b"]) for k, e in steps.items() if "a" in e.get("scalars", {})}
+    return both
+
+
+def test_under_torchrun_each_rank_resumes_its_own_loader_from_rank_0s_snapshot(tmp_path: Path) -> None:
+    straight_folder = make_project(tmp_path, {"train.py": DDP_PROJECT}, folder="straight")
+    run = Headless(straight_folder / "train.py", "--nproc-per-node", "2", "--max-steps", "30")
+    try:
+        assert run.finish(timeout=120) == 0, run.explain()
+        straight = rank_batches(run)
+    finally:
+        run.close()
+    assert straight[0][5] != straight[1][5], "each rank reads its own share"
+
+    project = make_project(tmp_path, {"train.py": DDP_PROJECT}, folder="first")
+    first = Headless(project / "train.py", "--nproc-per-node", "2")
+    try:
+        first.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")
+        first.send("pause")
+        paused = first.wait_event("paused", timeout=30)
+        first.send("snapshot")
+        taken = first.wait_event("snapshot", timeout=30)
+        first.send("quit")
+        assert first.finish(timeout=60) == 0
+    finally:
+        first.close()
+    saved = torch.load(taken["path"], weights_only=True)["loader_places"]
+    assert saved["world_size"] == 2 and set(saved["ranks"]) == {0, 1}, saved
+    at = taken["step"]
+    assert at == paused["step"] and at <= 26, (paused, taken)
+
+    again = Headless(project / "train.py", "--nproc-per-node", "2", "--resume", taken["path"], "--max-steps", "30")
+    try:
+        resumed = again.wait_event("resume", timeout=90)
+        assert resumed["ok"] and resumed["notes"][1].startswith("batches(loader): given back the place"), resumed
+        assert resumed["notes"][0] == ("put back from the snapshot (module globals that training changed, not "
+                                       f"setup()): train.epoch = {(at - 1) // 6}"), resumed
+        assert not any("sets it again when it starts" in n for n in resumed["notes"]), "it reads it first"
+        assert again.finish(timeout=60) == 0, again.explain()
+        after = rank_batches(again)
+    finally:
+        again.close()
+    for rank in (0, 1):
+        assert after[rank] == {k: straight[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], straight[rank])
+
+
+SHARDED_PROJECT = DDP_PROJECT.replace(
+    "from torch.nn.parallel import DistributedDataParallel as DDP", "from torch.distributed.fsdp import fully_shard"
+).replace(
+    "    model = DDP(torch.nn.Linear(1, 1))", "    model = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Linear(4, 1))\n    fully_shard(model)"
+)
+assert "fully_shard(model)" in SHARDED_PROJECT
+
+
+def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own(tmp_path: Path) -> None:
+    straight_folder = make_project(tmp_path, {"train.py": SHARDED_PROJECT}, folder="straight")
+    run = Headless(straight_folder / "train.py", "--nproc-per-node", "2", "--max-steps", "30")
+    try:
+        assert run.finish(timeout=120) == 0, run.explain()
+        straight = rank_batches(run)
+    finally:
+        run.close()
+
+    project = make_project(tmp_path, {"train.py": SHARDED_PROJECT}, folder="first")
+    first = Headless(project / "train.py", "--nproc-per-node", "2")
+    try:
+        first.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")
+        first.send("pause")
+        first.wait_event("paused", timeout=30)
+        first.send("snapshot")
+        taken = first.wait_event("snapshot", timeout=30)
+        first.send("quit")
+        assert first.finish(timeout=60) == 0
+    finally:
+        first.close()
+    assert taken["path"].endswith(".dcp"), taken
+    at = taken["step"]
+    assert at <= 26, taken
+
+    again = Headless(project / "train.py", "--nproc-per-node", "2", "--resume", taken["path"], "--max-steps", "30")
+    try:
+        resumed = again.wait_event("resume", timeout=90)
+        assert resumed["ok"] and any(n.startswith("batches(loader): given back the place") for n in resumed["notes"]), resumed
+        assert again.finish(timeout=60) == 0, again.explain()
+        after = rank_batches(again)
+    finally:
+        again.close()
+    for rank in (0, 1):
+        assert after[rank] == {k: straight[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], straight[rank])
+
+    alone = Headless(project / "train.py", "--nproc-per-node", "1", "--resume", taken["path"], "--max-steps", str(at + 1))
+    try:
+        resumed = alone.wait_event("resume", timeout=90)
+        assert resumed["ok"] and any("the snapshot's loader places are for 2 ranks' shares of the data, and this run "
+                                     "has 1, so they start from their beginning" in n for n in resumed["notes"]), resumed
+        assert alone.finish(timeout=60) == 0, alone.explain()
+    finally:
+        alone.close()

@@ -1,0 +1,210 @@
+"""Where each stateful data loader was: kept in snapshots, put back at resume.
+
+A snapshot keeps no iterator's place (fresh_iterators.py says so at resume), but a loader that can say where it is
+can be given it back: torchdata's StatefulDataLoader, or any DataLoader with `state_dict()` and `load_state_dict()`.
+Its state holds how many batches it has handed out this epoch and its sampler's RNG (with workers, each worker's),
+and a fresh loader given it hands out next the batch the uninterrupted run would have. So a snapshot keeps each
+such loader's state, found where the models are (setup()'s state, module globals) and in the arguments of the
+generators there (`batches(loader)`, or a loader a generator defined in setup() closes over); under torchrun every
+rank's own, since each rank's loader reads its own shard of the data. A resume gives each fresh loader its state
+before the first step asks it for a batch; one that cannot take it (another number of ranks, a state the snapshot
+lacks, an iterator setup() already made from it) starts over, and the `resume` event says which and why.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from types import GeneratorType, ModuleType
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from workbench.engine.state_walk import Namespaces, children
+
+_MAX_DEPTH = 4
+_GLOBALS_DEPTH = 2  # a module global and two levels inside it (`trainer.loader`)
+SHARDED_KEY = "loader_places/rank{rank}"  # each rank's record in a sharded (DCP) snapshot: a key of its own
+
+
+def is_stateful_loader(obj: Any) -> bool:
+    return (isinstance(obj, DataLoader) and callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None)))
+
+
+def find_loaders(state: Any, namespaces: Namespaces = ()) -> dict[str, DataLoader]:
+    """Every stateful loader in the state and the project's module globals, each once, by a path that names it the
+    same way in the run that snapshots and the run that resumes (`batches(loader)`: the generator's argument)."""
+    found: dict[str, DataLoader] = {}
+    seen: set[int] = set()
+    for path, loader in _reachable(state, "", seen, 0):
+        found.setdefault(path, loader)
+    for module_name, namespace in namespaces:
+        for key, value in list(namespace.items()):
+            if not key.startswith("__") and not isinstance(value, (type, ModuleType)) and not callable(value):
+                for path, loader in _reachable(value, f"{module_name}.{key}", seen, _MAX_DEPTH - _GLOBALS_DEPTH):
+                    found.setdefault(path, loader)
+    return found
+
+
+def loaders_read_by(generator: GeneratorType) -> list[DataLoader]:
+    """The stateful loaders a generator was given (its arguments) or closes over."""
+    return [obj for _, obj in _generator_inputs(generator, "") if is_stateful_loader(obj)]
+
+
+def _reachable(obj: Any, path: str, seen: set[int], depth: int) -> Iterator[tuple[str, DataLoader]]:
+    if id(obj) in seen or depth > _MAX_DEPTH:
+        return
+    seen.add(id(obj))
+    if is_stateful_loader(obj):
+        yield path or "loader", obj
+        return
+    if isinstance(obj, (type, ModuleType, torch.Tensor, torch.nn.Module, torch.optim.Optimizer, DataLoader)):
+        return
+    if isinstance(obj, GeneratorType):
+        for child_path, child in _generator_inputs(obj, path):
+            yield from _reachable(child, child_path, seen, depth + 1)
+        return
+    for child_path, child in children(obj, path):
+        yield from _reachable(child, child_path, seen, depth + 1)
+
+
+def _generator_inputs(generator: GeneratorType, path: str) -> list[tuple[str, Any]]:
+    """A generator's arguments and the variables it closes over, by name: what it has before its first `next()`,
+    so a resumed run's fresh generator names its loader as the snapshotted one did (locals made inside it do not
+    exist yet at a resume: they are not looked at)."""
+    frame = generator.gi_frame
+    if frame is None:
+        return []
+    code = generator.gi_code
+    names = [*code.co_varnames[: code.co_argcount + code.co_kwonlyargcount], *code.co_freevars]
+    values = frame.f_locals
+    prefix = path or code.co_name
+    return [(f"{prefix}({name})", values[name]) for name in names if name in values]
+
+
+def _has_begun(loader: DataLoader) -> bool:
+    """Whether iter() was ever called on it. A StatefulDataLoader's `state_dict()` makes an iterator when there is
+    none (with workers, it starts them): a loader never iterated (a test loader) is not asked."""
+    return getattr(loader, "_iterator", True) is not None
+
+
+def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
+    """This rank's places: `states` by path (None: not begun, nothing to put back), and `errors` for a state that
+    could not be taken or is not plain data (a snapshot is read with weights_only=True: anything else would cost the
+    whole resume)."""
+    states: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for path, loader in loaders.items():
+        if not _has_begun(loader):
+            states[path] = None
+            continue
+        try:
+            state = loader.state_dict()
+            unpack(pack(state))
+        except Exception as exc:  # noqa: BLE001 - a loader or dataset whose state is not plain data
+            errors[path] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            continue
+        states[path] = state
+    return {"states": states, "errors": errors}
+
+
+def pack(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def unpack(raw: bytes) -> Any:
+    return torch.load(io.BytesIO(raw), weights_only=True)
+
+
+def places(records: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
+    """What a one-file snapshot keeps: each rank's record, and for how many ranks they were taken."""
+    return {"world_size": world_size, "ranks": records}
+
+
+def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank: int, world_size: int,
+             step: int) -> tuple[dict[int, str], list[str]]:
+    """Give each fresh loader its place from the snapshot. Returns the loaders given one (by id, their paths) and
+    the resume's notes: those that go on, and those that start over and why."""
+    if not loaders and not saved:
+        return {}, []
+    notes: list[str] = []
+    if saved is None:
+        return {}, [f"{_names(loaders)}: the snapshot keeps no loader's place (it was written before vram-bench kept "
+                    "them), so they start from their beginning"]
+    if saved.get("error"):
+        return {}, [f"{_names(loaders)}: the snapshot's loader places could not be read ({saved['error']}), so they "
+                    "start from their beginning"] if loaders else []
+    ranks = saved.get("ranks") or {}
+    mine = ranks.get(rank) if saved.get("world_size") == world_size else None
+    if saved.get("world_size") != world_size:
+        if loaders:
+            notes.append(f"{_names(loaders)}: the snapshot's loader places are for {saved.get('world_size')} ranks' "
+                         f"shares of the data, and this run has {world_size}, so they start from their beginning")
+        return {}, notes
+    if mine is None:
+        mine = {"states": {}, "errors": {}}
+    states: dict[str, Any] = mine.get("states") or {}
+    errors: dict[str, str] = mine.get("errors") or {}
+    placed: dict[int, str] = {}
+    for path, loader in loaders.items():
+        kind = type(loader).__name__
+        if path in errors:
+            notes.append(f"{path} ({kind}) starts from its beginning: its place could not be kept at step {step} "
+                         f"({errors[path]})")
+        elif path not in states:
+            notes.append(f"{path} ({kind}) starts from its beginning: the snapshot holds no place for it")
+        elif states[path] is None:
+            continue  # not begun at the snapshot's step: it starts at its beginning, as it would have
+        elif _has_begun(loader):
+            notes.append(f"{path} ({kind}) starts from its beginning: setup() already made an iterator of it, which "
+                         "the snapshot's place cannot go into; iterate the loader in a generator or in step() instead")
+        else:
+            try:
+                loader.load_state_dict(states[path])
+            except Exception as exc:  # noqa: BLE001 - a state that does not fit (another dataset, other workers)
+                notes.append(f"{path} ({kind}) starts from its beginning: the snapshot's place did not fit it "
+                             f"({type(exc).__name__}: {exc})")
+                continue
+            placed[id(loader)] = path
+    if placed:
+        notes.insert(0, f"{', '.join(placed.values())}: given back the place step {step} had left "
+                        f"{'them' if len(placed) > 1 else 'it'} at (state_dict()), so the batch after the snapshot's "
+                        "comes next")
+    unclaimed = sorted(path for path, state in states.items() if path not in loaders and state is not None)
+    if unclaimed:
+        notes.append(f"the snapshot holds the place of loader(s) setup() did not make: {', '.join(unclaimed)} (not used)")
+    return placed, notes
+
+
+def _names(loaders: dict[str, DataLoader]) -> str:
+    return ", ".join(f"{path} ({type(loader).__name__})" for path, loader in loaders.items())
+
+
+def carry_places(old_state: Any, new_state: Any) -> list[str]:
+    """For a rebuild: each loader setup() made again takes the place its old one had reached (the same path in the
+    old state), so the data goes on rather than starting its epoch over. The rebuild's notes."""
+    try:
+        old, new = find_loaders(old_state), find_loaders(new_state)
+    except Exception as exc:  # noqa: BLE001 - the rebuild stands; the data starting over is said
+        return [f"the data loaders' places were not carried over ({type(exc).__name__}: {exc})"]
+    carried: list[str] = []
+    notes: list[str] = []
+    for path, loader in new.items():
+        before = old.get(path)
+        if before is None or before is loader or not _has_begun(before) or _has_begun(loader):
+            continue
+        try:
+            loader.load_state_dict(before.state_dict())
+        except Exception as exc:  # noqa: BLE001 - another dataset or worker count: the new loader starts over
+            notes.append(f"{path} ({type(loader).__name__}) starts from its beginning: the old loader's place did not "
+                         f"fit the new one ({type(exc).__name__}: {exc})")
+            continue
+        carried.append(path)
+    if carried:
+        notes.insert(0, f"{', '.join(carried)}: carried over the place the old loader had reached, so the batch after "
+                        "the last step's comes next (a generator reading it starts over with its own variables)")
+    return notes
