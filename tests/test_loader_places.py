@@ -16,7 +16,7 @@ import torch
 from tests.conftest import is_event, make_project, open_session, snapshot_after
 from tests.test_distributed import rank_log, steps_of
 from tests.test_headless import Headless
-from workbench.engine.loader_places import find_loaders, put_back, record
+from workbench.engine.loader_places import find_loaders, loaders_read_by, put_back, record
 
 pytest.importorskip("torchdata.stateful_dataloader")
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
@@ -132,20 +132,47 @@ def test_what_cannot_take_its_place_is_named_with_why() -> None:
 
     made_iterator = loader_of(list(range(10)))
     iter(made_iterator)
-    placed, notes = put_back({"loader": made_iterator}, saved, 0, 1, 1)
-    assert placed == {} and notes == ["loader (StatefulDataLoader) starts from its beginning: setup() already made "
-                                      "an iterator of it, which the snapshot's place cannot go into; iterate the "
-                                      "loader in a generator or in step() instead"]
+    done = put_back({"loader": made_iterator}, saved, 0, 1, 1)
+    assert done.placed == {} and done.notes == [
+        "loader (StatefulDataLoader) starts from its beginning: setup() already made an iterator of it, which the "
+        "snapshot's place cannot go into; iterate the loader in a generator or in step() instead"]
 
-    placed, notes = put_back({"loader": loader_of(list(range(10)))}, saved, 1, 2, 1)
-    assert placed == {} and "are for 1 ranks' shares of the data, and this run has 2" in notes[0]
+    done = put_back({"loader": loader_of(list(range(10)))}, saved, 1, 2, 1)
+    assert done.placed == {} and "are for 1 ranks' shares of the data, and this run has 2" in done.notes[0]
 
-    placed, notes = put_back({"loader": loader_of(list(range(10)))}, None, 0, 1, 1)
-    assert "written before vram-bench kept them" in notes[0]
+    done = put_back({"loader": loader_of(list(range(10)))}, None, 0, 1, 1)
+    assert "written before vram-bench kept them" in done.notes[0]
 
-    placed, notes = put_back({"other": loader_of(list(range(10)))}, saved, 0, 1, 1)
-    assert notes == ["other (StatefulDataLoader) starts from its beginning: the snapshot holds no place for it",
-                     "the snapshot holds the place of loader(s) setup() did not make: loader (not used)"]
+    done = put_back({"other": loader_of(list(range(10)))}, saved, 0, 1, 1)
+    assert done.notes == ["other (StatefulDataLoader) starts from its beginning: the snapshot holds no place for it",
+                          "the snapshot holds the place of loader(s) setup() did not make: loader (not used)"]
+
+
+def test_a_sampler_epoch_that_started_over_is_named_after_the_first_resumed_step() -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    def loader_and_sampler() -> tuple[StatefulDataLoader, DistributedSampler]:
+        sampler = DistributedSampler(list(range(24)), num_replicas=2, rank=0, seed=3)
+        return StatefulDataLoader(list(range(24)), batch_size=2, sampler=sampler), sampler
+
+    trained, sampler = loader_and_sampler()
+    sampler.set_epoch(3)
+    iterator = iter(trained)
+    next(iterator), next(iterator)
+    saved = {"world_size": 2, "ranks": {0: record({"batches(loader)": trained})}}
+    assert saved["ranks"][0]["epochs"] == {"batches(loader)": 3}
+
+    fresh, fresh_sampler = loader_and_sampler()
+    done = put_back({"batches(loader)": fresh}, saved, 0, 2, 40)
+    assert list(done.placed.values()) == ["batches(loader)"] and done.epoch_check is not None
+    fresh_sampler.set_epoch(0)  # what imagenet's `for epoch in range(args.start_epoch, ...)` does at its start
+    assert done.epoch_check.after_step() == (
+        "after the resume, batches(loader)'s sampler is at epoch 0, where step 40 was in epoch 3: the loader went on "
+        "from its place, but in that epoch's order, so it reads other batches than the run would have. The code that "
+        "calls set_epoch() started its count over: keep the epoch in a module global it reads (`global epoch` ... "
+        "`epoch += 1`), which snapshots keep")
+    fresh_sampler.set_epoch(3)
+    assert done.epoch_check.after_step() is None
 
 
 def test_a_loader_never_iterated_is_not_asked_for_its_state_and_needs_no_place() -> None:
@@ -158,8 +185,9 @@ def test_a_loader_never_iterated_is_not_asked_for_its_state_and_needs_no_place()
 
     idle = Watched(list(range(4)), batch_size=2)
     kept = record(find_loaders({"test_loader": idle}))
-    assert Watched.asked == 0 and kept == {"states": {"test_loader": None}, "errors": {}}
-    assert put_back({"test_loader": Watched(list(range(4)), batch_size=2)}, {"world_size": 1, "ranks": {0: kept}}, 0, 1, 3) == ({}, [])
+    assert Watched.asked == 0 and kept == {"states": {"test_loader": None}, "errors": {}, "epochs": {}}
+    done = put_back({"test_loader": Watched(list(range(4)), batch_size=2)}, {"world_size": 1, "ranks": {0: kept}}, 0, 1, 3)
+    assert done.placed == {} and done.notes == []
 
 
 def test_loaders_are_found_in_module_globals_and_in_what_a_generator_closes_over() -> None:
@@ -177,6 +205,14 @@ def test_loaders_are_found_in_module_globals_and_in_what_a_generator_closes_over
 
     found = find_loaders({"batches": make()}, [("train", {"trainer": Trainer(), "plain": [1, 2]})])
     assert list(found) == ["batches(loader)", "train.trainer.train_loader"]
+
+    def epochs(state):  # pytorch/examples' imagenet, ported: the generator reads the loader from the state it is given
+        yield from state["train_loader"]
+
+    state = {"train_loader": loader}
+    state["batches"] = epochs(state)
+    assert loaders_read_by(state["batches"]) == [loader]
+    assert list(find_loaders(state)) == ["train_loader"]
 
 
 DDP_PROJECT = textwrap.dedent(

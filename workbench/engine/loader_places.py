@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from types import GeneratorType, ModuleType
 from typing import Any
 
@@ -25,6 +26,7 @@ from workbench.engine.state_walk import Namespaces, children
 
 _MAX_DEPTH = 4
 _GLOBALS_DEPTH = 2  # a module global and two levels inside it (`trainer.loader`)
+LOADER = "loader"  # the `where` of the warning after the first resumed step (in events.WARNINGS)
 SHARDED_KEY = "loader_places/rank{rank}"  # each rank's record in a sharded (DCP) snapshot: a key of its own
 
 
@@ -49,8 +51,10 @@ def find_loaders(state: Any, namespaces: Namespaces = ()) -> dict[str, DataLoade
 
 
 def loaders_read_by(generator: GeneratorType) -> list[DataLoader]:
-    """The stateful loaders a generator was given (its arguments) or closes over."""
-    return [obj for _, obj in _generator_inputs(generator, "") if is_stateful_loader(obj)]
+    """The stateful loaders a generator was given or closes over, or that what it was given holds (imagenet's
+    `epochs(state)` reads `state["train_loader"]`)."""
+    seen: set[int] = {id(generator)}
+    return [loader for path, value in _generator_inputs(generator, "") for _, loader in _reachable(value, path, seen, 1)]
 
 
 def _reachable(obj: Any, path: str, seen: set[int], depth: int) -> Iterator[tuple[str, DataLoader]]:
@@ -96,10 +100,14 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
     whole resume)."""
     states: dict[str, Any] = {}
     errors: dict[str, str] = {}
+    epochs: dict[str, int] = {}
     for path, loader in loaders.items():
         if not _has_begun(loader):
             states[path] = None
             continue
+        epoch = sampler_epoch(loader)
+        if epoch is not None:
+            epochs[path] = epoch
         try:
             state = loader.state_dict()
             unpack(pack(state))
@@ -107,7 +115,14 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
             errors[path] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             continue
         states[path] = state
-    return {"states": states, "errors": errors}
+    return {"states": states, "errors": errors, "epochs": epochs}
+
+
+def sampler_epoch(loader: DataLoader) -> int | None:
+    """The epoch a DistributedSampler (or any sampler with an int `epoch`) was last set to: it decides the order of
+    the data, and the loader's state says only where in that order it is."""
+    epoch = getattr(getattr(loader, "sampler", None), "epoch", None)
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 
 def pack(value: Any) -> bytes:
@@ -125,31 +140,63 @@ def places(records: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any
     return {"world_size": world_size, "ranks": records}
 
 
+@dataclass
+class EpochCheck:
+    """After the first resumed step: a loader given back its place whose sampler's epoch is not the snapshot's goes
+    on from the right place in another epoch's order (the generator's own epoch count started over). Said then."""
+
+    expected: list[tuple[str, DataLoader, int]]  # (path, loader, the sampler's epoch at the snapshot)
+    step: int  # the snapshot's step
+
+    def after_step(self) -> str | None:
+        wrong = [(path, now, then) for path, loader, then in self.expected
+                 if (now := sampler_epoch(loader)) is not None and now != then]
+        if not wrong:
+            return None
+        shown = "; ".join(f"{path}'s sampler is at epoch {now}, where step {self.step} was in epoch {then}"
+                          for path, now, then in wrong)
+        return (f"after the resume, {shown}: the loader went on from its place, but in that epoch's order, so it reads "
+                "other batches than the run would have. The code that calls set_epoch() started its count over: keep "
+                "the epoch in a module global it reads (`global epoch` ... `epoch += 1`), which snapshots keep")
+
+
+@dataclass
+class PutBack:
+    """What a resume did with the loaders: those given their place (by id, their paths), the notes, and the check
+    of their samplers' epochs after the first step."""
+
+    placed: dict[int, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    epoch_check: EpochCheck | None = None
+
+
 def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank: int, world_size: int,
-             step: int) -> tuple[dict[int, str], list[str]]:
-    """Give each fresh loader its place from the snapshot. Returns the loaders given one (by id, their paths) and
-    the resume's notes: those that go on, and those that start over and why."""
+             step: int) -> PutBack:
+    """Give each fresh loader its place from the snapshot: which ones, and the resume's notes (those that go on,
+    and those that start over and why)."""
     if not loaders and not saved:
-        return {}, []
+        return PutBack()
     notes: list[str] = []
     if saved is None:
-        return {}, [f"{_names(loaders)}: the snapshot keeps no loader's place (it was written before vram-bench kept "
-                    "them), so they start from their beginning"]
+        return PutBack(notes=[f"{_names(loaders)}: the snapshot keeps no loader's place (it was written before "
+                              "vram-bench kept them), so they start from their beginning"])
     if saved.get("error"):
-        return {}, [f"{_names(loaders)}: the snapshot's loader places could not be read ({saved['error']}), so they "
-                    "start from their beginning"] if loaders else []
+        return PutBack(notes=[f"{_names(loaders)}: the snapshot's loader places could not be read ({saved['error']}), "
+                              "so they start from their beginning"] if loaders else [])
     ranks = saved.get("ranks") or {}
     mine = ranks.get(rank) if saved.get("world_size") == world_size else None
     if saved.get("world_size") != world_size:
         if loaders:
             notes.append(f"{_names(loaders)}: the snapshot's loader places are for {saved.get('world_size')} ranks' "
                          f"shares of the data, and this run has {world_size}, so they start from their beginning")
-        return {}, notes
+        return PutBack(notes=notes)
     if mine is None:
         mine = {"states": {}, "errors": {}}
     states: dict[str, Any] = mine.get("states") or {}
     errors: dict[str, str] = mine.get("errors") or {}
+    epochs: dict[str, int] = mine.get("epochs") or {}
     placed: dict[int, str] = {}
+    expected: list[tuple[str, DataLoader, int]] = []
     for path, loader in loaders.items():
         kind = type(loader).__name__
         if path in errors:
@@ -170,6 +217,8 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
                              f"({type(exc).__name__}: {exc})")
                 continue
             placed[id(loader)] = path
+            if path in epochs:
+                expected.append((path, loader, int(epochs[path])))
     if placed:
         notes.insert(0, f"{', '.join(placed.values())}: given back the place step {step} had left "
                         f"{'them' if len(placed) > 1 else 'it'} at (state_dict()), so the batch after the snapshot's "
@@ -177,7 +226,7 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     unclaimed = sorted(path for path, state in states.items() if path not in loaders and state is not None)
     if unclaimed:
         notes.append(f"the snapshot holds the place of loader(s) setup() did not make: {', '.join(unclaimed)} (not used)")
-    return placed, notes
+    return PutBack(placed, notes, EpochCheck(expected, step) if expected else None)
 
 
 def _names(loaders: dict[str, DataLoader]) -> str:

@@ -40,7 +40,8 @@ from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.fresh_iterators import fresh_iterator_notes
-from workbench.engine.loader_places import find_loaders, places, put_back as put_back_places, record as loader_record
+from workbench.engine.loader_places import LOADER, EpochCheck, PutBack, find_loaders, places, record as loader_record
+from workbench.engine.loader_places import put_back as put_back_places
 from workbench.engine.loader_places import pack as pack_places, unpack as unpack_places
 from workbench.engine.generator_end import ended_by_error, ended_sentence, generators_ended
 from workbench.engine.dispatch import dispatch
@@ -215,6 +216,7 @@ class TrainingWorker(threading.Thread):
         self._held: dict[Path, ChangeSet] = {}
         # After a resume: optimizer states the snapshot has and setup() made no optimizer for (step() makes them).
         self._pending_optimizers: PendingOptimizers | None = None
+        self._epoch_check: EpochCheck | None = None  # after the first resumed step: the loaders' sampler epochs
         self._state_built_at = 0  # the code version live when setup() last built the state (start, or a rebuild)
         self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
         self.lockstep: Lockstep | None = None  # under torchrun: every rank runs the same commands at the same boundary
@@ -442,13 +444,14 @@ class TrainingWorker(threading.Thread):
         notes += ((f"not put back: {', '.join(left)}",) if left else ())
         rank, world_size = (self.lockstep.rank, self.lockstep.world_size) if self.lockstep is not None else (0, 1)
         try:
-            placed, loader_notes = put_back_places(find_loaders(self.user_state, self._namespaces()), saved_places,
-                                                   rank, world_size, self.step)
+            loaders = put_back_places(find_loaders(self.user_state, self._namespaces()), saved_places, rank, world_size,
+                                      self.step)
         except Exception as exc:  # noqa: BLE001 - the data starting over must not cost the resume
-            placed, loader_notes = {}, [f"the data loaders' places were not put back ({type(exc).__name__}: {exc})"]
+            loaders = PutBack(notes=[f"the data loaders' places were not put back ({type(exc).__name__}: {exc})"])
+        self._epoch_check = loaders.epoch_check
         names = [entry.split(" = ", 1)[0] for entry in done]
-        return (notes + tuple(loader_notes)
-                + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative, placed))
+        return (notes + tuple(loaders.notes)
+                + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative, loaders.placed))
 
     def _resume_failed(self, event: ResumeLoaded) -> None:
         """Nothing was loaded: said; headless ends (exit 2), the app pauses on what setup() built."""
@@ -556,6 +559,10 @@ class TrainingWorker(threading.Thread):
             checks.append((loss, record.step))
         if self._pending_optimizers is not None:
             self._load_pending_optimizers()
+        if self._epoch_check is not None:
+            check, self._epoch_check = self._epoch_check, None
+            if (sentence := check.after_step()) is not None:
+                self.bus.publish(Error(where=LOADER, message=sentence))
         if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
             self.bus.publish(warning)
         if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
