@@ -1164,3 +1164,26 @@ def test_fsdp1_state_is_snapshotted_by_every_rank_and_resumed_exactly_and_a_rebu
     finally:
         again.close()
     assert steps_of(again.events, 0)[taken["step"] + 1]["scalars"]["before"] == pytest.approx(snapped, rel=1e-12)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["ddp", "fsdp2"])
+def test_a_time_limit_under_torchrun_ends_every_rank_at_one_boundary_after_the_final_snapshot(tmp_path: Path, sharded: bool):
+    # Each rank used to check the limit on its own and end at its own turn: rank 0 wrote a sharded snapshot alone (a
+    # collective the other ranks never joined) and the ranks' last exchanges paired with the wrong calls.
+    source = (FSDP_PROJECT if sharded else PROJECT).replace("def step(state, bench):\n",
+                                                            "def step(state, bench):\n    __import__('time').sleep(0.02)\n")
+    run = Headless(project_folder(tmp_path, source) / "train.py", "--nproc-per-node", "2", "--time-limit", "16s")
+    try:
+        assert run.finish(timeout=60) == 0, run.explain()
+    finally:
+        run.close()
+    said = [e for e in run.events if e["event"] == "error" and e["where"] == "time limit"]
+    assert len(said) == 1 and "writing it and exiting" in said[0]["message"], said
+    final = [e for e in run.events if e["event"] == "snapshot" and e["reason"] == "final"]
+    assert len(final) == 1, run.explain()
+    assert Path(final[0]["path"]).suffix == (".dcp" if sharded else ".pt")
+    if sharded:
+        assert len(list(Path(final[0]["path"]).glob("*.distcp"))) == 2, "every rank wrote its shard"
+    assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "time limit", run.events[-1]
+    ranks_exit = [e for e in rank_log(run) if e["event"] == "exit"]
+    assert ranks_exit and ranks_exit[-1]["reason"] == "time limit" and ranks_exit[-1]["step"] == run.events[-1]["step"], ranks_exit

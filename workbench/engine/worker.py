@@ -58,6 +58,7 @@ from workbench.protocol.events import (
     MemorySnapshotTaken,
     Paused,
     Profile,
+    Quit,
     Resumed,
     ResumeLoaded,
     Setup,
@@ -217,6 +218,7 @@ class TrainingWorker(threading.Thread):
         # After a resume: optimizer states the snapshot has and setup() made no optimizer for (step() makes them).
         self._pending_optimizers: PendingOptimizers | None = None
         self._epoch_check: EpochCheck | None = None  # after the first resumed step: the loaders' sampler epochs
+        self._time_limit_said = False  # under torchrun: rank 0 has asked every rank to quit for the time limit
         self._state_built_at = 0  # the code version live when setup() last built the state (start, or a rebuild)
         self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
         self.lockstep: Lockstep | None = None  # under torchrun: every rank runs the same commands at the same boundary
@@ -850,14 +852,23 @@ class TrainingWorker(threading.Thread):
 
     def _check_time_limit(self) -> None:
         """Between steps (and while paused): once the time left is about what a snapshot takes, write the final
-        one and exit, before the scheduler's SIGKILL can cost the run its progress."""
+        one and exit, before the scheduler's SIGKILL can cost the run its progress. Under torchrun rank 0 alone
+        decides, and its quit crosses to every rank: each rank deciding at its own turn wrote a sharded snapshot on
+        rank 0 alone (a collective the others never joined) and ended the ranks at different boundaries."""
         assert self.time_limit is not None
+        together = self.lockstep is not None and self.lockstep.world_size > 1
+        if together and (self.lockstep.rank != 0 or self._time_limit_said):  # type: ignore[union-attr]
+            return
         slowest = max(self.step_ms_history, default=0.0) / 1000
         if self.user_state is None or not self.time_limit.snapshot_due(self._snapshot_seconds, self._state_bytes(), slowest):
             return
         left = max(self.time_limit.remaining(), 0.0)
         self.bus.publish(Error(where="time limit", message=f"{self.time_limit.source}: {left:.0f} s left, about what the "
                                "final snapshot needs: writing it and exiting"))
+        if together:
+            self._time_limit_said = True
+            self.commands.put(Quit(final_snapshot=True, reason="time limit"))  # every rank at one boundary, soon
+            return
         self._final_snapshot()
         self._quit = True
         self._end_for("time limit")
@@ -866,7 +877,7 @@ class TrainingWorker(threading.Thread):
         """The exit's reason (unless the final snapshot failed, which the exit must say), and the requeue."""
         if self.exit_reason != "final snapshot failed":
             self.exit_reason = reason
-        if self.requeue:
+        if self.requeue and (self.lockstep is None or self.lockstep.rank == 0):  # the job is requeued once, not per rank
             done, sentence = requeue_job()
             self.bus.publish(Error(where="requeued" if done else "requeue", message=sentence))  # a warning / an error
 
