@@ -1187,3 +1187,27 @@ def test_a_time_limit_under_torchrun_ends_every_rank_at_one_boundary_after_the_f
     assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "time limit", run.events[-1]
     ranks_exit = [e for e in rank_log(run) if e["event"] == "exit"]
     assert ranks_exit and ranks_exit[-1]["reason"] == "time limit" and ranks_exit[-1]["step"] == run.events[-1]["step"], ranks_exit
+
+
+def test_the_requeue_signal_to_the_launcher_reaches_every_rank_and_the_job_is_requeued_once(tmp_path: Path, monkeypatch):
+    # torchrun forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT only: SIGUSR1 (Slurm's `--signal=B:USR1@120`, sent to the
+    # batch shell's process, the launcher) killed the launcher, and the ranks ended as for a lost launcher (exit 1).
+    import signal
+
+    from tests.test_time_limits import fake_scheduler
+
+    env, calls = fake_scheduler(tmp_path)
+    for key in ("PATH", "SLURM_JOB_ID", "SLURM_JOB_END_TIME"):
+        monkeypatch.setenv(key, env[key])
+    source = PROJECT.replace("def step(state, bench):\n", "def step(state, bench):\n    __import__('time').sleep(0.02)\n")
+    run = Headless(project_folder(tmp_path, source) / "train.py", "--nproc-per-node", "2", "--requeue")
+    try:
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=90, what="step 5")
+        run.proc.send_signal(signal.SIGUSR1)
+        assert run.finish(timeout=60) == 0, run.explain()
+    finally:
+        run.close()
+    assert [e["reason"] for e in run.events if e["event"] == "snapshot"] == ["final"], run.explain()
+    assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "requeue signal", run.events[-1]
+    assert [e["reason"] for e in rank_log(run) if e["event"] == "exit"] == ["requeue signal"]
+    assert calls.read_text().split() == ["requeue", "4242"], "the job is requeued once, by rank 0"

@@ -72,6 +72,7 @@ def launch_ranks(args: argparse.Namespace) -> int:
 
     if args.max_restarts > 0:
         os.environ.setdefault(*UNSHARED_STORE)
+    forward_requeue_signal(args.requeue_signal)
     try:
         torchrun(torchrun_argv(args))
     except ChildFailedError as exc:
@@ -81,6 +82,26 @@ def launch_ranks(args: argparse.Namespace) -> int:
         print(f"vram-bench: {exc.sigval.name} forwarded to every rank; each stopped after its final snapshot", file=sys.stderr)
         return 0
     return 0
+
+
+def forward_requeue_signal(name: str) -> None:
+    """The requeue signal (`--requeue-signal`, SIGUSR1 by default: a batch scheduler's "time is nearly up", which
+    Slurm's `--signal=B:USR1@120` sends to the batch shell's process, this launcher) is passed on to every rank, which
+    then writes its final snapshot and ends with the rest at one boundary, as for one process. torchrun forwards
+    SIGTERM, SIGINT, SIGHUP and SIGQUIT only: SIGUSR1's default action killed the launcher, and its ranks ended as
+    for a lost launcher (exit 1, no requeue)."""
+    import signal
+
+    import psutil
+
+    def forward(signum: int, frame: object) -> None:
+        for child in psutil.Process().children():
+            try:
+                child.send_signal(signum)
+            except psutil.Error:
+                pass  # a rank ending by itself just now
+
+    signal.signal(getattr(signal, f"SIG{name}"), forward)
 
 
 def job_status(failures: dict[int, object]) -> int:
