@@ -1211,3 +1211,57 @@ def test_the_requeue_signal_to_the_launcher_reaches_every_rank_and_the_job_is_re
     assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "requeue signal", run.events[-1]
     assert [e["reason"] for e in rank_log(run) if e["event"] == "exit"] == ["requeue signal"]
     assert calls.read_text().split() == ["requeue", "4242"], "the job is requeued once, by rank 0"
+
+
+ENDED_GENERATOR_PROJECT = textwrap.dedent(
+    """
+    import time
+
+    import torch
+
+    FAIL = True
+
+
+    def check(bench):
+        if FAIL and bench.rank == 1:
+            raise ValueError("rank 1's end-of-epoch check failed")
+
+
+    def epochs(bench):
+        while True:
+            for i in range(4):
+                yield i
+            check(bench)
+
+
+    def setup(bench):
+        return {"model": torch.nn.Linear(1, 1), "batches": epochs(bench)}
+
+
+    def step(state, bench):
+        time.sleep(0.02)
+        bench.log(i=float(next(state["batches"])))
+        return 0.0
+    """
+)
+
+
+def test_an_error_that_ends_a_generator_on_rank_1_pauses_both_and_the_fix_rebuilds_both(tmp_path: Path):
+    project = project_folder(tmp_path, ENDED_GENERATOR_PROJECT)
+    run = Headless(project / "train.py", "--nproc-per-node", "2")
+    try:
+        failed = run.wait_for(lambda e: e["event"] == "error" and e["where"] == "step", timeout=90, what="the step error")
+        assert failed["message"].startswith("rank 1: step() raised ValueError"), failed
+        assert "so saving a fix (or resuming) rebuilds first" in failed["message"], failed
+        save(project / "train.py", "FAIL = True", "FAIL = False")
+        said = run.wait_for(lambda e: e["event"] == "error" and e["where"] == "recovery", timeout=60, what="recovery")
+        assert said["message"].startswith("step 5's ValueError ended state['batches']") and "on every rank" in said["message"], said
+        assert run.wait_event("rebuild", timeout=60)["ok"]
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 9, timeout=60, what="step 9")
+        run.send("quit")
+        assert run.finish(timeout=60) == 0, run.explain()
+    finally:
+        run.close()
+    assert not [e for e in run.events if e["event"] == "paused" and e["reason"] == "data exhausted"]
+    ones = steps_of(rank_log(run), 1)
+    assert [ones[k]["scalars"]["i"] for k in range(5, 9)] == [0.0, 1.0, 2.0, 3.0], "rank 1 reads a new generator"

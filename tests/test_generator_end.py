@@ -39,7 +39,7 @@ def step(state, bench):
 """
 
 
-def test_an_error_that_ends_a_generator_says_so_and_so_does_the_end_a_fix_then_meets(start_session) -> None:
+def test_an_error_that_ends_the_states_generator_says_so_and_the_fix_rebuilds_before_training_goes_on(start_session) -> None:
     failing = PROJECT_PY.replace("FAIL = False", "FAIL = True")
     live = start_session({"train.py": failing}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
@@ -49,23 +49,43 @@ def test_an_error_that_ends_a_generator_says_so_and_so_does_the_end_a_fix_then_m
     live.send(StepOnce())
     failed = live.wait_for(is_event("error", where="step"))
     assert failed.message.startswith("step() raised ValueError: check failed"), failed.message
-    assert "went up through the generator epochs() (train.py:15)" in failed.message, failed.message
+    assert ("went up through the generator epochs() (train.py:15), and an exception that leaves a generator ends it: "
+            "so saving a fix (or resuming) rebuilds first") in failed.message, failed.message
+    live.wait_for(is_event("paused", reason="error"))
+
+    # Before: the fix resumed, and the next step met the ended generator's StopIteration ("data exhausted").
+    save(live.entry, failing.replace('raise ValueError("check failed")', "return None"))
+    said = live.wait_for(is_event("error", where="recovery"))
+    assert said.message == ("step 3's ValueError ended state['batches'], which step() reads (reading it again could "
+                            "only raise StopIteration): rebuilding before training goes on"), said.message
+    assert live.wait_for(is_event("rebuild")).ok
+    live.wait_for(is_event("resumed", reason="rebuild"))
+    assert live.wait_for(is_event("step", step=3)).scalars["i"] == 0.0, "a new generator, from its first item"
+    assert "data exhausted" not in [p.reason for p in live.events.of("paused")], "no pause for the data's end"
+
+
+def test_a_generator_only_a_module_global_holds_is_said_to_have_ended_when_its_end_is_met(start_session) -> None:
+    # A rebuild would not make it again (setup() does not): the fix resumes, and the StopIteration says why.
+    failing = PROJECT_PY.replace("FAIL = False", "FAIL = True").replace(
+        '    return {"model": torch.nn.Linear(1, 1), "batches": epochs()}',
+        '    return {"model": torch.nn.Linear(1, 1)}\n\n\nBATCHES = epochs()').replace(
+        'next(state["batches"])', "next(BATCHES)")
+    live = start_session({"train.py": failing}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for step in (1, 2):
+        live.send(StepOnce())
+        live.wait_for(is_event("step", step=step))
+    live.send(StepOnce())
+    failed = live.wait_for(is_event("error", where="step"))
     assert "after a fix, reading it raises StopIteration. R (command `rebuild`) makes it again" in failed.message
     live.wait_for(is_event("paused", reason="error"))
 
     save(live.entry, failing.replace('raise ValueError("check failed")', "return None"))
     live.wait_for(is_event("resumed", reason="reload"))
     ended = live.wait_for(is_event("error", where="data"))
-    assert ended.message.startswith(
-        "the iterator ended in step 3: StopIteration at train.py:23 (`return {\"loss\": 0.0, \"i\": float(next(state"
-    ), ended.message
     assert ("not because its data ran out: step 3's ValueError went up through the generator epochs() (train.py:15) "
             "and ended it") in ended.message, ended.message
     live.wait_for(is_event("paused", reason="data exhausted"))
-
-    live.send(Rebuild())
-    live.wait_for(is_event("resumed", reason="rebuild"))
-    assert live.wait_for(is_event("step", step=3)).scalars["i"] == 0.0, "a new generator, from its first item"
 
 
 def test_only_the_projects_generators_are_named() -> None:

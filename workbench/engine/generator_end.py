@@ -5,9 +5,10 @@ yield batch`), and what runs between epochs (an `evaluate()` over the validation
 it. An exception raised there goes up through the generator's frame, and a generator that an exception leaves is
 finished for good. The step pauses; the user saves a fix; the session resumes, and the next `next()` raises
 StopIteration, which read as "the data ran out" (found porting pytorch/examples' word_language_model, whose
-epoch-end evaluate() called a function a rename had removed). So the step's error names the generators it ended
-and says that a fix alone meets their end and R makes them again; the StopIteration that follows says why they
-have no more items.
+epoch-end evaluate() called a function a rename had removed). So the step's error names the generators it ended.
+One that setup()'s state holds leaves the state unable to train on as it is: the fix (or a resume) rebuilds first,
+as for a dead process group under torchrun, so the session never resumes into a certain StopIteration. For one only a
+module global holds (a rebuild does not make it again), the StopIteration that follows says why it has no more items.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
-from types import TracebackType
+from types import CodeType, GeneratorType, TracebackType
+from typing import Any
+
+from workbench.engine.state_walk import top_values
 
 _GENERATOR = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 
@@ -36,12 +40,29 @@ def generators_ended(exc: BaseException, in_project: Callable[[str], str | None]
     return found
 
 
-def ended_sentence(generators: list[str]) -> str:
-    """Added to the failed step's message."""
+def ended_sentence(generators: list[str], in_state: bool) -> str:
+    """Added to the failed step's message. `in_state`: one of them is in setup()'s state, which a rebuild makes
+    again, so the fix (or a resume) rebuilds first."""
     which = " and ".join(generators)
-    return (f" The error went up through the generator {which}, and an exception that leaves a generator ends it: "
+    then = ("so saving a fix (or resuming) rebuilds first: setup() runs again and makes it anew, with the trained "
+            "weights and optimizer state carried over (a stateful data loader goes on from its place)" if in_state else
             "after a fix, reading it raises StopIteration. R (command `rebuild`) makes it again (setup() runs, the "
-            "trained weights are carried over).")
+            "trained weights are carried over)")
+    return f" The error went up through the generator {which}, and an exception that leaves a generator ends it: {then}."
+
+
+def ended_in_state(exc: BaseException, state: Any) -> list[str]:
+    """The generators in setup()'s state that this exception ended (it went up through their frames, and they are
+    closed now), by the label the user's code reaches them by: `state['batches']`. Reading one again can only raise
+    StopIteration, and a rebuild makes it again; a generator a step makes and drops does not count."""
+    codes: set[CodeType] = set()
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        codes.add(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    return [label for label, value in top_values(state)
+            if isinstance(value, GeneratorType) and value.gi_code in codes
+            and inspect.getgeneratorstate(value) == inspect.GEN_CLOSED]
 
 
 def ended_by_error(generators: list[str], step: int, error: str) -> str:

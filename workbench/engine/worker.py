@@ -43,7 +43,7 @@ from workbench.engine.fresh_iterators import fresh_iterator_notes
 from workbench.engine.loader_places import LOADER, EpochCheck, PutBack, find_loaders, places, record as loader_record
 from workbench.engine.loader_places import put_back as put_back_places
 from workbench.engine.loader_places import pack as pack_places, unpack as unpack_places
-from workbench.engine.generator_end import ended_by_error, ended_sentence, generators_ended
+from workbench.engine.generator_end import ended_by_error, ended_in_state, ended_sentence, generators_ended
 from workbench.engine.dispatch import dispatch
 from workbench.errors import UserError
 from workbench.engine.eval_mode import EvalModeWatch
@@ -237,7 +237,7 @@ class TrainingWorker(threading.Thread):
         self.exit_after_evaluation = False
         self.setup_rebinds = SetupRebinds()  # globals setup() re-bound: a rebuild's setup() reads what it found
         self.training_globals = TrainingGlobals()  # counters step() keeps in globals: snapshots hold them
-        self.broken: Broken | None = None  # under torchrun: the state must be rebuilt (maybe on new groups) to go on
+        self.broken: Broken | None = None  # the state must be rebuilt (under torchrun maybe on new groups) to go on
         self._lost = False  # under torchrun: another rank is gone, so no collective can complete
         self._left_alone = False  # under torchrun: this rank left the loop on an internal error, out of step
 
@@ -683,10 +683,14 @@ class TrainingWorker(threading.Thread):
                        "last whole one "
                        f"({type(exc).__name__}: {exc})")
         ended = [] if isinstance(exc, StopIteration) else generators_ended(exc, self._project_relative)
+        in_state = ended_in_state(exc, self.user_state) if ended else []
         if ended:
-            message += ended_sentence(ended)
+            message += ended_sentence(ended, bool(in_state))
             self._ended_generators = (ended, self.step + 1, type(exc).__name__)
         broken: str | None = None
+        if in_state:
+            broken = (f"step {self.step + 1}'s {type(exc).__name__} ended {' and '.join(in_state)}, which step() reads "
+                      "(reading it again could only raise StopIteration)")
         renew = False
         if self.lockstep is not None:
             if is_dead_group_error(exc):
@@ -1000,16 +1004,20 @@ class TrainingWorker(threading.Thread):
                 self._resume("reload")
 
     def _recover(self) -> None:
-        """Under torchrun, on every rank at the same boundary: new groups if the old died, then a rebuild (which resumes).
+        """On every rank at the same boundary under torchrun: new groups if the old died, then a rebuild (which resumes).
 
-        A dead training group cannot be repaired and a DDP wrapper whose reducer failed refuses every step, so the
-        state is built again by setup() on every rank, weights and optimizer state carried over."""
-        assert self.lockstep is not None and self.broken is not None
+        A dead training group cannot be repaired, a DDP wrapper whose reducer failed refuses every step, and a
+        generator in the state that an error ended has no more items (also in one process), so the state is built
+        again by setup() on every rank, weights and optimizer state carried over."""
+        assert self.broken is not None
         broken, self.broken = self.broken, None
-        if self.lockstep.rank == 0:
-            self.bus.publish(Error(where="recovery", message=f"{broken.reason}: rebuilding on every rank before training goes on"
+        main = self.lockstep is None or self.lockstep.rank == 0
+        if main:
+            everywhere = " on every rank" if self.lockstep is not None else ""
+            self.bus.publish(Error(where="recovery", message=f"{broken.reason}: rebuilding{everywhere} before training goes on"
                                    + (" (the process groups are made again first)" if broken.renew_group else "")))
         if broken.renew_group:
+            assert self.lockstep is not None
             try:
                 self.lockstep.renew_groups()
             except Exception as exc:  # noqa: BLE001 - then nothing can train: say so, stay paused
@@ -1020,10 +1028,13 @@ class TrainingWorker(threading.Thread):
         dispatch(self, Rebuild())
         if self.state is RunState.PAUSED:
             self.broken = Broken(broken.reason)  # the rebuild failed: the next fix tries again (the groups are new now)
-            if self.lockstep.rank == 0:
-                self.bus.publish(Error(where="rebuild", message=f"every rank stays paused: {broken.reason}, so the old "
+            if main:
+                who = "every rank stays" if self.lockstep is not None else "training stays"
+                self.bus.publish(Error(where="rebuild", message=f"{who} paused: {broken.reason}, so the old "
                                        "state cannot train. Fix what the rebuild's error names and save (the rebuild "
                                        "runs again), or roll back (command `rollback`)"))
+            return
+        if self.lockstep is None:
             return
         # The failed step may have left the replicas apart (gradients never reduced): rank 0's copy goes to every rank.
         sent = broadcast_replicated_state(self.user_state, self._namespaces())

@@ -138,6 +138,8 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     notes.extend(carry_places(worker.user_state, new_state))  # before the old loaders are shut down
     notes.extend(release_iterators(worker.user_state, new_state))
     worker.user_state = new_state
+    if worker.broken is not None and not worker.broken.renew_group:
+        worker.broken = None  # a new state: what the old one could not do (an ended generator, a DDP reducer) is gone
     worker._state_built_at = worker.reloader.version
     for version, module, names in bound_by_held:
         worker.setup_rebinds.saved(version, module, names)
