@@ -43,11 +43,7 @@ def test_an_error_that_ends_the_states_generator_says_so_and_the_fix_rebuilds_be
     failing = PROJECT_PY.replace("FAIL = False", "FAIL = True")
     live = start_session({"train.py": failing}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
-    for step in (1, 2):
-        live.send(StepOnce())
-        live.wait_for(is_event("step", step=step))
-    live.send(StepOnce())
-    failed = live.wait_for(is_event("error", where="step"))
+    failed = _step_into_error(live, (1, 2))
     assert failed.message.startswith("step() raised ValueError: check failed"), failed.message
     assert ("went up through the generator epochs() (train.py:15), and an exception that leaves a generator ends it: "
             "so saving a fix (or resuming) rebuilds first") in failed.message, failed.message
@@ -72,11 +68,7 @@ def test_a_generator_only_a_module_global_holds_is_said_to_have_ended_when_its_e
         'next(state["batches"])', "next(BATCHES)")
     live = start_session({"train.py": failing}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
-    for step in (1, 2):
-        live.send(StepOnce())
-        live.wait_for(is_event("step", step=step))
-    live.send(StepOnce())
-    failed = live.wait_for(is_event("error", where="step"))
+    failed = _step_into_error(live, (1, 2))
     assert "after a fix, reading it raises StopIteration. R (command `rebuild`) makes it again" in failed.message
     live.wait_for(is_event("paused", reason="error"))
 
@@ -123,13 +115,18 @@ def test_a_traceback_through_a_generator_running_replaced_code_shows_that_codes_
     assert any(line.strip() == 'raise ValueError("check failed")' for line in shown), "current code: the file's line"
 
 
-def _failing_frame(live, steps: tuple[int, ...], frame: str) -> tuple[list[str], int]:  # type: ignore[no-untyped-def]
-    """Run the good `steps`, then one more into the step's error: its traceback's lines, and where `frame` is."""
+def _step_into_error(live, steps: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """Run the good `steps` one by one, then one more into the step's error: its `error` event."""
     for step in steps:
         live.send(StepOnce())
         live.wait_for(is_event("step", step=step))
     live.send(StepOnce())
-    shown = live.wait_for(is_event("error", where="step")).traceback.splitlines()
+    return live.wait_for(is_event("error", where="step"))
+
+
+def _failing_frame(live, steps: tuple[int, ...], frame: str) -> tuple[list[str], int]:  # type: ignore[no-untyped-def]
+    """Run the good `steps`, then one more into the step's error: its traceback's lines, and where `frame` is."""
+    shown = _step_into_error(live, steps).traceback.splitlines()
     return shown, next(i for i, line in enumerate(shown) if frame in line)
 
 

@@ -267,17 +267,22 @@ def rank_batches(run: Headless) -> dict[int, dict[int, tuple[float, float]]]:
     return both
 
 
-def test_under_torchrun_each_rank_resumes_its_own_loader_from_rank_0s_snapshot(tmp_path: Path) -> None:
-    straight_folder = make_project(tmp_path, {"train.py": DDP_PROJECT}, folder="straight")
-    run = Headless(straight_folder / "train.py", "--nproc-per-node", "2", "--max-steps", "30")
+def two_rank_batches(tmp_path: Path, source: str, *args: str, folder: str) -> tuple[dict[int, dict[int, tuple[float, float]]], Headless]:
+    """Run `source` on 2 ranks to its end (`args`: --max-steps, --resume): each rank's batches, and the run."""
+    project = tmp_path / folder
+    if not project.exists():
+        make_project(tmp_path, {"train.py": source}, folder=folder)
+    run = Headless(project / "train.py", "--nproc-per-node", "2", *args)
     try:
         assert run.finish(timeout=120) == 0, run.explain()
-        straight = rank_batches(run)
+        return rank_batches(run), run
     finally:
         run.close()
-    assert straight[0][5] != straight[1][5], "each rank reads its own share"
 
-    project = make_project(tmp_path, {"train.py": DDP_PROJECT}, folder="first")
+
+def snapshot_a_few_steps_in(tmp_path: Path, source: str) -> dict[str, Any]:
+    """Start `source` on 2 ranks in tmp_path/first, pause a few steps in, snapshot, quit: the snapshot event."""
+    project = make_project(tmp_path, {"train.py": source}, folder="first")
     first = Headless(project / "train.py", "--nproc-per-node", "2")
     try:
         first.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")
@@ -289,22 +294,24 @@ def test_under_torchrun_each_rank_resumes_its_own_loader_from_rank_0s_snapshot(t
         assert first.finish(timeout=60) == 0
     finally:
         first.close()
+    assert taken["step"] == paused["step"] <= 26, (paused, taken)  # the straight runs go to 30
+    return taken
+
+
+def test_under_torchrun_each_rank_resumes_its_own_loader_from_rank_0s_snapshot(tmp_path: Path) -> None:
+    straight, _ = two_rank_batches(tmp_path, DDP_PROJECT, "--max-steps", "30", folder="straight")
+    assert straight[0][5] != straight[1][5], "each rank reads its own share"
+    taken = snapshot_a_few_steps_in(tmp_path, DDP_PROJECT)
     saved = torch.load(taken["path"], weights_only=True)["loader_places"]
     assert saved["world_size"] == 2 and set(saved["ranks"]) == {0, 1}, saved
     at = taken["step"]
-    assert at == paused["step"] and at <= 26, (paused, taken)
 
-    again = Headless(project / "train.py", "--nproc-per-node", "2", "--resume", taken["path"], "--max-steps", "30")
-    try:
-        resumed = again.wait_event("resume", timeout=90)
-        assert resumed["ok"] and resumed["notes"][1].startswith("batches(loader): given back the place"), resumed
-        assert resumed["notes"][0] == ("put back from the snapshot (module globals that training changed, not "
-                                       f"setup()): train.epoch = {(at - 1) // 6}"), resumed
-        assert not any("sets it again when it starts" in n for n in resumed["notes"]), "it reads it first"
-        assert again.finish(timeout=60) == 0, again.explain()
-        after = rank_batches(again)
-    finally:
-        again.close()
+    after, again = two_rank_batches(tmp_path, DDP_PROJECT, "--resume", taken["path"], "--max-steps", "30", folder="first")
+    resumed = next(e for e in again.events if e["event"] == "resume")
+    assert resumed["ok"] and resumed["notes"][1].startswith("batches(loader): given back the place"), resumed
+    assert resumed["notes"][0] == ("put back from the snapshot (module globals that training changed, not "
+                                   f"setup()): train.epoch = {(at - 1) // 6}"), resumed
+    assert not any("sets it again when it starts" in n for n in resumed["notes"]), "it reads it first"
     for rank in (0, 1):
         assert after[rank] == {k: straight[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], straight[rank])
 
@@ -318,42 +325,20 @@ assert "fully_shard(model)" in SHARDED_PROJECT
 
 
 def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own(tmp_path: Path) -> None:
-    straight_folder = make_project(tmp_path, {"train.py": SHARDED_PROJECT}, folder="straight")
-    run = Headless(straight_folder / "train.py", "--nproc-per-node", "2", "--max-steps", "30")
-    try:
-        assert run.finish(timeout=120) == 0, run.explain()
-        straight = rank_batches(run)
-    finally:
-        run.close()
-
-    project = make_project(tmp_path, {"train.py": SHARDED_PROJECT}, folder="first")
-    first = Headless(project / "train.py", "--nproc-per-node", "2")
-    try:
-        first.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 3, timeout=90, what="step 3")
-        first.send("pause")
-        first.wait_event("paused", timeout=30)
-        first.send("snapshot")
-        taken = first.wait_event("snapshot", timeout=30)
-        first.send("quit")
-        assert first.finish(timeout=60) == 0
-    finally:
-        first.close()
+    straight, _ = two_rank_batches(tmp_path, SHARDED_PROJECT, "--max-steps", "30", folder="straight")
+    taken = snapshot_a_few_steps_in(tmp_path, SHARDED_PROJECT)
     assert taken["path"].endswith(".dcp"), taken
     at = taken["step"]
-    assert at <= 26, taken
 
-    again = Headless(project / "train.py", "--nproc-per-node", "2", "--resume", taken["path"], "--max-steps", "30")
-    try:
-        resumed = again.wait_event("resume", timeout=90)
-        assert resumed["ok"] and any(n.startswith("batches(loader): given back the place") for n in resumed["notes"]), resumed
-        assert again.finish(timeout=60) == 0, again.explain()
-        after = rank_batches(again)
-    finally:
-        again.close()
+    after, again = two_rank_batches(tmp_path, SHARDED_PROJECT, "--resume", taken["path"], "--max-steps", "30",
+                                    folder="first")
+    resumed = next(e for e in again.events if e["event"] == "resume")
+    assert resumed["ok"] and any(n.startswith("batches(loader): given back the place") for n in resumed["notes"]), resumed
     for rank in (0, 1):
         assert after[rank] == {k: straight[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], straight[rank])
 
-    alone = Headless(project / "train.py", "--nproc-per-node", "1", "--resume", taken["path"], "--max-steps", str(at + 1))
+    alone = Headless(tmp_path / "first" / "train.py", "--nproc-per-node", "1", "--resume", taken["path"],
+                     "--max-steps", str(at + 1))
     try:
         resumed = alone.wait_event("resume", timeout=90)
         assert resumed["ok"] and any("the snapshot's loader places are for 2 ranks' shares of the data, and this run "
