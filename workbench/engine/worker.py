@@ -40,9 +40,9 @@ from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.fresh_iterators import fresh_iterator_notes
-from workbench.engine.loader_places import LOADER, EpochCheck, PutBack, find_loaders, places, record as loader_record
-from workbench.engine.loader_places import put_back as put_back_places
-from workbench.engine.loader_places import pack as pack_places, unpack as unpack_places
+from workbench.engine.loader_places import LOADER, EpochCheck, PutBack, find_loaders, places
+from workbench.engine.loader_places import pack as pack_places, put_back as put_back_places, record as loader_record
+from workbench.engine.loader_places import unpack as unpack_places
 from workbench.engine.generator_end import ended_by_error, ended_in_state, ended_sentence, generators_ended
 from workbench.engine.dispatch import dispatch
 from workbench.errors import UserError
