@@ -14,18 +14,15 @@ lacks, an iterator setup() already made from it) starts over, and the `resume` e
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import GeneratorType, ModuleType
+from types import GeneratorType
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from workbench.engine.state_walk import Namespaces, children
+from workbench.engine.state_walk import Namespaces, find_reachable, generator_inputs, reachable
 
-_MAX_DEPTH = 4
-_GLOBALS_DEPTH = 2  # a module global and two levels inside it (`trainer.loader`)
 LOADER = "loader"  # the `where` of the warning after the first resumed step (in events.WARNINGS)
 SHARDED_KEY = "loader_places/rank{rank}"  # each rank's record in a sharded (DCP) snapshot: a key of its own
 
@@ -38,54 +35,16 @@ def is_stateful_loader(obj: Any) -> bool:
 def find_loaders(state: Any, namespaces: Namespaces = ()) -> dict[str, DataLoader]:
     """Every stateful loader in the state and the project's module globals, each once, by a path that names it the
     same way in the run that snapshots and the run that resumes (`batches(loader)`: the generator's argument)."""
-    found: dict[str, DataLoader] = {}
-    seen: set[int] = set()
-    for path, loader in _reachable(state, "", seen, 0):
-        found.setdefault(path, loader)
-    for module_name, namespace in namespaces:
-        for key, value in list(namespace.items()):
-            if not key.startswith("__") and not isinstance(value, (type, ModuleType)) and not callable(value):
-                for path, loader in _reachable(value, f"{module_name}.{key}", seen, _MAX_DEPTH - _GLOBALS_DEPTH):
-                    found.setdefault(path, loader)
-    return found
+    return find_reachable(state, namespaces, is_stateful_loader, "loader", stop_at=(DataLoader,), into_generators=True)
 
 
 def loaders_read_by(generator: GeneratorType) -> list[DataLoader]:
     """The stateful loaders a generator was given or closes over, or that what it was given holds (imagenet's
     `epochs(state)` reads `state["train_loader"]`)."""
     seen: set[int] = {id(generator)}
-    return [loader for path, value in _generator_inputs(generator, "") for _, loader in _reachable(value, path, seen, 1)]
-
-
-def _reachable(obj: Any, path: str, seen: set[int], depth: int) -> Iterator[tuple[str, DataLoader]]:
-    if id(obj) in seen or depth > _MAX_DEPTH:
-        return
-    seen.add(id(obj))
-    if is_stateful_loader(obj):
-        yield path or "loader", obj
-        return
-    if isinstance(obj, (type, ModuleType, torch.Tensor, torch.nn.Module, torch.optim.Optimizer, DataLoader)):
-        return
-    if isinstance(obj, GeneratorType):
-        for child_path, child in _generator_inputs(obj, path):
-            yield from _reachable(child, child_path, seen, depth + 1)
-        return
-    for child_path, child in children(obj, path):
-        yield from _reachable(child, child_path, seen, depth + 1)
-
-
-def _generator_inputs(generator: GeneratorType, path: str) -> list[tuple[str, Any]]:
-    """A generator's arguments and the variables it closes over, by name: what it has before its first `next()`,
-    so a resumed run's fresh generator names its loader as the snapshotted one did (locals made inside it do not
-    exist yet at a resume: they are not looked at)."""
-    frame = generator.gi_frame
-    if frame is None:
-        return []
-    code = generator.gi_code
-    names = [*code.co_varnames[: code.co_argcount + code.co_kwonlyargcount], *code.co_freevars]
-    values = frame.f_locals
-    prefix = path or code.co_name
-    return [(f"{prefix}({name})", values[name]) for name in names if name in values]
+    return [loader for path, value in generator_inputs(generator, "")
+            for _, loader in reachable(value, path, matches=is_stateful_loader, seen=seen, depth=1,
+                                       stop_at=(DataLoader,), into_generators=True)]
 
 
 def _has_begun(loader: DataLoader) -> bool:

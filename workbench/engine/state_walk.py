@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -20,6 +20,10 @@ _MAX_DEPTH = 4
 # Module globals that are code, not state: never walked (an imported module would lead into torch itself).
 _NOT_STATE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
 _MAX_ITEMS = 256  # models and optimizers sit near the top of a state, not deep inside a dataset list
+_GLOBALS_DEPTH = 2  # a module global and two levels inside it (`trainer.scheduler`): globals hold datasets too
+# What a search for one kind of object (a scheduler, a loader) never goes into: code, tensors, and the model and
+# optimizer (a scheduler or loader found inside them would not be named as setup() names it).
+_WALK_STOPS = (type, types.ModuleType, torch.Tensor, torch.nn.Module, torch.optim.Optimizer)
 
 
 def children(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -45,6 +49,56 @@ def top_values(state: Any) -> list[tuple[str, Any]]:
         return [(f"state[{key!r}]", value) for key, value in itertools.islice(state.items(), _MAX_ITEMS)]
     found = [(f"state{path}" if path.startswith("[") else f"state.{path}", value) for path, value in children(state, "")]
     return found or [("state", state)]
+
+
+def find_reachable(state: Any, namespaces: Namespaces, matches: Callable[[Any], bool], name: str, *,
+                   stop_at: tuple[type, ...] = (), into_generators: bool = False) -> dict[str, Any]:
+    """Every object `matches` accepts in the state and in the project's module globals (`train.scheduler`), each once,
+    by its path (`name` for the state itself); the state's path wins. What LR schedulers and stateful loaders are
+    looked for with, so a snapshot and its resume name each the same way. `stop_at` adds kinds not gone into;
+    `into_generators` also looks at what a generator in the state was given (`batches(loader)`)."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+    search = dict(matches=matches, seen=seen, stop_at=stop_at, into_generators=into_generators)
+    for path, obj in reachable(state, "", depth=0, **search):
+        found.setdefault(path or name, obj)
+    for module_name, namespace in namespaces:
+        for key, value in list(namespace.items()):
+            if not key.startswith("__") and not isinstance(value, _NOT_STATE):
+                for path, obj in reachable(value, f"{module_name}.{key}", depth=_MAX_DEPTH - _GLOBALS_DEPTH, **search):
+                    found.setdefault(path, obj)
+    return found
+
+
+def reachable(obj: Any, path: str, *, matches: Callable[[Any], bool], seen: set[int], depth: int,
+              stop_at: tuple[type, ...] = (), into_generators: bool = False) -> Iterator[tuple[str, Any]]:
+    """(path, object) for what `matches` accepts from `obj` down, skipping what `seen` holds (and adding to it)."""
+    if id(obj) in seen or depth > _MAX_DEPTH:
+        return
+    seen.add(id(obj))
+    if matches(obj):
+        yield path, obj
+        return
+    if isinstance(obj, _WALK_STOPS + stop_at):
+        return
+    inside = generator_inputs(obj, path) if isinstance(obj, types.GeneratorType) and into_generators else children(obj, path)
+    for child_path, child in inside:
+        yield from reachable(child, child_path, matches=matches, seen=seen, depth=depth + 1, stop_at=stop_at,
+                             into_generators=into_generators)
+
+
+def generator_inputs(generator: types.GeneratorType, path: str) -> list[tuple[str, Any]]:
+    """A generator's arguments and the variables it closes over, by name: what it has before its first `next()`,
+    so a resumed run's fresh generator names what it reads as the snapshotted one did (locals made inside it do not
+    exist yet at a resume: they are not looked at)."""
+    frame = generator.gi_frame
+    if frame is None:
+        return []
+    code = generator.gi_code
+    names = [*code.co_varnames[: code.co_argcount + code.co_kwonlyargcount], *code.co_freevars]
+    values = frame.f_locals
+    prefix = path or code.co_name
+    return [(f"{prefix}({name})", values[name]) for name in names if name in values]
 
 
 def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:

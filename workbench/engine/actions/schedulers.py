@@ -10,42 +10,20 @@ into the scheduler setup() made at that path, and whatever cannot be loaded is s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch.optim.lr_scheduler import LRScheduler
 
-from workbench.engine.state_walk import Namespaces, children
+from workbench.engine.state_walk import Namespaces, find_reachable
 
-_MAX_DEPTH = 4
-_GLOBALS_DEPTH = 2  # a module global and two levels inside it (`trainer.scheduler`): globals hold datasets too
+def is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, LRScheduler)
 
 
 def find_schedulers(state: Any, namespaces: Namespaces = ()) -> dict[str, LRScheduler]:
     """Every LR scheduler in the state (dict values, list items, public attributes) and in the project's module
     globals (`train.scheduler`), each once, by its path; the state's path wins."""
-    found: dict[str, LRScheduler] = {}
-    seen: set[int] = set()
-    for path, obj in _reachable(state, "", seen):
-        found.setdefault(path, obj)
-    for module_name, namespace in namespaces:
-        for key, value in list(namespace.items()):
-            if not key.startswith("__"):
-                for path, obj in _reachable(value, f"{module_name}.{key}", seen, _GLOBALS_DEPTH):
-                    found.setdefault(path, obj)
-    return found
-
-
-def _reachable(obj: Any, path: str, seen: set[int], depth: int = 0) -> Iterator[tuple[str, LRScheduler]]:
-    if id(obj) in seen or depth > _MAX_DEPTH or isinstance(obj, (type, torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
-        return
-    seen.add(id(obj))
-    if isinstance(obj, LRScheduler):
-        yield path or "scheduler", obj
-        return
-    for child_path, child in children(obj, path):
-        yield from _reachable(child, child_path, seen, depth + 1)
+    return find_reachable(state, namespaces, is_scheduler, "scheduler")
 
 
 def type_name(obj: Any) -> str:
