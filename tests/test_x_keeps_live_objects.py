@@ -119,6 +119,26 @@ def test_an_edited_argument_the_model_is_built_from_is_left_by_x_for_a_rebuild_t
     assert after["width"] == 3.0 and after["count"] == 1.0, "count is made anew from the new width, as a fresh start"
 
 
+def test_r_alone_runs_the_edited_argument_first_and_builds_the_model_a_fresh_start_would(start_session) -> None:
+    """The same edit, then R without x: found porting pytorch/examples' FSDP2 + tensor-parallel trainer, whose
+    `ModelArgs(n_layers=2)` line was edited to 3 and R rebuilt a two-layer model, saying it had built the new code."""
+    from workbench.protocol.events import Rebuild
+
+    live = _trained(start_session, SCRIPT_PY, 1)
+    module = live.session.project.module
+    save(live.entry, SCRIPT_PY.replace("default=4", "default=3"))
+    live.wait_for(is_event("reload", file="train.py"))
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and rebuilt.mismatched == ("model.weight (1, 4) -> (1, 3)",), rebuilt
+    assert any(n.startswith("ran first what the saves of train.py had not re-run") and "args = parser.parse_args()" in n
+               for n in rebuilt.notes), rebuilt.notes
+    assert module.args.width == 3 and module.model.in_features == 3
+    live.send(StepOnce())
+    after = live.wait_for(is_event("step", step=2)).scalars
+    assert after["width"] == 3.0 and after["count"] == 1.0, after
+
+
 HIDDEN_PY = """\
 import argparse
 

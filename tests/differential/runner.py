@@ -24,7 +24,6 @@ from differential.oracle import Oracle
 from differential.script import RunStatementsNow, ScriptSequence
 
 APPLIED, REPORTED, SILENT = "applied", "held/noted", "silent"
-_NOT_RERUN = "not re-run"  # the engine's words for a module statement it left for x
 
 
 @dataclass
@@ -89,10 +88,9 @@ class _Run:
         self.folder = folder
         self.ledger = Ledger(sequence.initial_files())
         self.result = Result(sequence)
-        self.window: list[Event] = []  # reload/rebuild events since the state was last built fresh
-        # What a rebuild does not build again: module statements with calls a reload did not re-run (a rebuild
-        # runs setup(), not the module), so their notes still report their values after it.
-        self.kept: list[str] = []
+        # Reload/rebuild events since the state was last built fresh. Nothing said before a rebuild excuses a
+        # difference after it: it runs the statements a reload did not re-run (x's) before it builds.
+        self.window: list[Event] = []
         self.last_live: dict[str, float] = {}
 
     def run(self) -> Result:
@@ -119,7 +117,6 @@ class _Run:
             assert isinstance(rebuilt, Rebuilt)
             self.ledger.rebuilt(rebuilt)
             if rebuilt.ok:
-                self.kept.extend(t for t in texts_of(self.window) if t not in self.kept and _NOT_RERUN in t)
                 self.window = []
         elif isinstance(action, RunStatementsNow):
             events = self.live.run_statements()  # values, not code: the ledger's sources stay
@@ -157,9 +154,9 @@ class _Run:
             if fresh.error is not None:
                 verdict, against = unchanged(step.scalars, self.last_live), "the values before"
             else:
-                verdict, against = judge(step.scalars, fresh.scalars, self.kept + texts_of(self.window), names), f"the live {broken_file}"
+                verdict, against = judge(step.scalars, fresh.scalars, texts_of(self.window), names), f"the live {broken_file}"
         else:
-            verdict = judge(step.scalars, fresh.scalars, self.kept + texts_of(self.window), names)
+            verdict = judge(step.scalars, fresh.scalars, texts_of(self.window), names)
             against = "rolled-back sources" if self.ledger.reference != self.ledger.disk else "disk"
         if action == "start" and verdict.differing:
             self.result.problems.append(f"the start differs from a fresh start: {verdict.differing}")

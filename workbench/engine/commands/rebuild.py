@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine.actions.cleanup import trim_c_heap
@@ -19,6 +20,7 @@ from workbench.engine.dispatch import handles
 from workbench.protocol.events import Error, Rebuild, Rebuilt
 from workbench.engine.hotswap.compiled import reset_compiled_code
 from workbench.engine.hotswap.kept_objects import ran, run_slice
+from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.import_builders import built_again_note, plan_import_builders
 from workbench.engine.init_skipping import skipping_init
@@ -38,6 +40,8 @@ from workbench.errors import UserError
 
 if TYPE_CHECKING:
     from workbench.engine.worker import TrainingWorker
+
+Statements = list[tuple[str, RunInNamespace]]  # (label, statement): what x runs in one file
 
 
 @handles(Rebuild, needs_state=True, missing="nothing to rebuild", hint="fix it and save to run it again")
@@ -87,6 +91,8 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         # setup() reads the globals it re-bound as a fresh start's would: as it found them, or as the file now has them.
         skip = {(module, name) for _, module, names in bound_by_held for name in names}
         restored = worker.setup_rebinds.restore(namespaces, skip=skip)
+        # The statements a save did not re-run (x's) come next, as at a fresh start's import: what is built reads them.
+        statements_run, statement_notes = _run_what_x_would(worker, committed)
         # Initialization of what will be carried is wasted (and, on a GPU, a second model's worth of work):
         # recorded, not run, and run afterwards for what was not carried.
         with skipping_init() as init_log:
@@ -105,6 +111,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
             notes.append(_garbage_note(report.garbage))
         if restored:
             notes.append(_restored_note(restored))
+        notes.extend(statement_notes)
         notes.extend(built_at_import)
         agreed = True
         _agree(worker, None)
@@ -148,9 +155,13 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     worker._state_bytes_estimate = None  # the new state's size, when next asked
     worker.eval_watch.refresh(new_state)
     del new_state
-    for changeset in committed:
-        if changeset.statements:  # what x runs, as after a save applied at once
-            worker._statements[changeset.path] = changeset.statements
+    for path, statements in statements_run.items():  # run above: nothing is left for x
+        worker._statements.pop(path, None)
+        worker.reloader.statements_ran(path)
+        module = worker.project.modules().get(path)
+        if module is not None:
+            worker.setup_rebinds.saved(worker.reloader.version, module.__name__,
+                                       names_bound_by(patch for _, patch in statements if ran(patch)))
     collect_all()  # the old state, frozen since setup: thawed, collected, and the new state frozen
     trim_c_heap()  # the old state's small CPU tensors came from the C heap: give its pages back (RSS falls)
     worker.probe.empty_cache()
@@ -197,7 +208,26 @@ def refuse_fsdp1(state: Any, namespaces: list[tuple[str, dict[str, Any]]]) -> No
 def _restored_note(restored: list[str]) -> str:
     names = ", ".join(restored)
     return (f"setup() ran with {names} as it found them before it re-bound them last time (a fresh start's value; "
-            "a rebuild does not run the module's statements again)")
+            "no statement of the file that binds them changed since)")
+
+
+def _run_what_x_would(worker: TrainingWorker, committed: list[ChangeSet]) -> tuple[dict[Path, Statements], list[str]]:
+    """Run the module statements that saves (and the held changes just committed) did not re-run, which x would run
+    (`simple_llama2_config = ModelArgs(n_layers=3)`): a fresh start builds the model from the file as it is, so R,
+    which builds it again, must read them too; before, R built the old config's model and said it built the new
+    code's. Returns what ran, by file, and a note for each file. A failure raises: the rebuild fails, the old globals
+    are put back and the statements stay for x."""
+    pending = dict(worker._statements)
+    pending.update({changeset.path: changeset.statements for changeset in committed if changeset.statements})
+    notes: list[str] = []
+    for path, statements in pending.items():
+        with worker.project.as_script():
+            run_slice(statements)
+        labels = [label for label, patch in statements if ran(patch)]
+        if labels:
+            notes.append(f"ran first what the saves of {worker.project.relative(path)} had not re-run (x's statements), "
+                         f"so what is built reads the file as it is: {'; '.join(labels)}")
+    return pending, notes
 
 
 def _build_what_import_built(worker: TrainingWorker) -> list[str]:

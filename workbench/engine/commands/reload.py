@@ -11,6 +11,7 @@ import traceback
 import types
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
@@ -144,8 +145,8 @@ def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
     if not worker._statements:
         if any(c.statements for c in worker._held.values()):
             worker._command_error(
-                "the edited module statements are part of a change held for a rebuild: press R (command `rebuild`) "
-                "to apply it, then x runs them"
+                "the edited module statements are part of a change held for a rebuild: press R (command `rebuild`), "
+                "which applies it and runs them before it builds"
             )
         else:
             worker._command_error("no held-back module statements to run")
@@ -167,6 +168,7 @@ def run_statements(worker: TrainingWorker, command: RunStatements) -> None:
             traceback.clear_frames(exc.__traceback__)
             continue
         del worker._statements[path]
+        worker.reloader.statements_ran(path)
         module = worker.project.modules().get(path)
         if module is not None:
             worker.setup_rebinds.saved(worker.reloader.version, module.__name__,
@@ -240,6 +242,7 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
         worker._command_error(exc.message)
         return
     worker._held.pop(undone.path, None)
+    _statements_after_rollback(worker, undone.path)
     worker.telemetry.record_version(worker.step, version, (f"rollback of v{undone.version}",))
     reset_compiled_code()
     notes = [
@@ -273,6 +276,17 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
         )
     )
     worker._after_code_change()
+
+
+def _statements_after_rollback(worker: TrainingWorker, path: Path) -> None:
+    """What x runs now: the statements left for it that the code before the undone version still holds, planned
+    against that code. The undone save's own (`config = Args(3)`) are gone with it; x ran them compiled from the
+    undone text before."""
+    statements = worker.reloader.statements_not_rerun(path)
+    if statements:
+        worker._statements[path] = statements
+    else:
+        worker._statements.pop(path, None)
 
 
 def _rolled_back_rebuild_reasons(worker: TrainingWorker, undone: AppliedVersion) -> list[str]:

@@ -30,7 +30,13 @@ from workbench.engine.hotswap.deleted_names import RemoveDeleted, plan_deleted
 from workbench.engine.hotswap.live_objects import UpdateLiveCopies
 from workbench.engine.hotswap.scopes import DEF_NODES, Scope, index_statements, label_for
 from workbench.engine.hotswap.source_index import SourceIndex, diff_source
-from workbench.engine.hotswap.statement_slice import bound_names, calls_code, sets_globals_it_does_not_name, statement_key
+from workbench.engine.hotswap.statement_slice import (
+    bound_names,
+    calls_code,
+    sets_globals_it_does_not_name,
+    statement_key,
+    statement_text,
+)
 from workbench.engine.hotswap.x_statements import StatementsForX
 
 RESTART_HINT = "restart vram-bench to use it"
@@ -70,6 +76,9 @@ class ChangeSet:
     setup_calls: dict[str, str] = field(default_factory=dict)
     # Changed module statements with calls: not run unless the user asks (`run-statements`).
     statements: list[tuple[str, RunInNamespace]] = field(default_factory=list)
+    # Those statements and the ones earlier saves left for x, each as `statement_text`: still not re-run once this
+    # is applied, so the next save's plan (and a rollback's) names them again rather than forgetting them.
+    not_rerun: frozenset[str] = frozenset()
     index: SourceIndex | None = None  # statement positions of new_source, the base of the next diff
 
     def built_from_notes(self) -> list[str]:
@@ -87,8 +96,10 @@ def plan_reload(
     required: dict[str, tuple[str, ...]] | None = None,
     other_namespaces: list[dict[str, Any]] | None = None,
     setup: Any = None,
+    not_rerun: frozenset[str] = frozenset(),
 ) -> ChangeSet:
-    """Diff `base` (what is live) against `new_source` and plan the patches.
+    """Diff `base` (what is live) against `new_source` and plan the patches. `not_rerun`: the module statements
+    earlier saves left for x (`statement_text`), which x and R must still run.
 
     Only the top-level statements that overlap the edited lines are parsed and compared;
     the ones after them just moved (their functions get new line numbers).
@@ -151,10 +162,31 @@ def plan_reload(
     changeset.note_if_live = plan.note_if_live
     changeset.built_from = plan.built_from
     changeset.setup_calls = plan.setup_calls
-    changeset.statements = plan.statements_to_run([s.current_node() for s in diff.new_index.statements])
+    module_nodes = [s.current_node() for s in diff.new_index.statements]
+    plan.carry_not_rerun(module_nodes, not_rerun)
+    changeset.statements = plan.statements_to_run(module_nodes)
+    changeset.not_rerun = frozenset(statement_text(node) for node in plan.named_for_x())
     if "setup" in plan.changed and required:
         changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
     return changeset
+
+
+def plan_not_rerun(
+    module: types.ModuleType, path: Path, source: str, not_rerun: frozenset[str], others: list[dict[str, Any]]
+) -> tuple[list[tuple[str, RunInNamespace]], frozenset[str]]:
+    """What x runs for the statements left for it that `source` (the live code, after a rollback) still holds, and
+    those statements' texts; the ones the rollback took out of the file are dropped (their old value is live)."""
+    if not not_rerun:
+        return [], frozenset()
+    try:
+        body = ast.parse(source, filename=str(path)).body
+    except SyntaxError:
+        return [], frozenset()
+    named = [node for node in body if statement_text(node) in not_rerun]
+    if not named:
+        return [], frozenset()
+    run, _ = StatementsForX(module.__dict__, others, source, path, future_flags(body)).plan(body, named)
+    return run, frozenset(statement_text(node) for node in named)
 
 
 def defined_names(nodes: Any) -> set[str]:
@@ -378,6 +410,7 @@ class _Planner:
         self.statement_lines: dict[int, int] = {}  # id of each module statement's RunInNamespace -> its line
         self.old_values: dict[str, object] = {}  # what an edited constant's old line gave it (`batch_size = 12`)
         self.edited_statements: list[ast.stmt] = []  # module statements with calls: not re-run unless asked
+        self.carried_statements: list[ast.stmt] = []  # those earlier saves left for x, found in this source
         self.patched_functions: dict[str, types.FunctionType] = {}  # module functions whose code is replaced in place
         self.setup_calls: dict[str, str] = {}  # those setup() calls, with how
         self.x = StatementsForX(self.live, others, source, path, flags)  # what x runs, and what the notes offer
@@ -412,10 +445,25 @@ class _Planner:
                 f"could rebuild what is live; {self.x.offer(new.nodes)}"
             )
 
+    def carry_not_rerun(self, module: list[ast.stmt], not_rerun: frozenset[str]) -> None:
+        """Name again the statements earlier saves left for x that are still in the file as they were: a later save
+        that re-runs nothing must not drop them (x then said there was nothing to run, and R built from their old
+        values, while the file held new ones). One edited since is named by this save's own diff, if at all."""
+        if not not_rerun:
+            return
+        named = {statement_key(node) for node in self.edited_statements}
+        self.carried_statements = [node for node in module
+                                   if statement_key(node) not in named and statement_text(node) in not_rerun]
+
+    def named_for_x(self) -> list[ast.stmt]:
+        return [*self.edited_statements, *self.carried_statements]
+
     def statements_to_run(self, module: list[ast.stmt]) -> list[tuple[str, RunInNamespace]]:
-        """What `run-statements` (x) runs for the statements named so far (x_statements.py); its notes join ours."""
-        run, notes = self.x.plan(module, self.edited_statements)
-        self.notes.extend(notes)
+        """What `run-statements` (x) runs for the statements named so far (x_statements.py); its notes join ours
+        when this save named any (those carried from earlier saves were said then)."""
+        run, notes = self.x.plan(module, self.named_for_x())
+        if self.edited_statements:
+            self.notes.extend(notes)
         return run
 
     def shift_lines(self, node: ast.stmt, shift: int) -> None:

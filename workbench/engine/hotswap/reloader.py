@@ -21,8 +21,8 @@ from typing import Any
 
 from workbench.engine.hotswap.deleted_names import RemoveDeleted
 from workbench.engine.hotswap.live_objects import UpdateLiveCopies
-from workbench.engine.hotswap.patches import Patch, apply_all, undo_all
-from workbench.engine.hotswap.planner import ChangeSet, ReloadError, plan_reload
+from workbench.engine.hotswap.patches import Patch, RunInNamespace, apply_all, undo_all
+from workbench.engine.hotswap.planner import ChangeSet, ReloadError, plan_not_rerun, plan_reload
 from workbench.engine.hotswap.source_index import SourceIndex
 from workbench.engine.project import IMPORTED_SOURCES, Project, read_source
 
@@ -60,6 +60,8 @@ class Reloader:
         self._prepared: dict[Path, str] = {}
         self._history: deque[AppliedVersion] = deque(maxlen=max(max_history, 1))
         self._indexes: dict[Path, dict[str, SourceIndex]] = {}  # statement positions of applied/prepared sources
+        # Module statements left for x in each file's live code (`statement_text`), until x or a rebuild runs them.
+        self._not_rerun: dict[Path, frozenset[str]] = {}
         self._lock = threading.Lock()
 
     def track_loaded_modules(self) -> None:
@@ -128,6 +130,7 @@ class Reloader:
         module = self.project.modules().get(path)
         with self._lock:
             base = self._prepared.get(path, self._applied.get(path))
+            not_rerun = self._not_rerun.get(path, frozenset())
         if module is None or base is None:
             if not path.exists():
                 return None
@@ -161,6 +164,7 @@ class Reloader:
                 required=self._required_for(path),
                 other_namespaces=self._others(path),
                 setup=self.entry_setup(),
+                not_rerun=not_rerun,
             )
         except ReloadError as exc:
             exc.source = source
@@ -201,6 +205,7 @@ class Reloader:
         with self._lock:
             previous = self._applied.get(path, "")
             self._applied[path] = changeset.new_source
+            self._not_rerun[path] = changeset.not_rerun
             self._prepared[path] = changeset.new_source
             if changeset.changed or changeset.patches:
                 if changeset.changed:
@@ -230,6 +235,7 @@ class Reloader:
         path = changeset.path
         with self._lock:
             applied = self._applied.get(path)
+            not_rerun = self._not_rerun.get(path, frozenset())
         if applied is None or applied == changeset.base_source:
             return
         fresh = plan_reload(
@@ -240,12 +246,14 @@ class Reloader:
             required=self._required_for(path),
             other_namespaces=self._others(path),
             setup=self.entry_setup(),
+            not_rerun=not_rerun,
         )
         changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
         changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
         changeset.note_if_live, changeset.built_from = fresh.note_if_live, fresh.built_from
         changeset.setup_calls = fresh.setup_calls
         changeset.statements, changeset.base_source, changeset.index = fresh.statements, applied, fresh.index
+        changeset.not_rerun = fresh.not_rerun
 
     def rollback(self, roots: list[Any] | None = None) -> tuple[AppliedVersion, int]:
         """Undo the last applied version (training thread). Versions only count up: the result is a new one.
@@ -307,6 +315,24 @@ class Reloader:
 
     def _required_for(self, path: Path) -> dict[str, tuple[str, ...]] | None:
         return self.required if path == self.project.entry else None
+
+    def statements_ran(self, path: Path) -> None:
+        """x or a rebuild ran the statements left for x in this file: none is left."""
+        with self._lock:
+            self._not_rerun.pop(path, None)
+
+    def statements_not_rerun(self, path: Path) -> list[tuple[str, RunInNamespace]]:
+        """What x runs in this file's live code (after a rollback): the statements left for it that the code still
+        holds; those the rollback took out are forgotten, since the value their old line made is the live one."""
+        module = self.project.modules().get(path)
+        with self._lock:
+            source, not_rerun = self._applied.get(path), self._not_rerun.get(path, frozenset())
+        if module is None or source is None:
+            return []
+        run, still = plan_not_rerun(module, path, source, not_rerun, self._others(path))
+        with self._lock:
+            self._not_rerun[path] = still
+        return run
 
     def forget_prepared(self, path: Path) -> None:
         """A planned change was dropped: the next save diffs against what is live again."""

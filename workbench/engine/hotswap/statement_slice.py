@@ -24,6 +24,12 @@ def statement_key(node: ast.stmt) -> tuple[int, int]:
     return node.lineno, node.col_offset
 
 
+def statement_text(node: ast.stmt) -> str:
+    """A top-level statement as its code, wherever it sits (`ast.dump` leaves positions out): what names a
+    statement left for x across later saves, which shift lines and re-parse the file."""
+    return ast.dump(node)
+
+
 def bound_names(node: ast.stmt) -> set[str]:
     """Module names a top-level statement binds (its own scope only)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

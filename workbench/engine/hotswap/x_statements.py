@@ -106,7 +106,7 @@ class StatementsForX:
                 "did (x leaves it for R): press R (command `rebuild`) to build the live objects anew, running the "
                 "script's import-time lines on them, and carry the trained weights and optimizer state over"
             )
-        return "press x (command `run-statements`) to run it now"
+        return "press x (command `run-statements`) to run it now (R runs it too, before it builds anything)"
 
     def _hidden_inputs(self, inputs: Iterable[str]) -> list[str]:
         """The module globals (not code) that the project functions and classes among `inputs` read when called,

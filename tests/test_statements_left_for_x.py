@@ -1,0 +1,97 @@
+"""The module statements a save did not re-run stay left for x (and for R) until one of them runs them.
+
+Found by the differential harness once a rebuild had to build from the file as it is: a later save that re-ran
+nothing (a changed function) dropped what an earlier save had left for x, so x said there was nothing to run and
+R built from the old value, while the file held the new one. And a rollback left x holding the undone save's
+statements, compiled from the text the rollback had taken back.
+"""
+
+from __future__ import annotations
+
+from conftest import is_event, save
+from workbench.protocol.events import Rebuild, Rollback, RunStatements, StepOnce
+
+TRAIN_PY = """\
+import torch
+
+init_scale = 1.0
+init_weight = torch.full((2,), init_scale)
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(2, 1)}
+
+
+def offset():
+    return 0.0
+
+
+def step(state, bench):
+    return {"loss": 0.0, "init": float(init_weight.sum()), "offset": offset()}
+"""
+LEFT_FOR_X = TRAIN_PY.replace("torch.full((2,), init_scale)", "torch.full((2,), init_scale * 2)")
+AND_A_FUNCTION = LEFT_FOR_X.replace("return 0.0", "return 1.0")
+
+
+def _session(start_session):  # type: ignore[no-untyped-def]
+    live = start_session({"train.py": TRAIN_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    return live
+
+
+def _saved(live, source: str):  # type: ignore[no-untyped-def]
+    save(live.entry, source)
+    return live.wait_for(is_event("reload", file="train.py"))
+
+
+def _step(live) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    live.send(StepOnce())
+    return live.wait_for(is_event("step")).scalars
+
+
+def test_a_later_save_that_re_runs_nothing_keeps_what_an_earlier_one_left_for_x(start_session) -> None:
+    live = _session(start_session)
+    first = _saved(live, LEFT_FOR_X)
+    assert any("init_weight = torch.full((2,), init_scale * 2)" in n and "not re-run" in n for n in first.notes), first
+    later = _saved(live, AND_A_FUNCTION)
+    assert later.ok and later.changed == ("offset",), later
+    assert not any("x also runs" in n or "x leaves" in n for n in later.notes), "said once, at the save that left it"
+    live.send(RunStatements())
+    ran = live.wait_for(is_event("reload", file="train.py", ms=0.0))
+    assert "init_weight" in ran.changed, ran
+    assert _step(live) == {"init": 4.0, "offset": 1.0}, "as a fresh start of the file"
+
+
+def test_a_rebuild_after_a_later_save_runs_what_the_earlier_one_left_for_x(start_session) -> None:
+    live = _session(start_session)
+    _saved(live, LEFT_FOR_X)
+    _saved(live, AND_A_FUNCTION)
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and any("had not re-run" in n and "init_scale * 2" in n for n in rebuilt.notes), rebuilt.notes
+    assert _step(live) == {"init": 4.0, "offset": 1.0}
+    live.send(RunStatements())
+    assert "no held-back module statements" in live.wait_for(is_event("error", where="command")).message
+
+
+def test_a_rolled_back_save_takes_what_it_left_for_x_with_it(start_session) -> None:
+    live = _session(start_session)
+    _saved(live, AND_A_FUNCTION)  # one save: the line left for x, and a function (a version to roll back)
+    live.send(Rollback())
+    assert live.wait_for(is_event("reload", file="train.py", ms=0.0)).ok
+    live.send(RunStatements())
+    refused = live.wait_for(is_event("error", where="command"))
+    assert "no held-back module statements" in refused.message, refused
+    assert _step(live) == {"init": 2.0, "offset": 0.0}, "the rolled-back code's values, as a fresh start of it"
+
+
+def test_rolling_back_a_later_save_keeps_what_an_earlier_one_left_for_x(start_session) -> None:
+    live = _session(start_session)
+    _saved(live, LEFT_FOR_X)
+    _saved(live, AND_A_FUNCTION)
+    live.send(Rollback())
+    assert live.wait_for(is_event("reload", file="train.py", ms=0.0)).ok
+    live.send(RunStatements())
+    ran = live.wait_for(is_event("reload", file="train.py", ms=0.0, ok=True))
+    assert "init_weight" in ran.changed, ran
+    assert _step(live) == {"init": 4.0, "offset": 0.0}
