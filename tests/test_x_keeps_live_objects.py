@@ -412,3 +412,25 @@ def test_x_leaves_a_line_reading_a_live_model_whose_inputs_changed_and_says_so_b
                for n in ran.notes), ran.notes
     assert module.args.std == 0.5
     assert torch.equal(module.netG.weight, trained), "x left the trained weights as they were"
+
+
+def test_the_values_a_left_line_reads_are_named_without_builtins_or_the_names_it_binds() -> None:
+    """The FSDP2 + tensor-parallel port's `for layer_id, transformer_block in enumerate(model.layers):` was said to
+    read `enumerate, model.layers, transformer_block, tp_mesh, layer_tp_plan`: a builtin and its own loop names."""
+    from pathlib import Path
+
+    from workbench.engine.hotswap.x_statements import StatementsForX
+
+    source = (
+        "import torch\n"
+        "n = 2\n"
+        "model = torch.nn.Linear(n, 1)\n"
+        "for i, block in enumerate([model]):\n"
+        "    plan = {'a': block}\n"
+    )
+    namespace: dict = {"__name__": "train"}
+    exec(compile(source, "train.py", "exec"), namespace)
+    body = ast.parse(source).body
+    _, notes = StatementsForX(namespace, [], source, Path("train.py"), 0).plan(body, [body[1]])
+    loop = next(n for n in notes if n.startswith("x leaves line 4"))
+    assert "if a value it reads has changed by then (model)," in loop, loop

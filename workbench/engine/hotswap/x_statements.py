@@ -14,6 +14,7 @@ name each such line and what it would replace or change.
 from __future__ import annotations
 
 import ast
+import builtins
 import types
 from collections.abc import Iterable
 from pathlib import Path
@@ -71,7 +72,7 @@ class StatementsForX:
             kept = " and ".join(replaced or touched)
             inputs = tuple(dict.fromkeys([*inputs_of(node), *self._hidden_inputs(inputs_of(node))]))
             if replaced and not is_edited:
-                shown = [name for name in inputs if not isinstance(self.live.get(name.split(".")[0]), _CODE)]
+                shown = [name for name in inputs if self._worth_naming(name.split(".")[0], binds)]
                 notes.append(
                     f"x leaves {label} as it is: it would put a new object in place of {kept}; if a value it reads "
                     f"has changed by then ({', '.join(shown) or 'none'}), R (command `rebuild`) runs it with the "
@@ -125,6 +126,14 @@ class StatementsForX:
                 ]
             hidden.update(dict.fromkeys(self._globals_read[root]))
         return list(hidden)
+
+    def _worth_naming(self, root: str, binds: tuple[str, ...]) -> bool:
+        """Whether an input is a value a user could have changed: not code, not a builtin (`enumerate`), not a name
+        the statement binds itself (a `for` loop's `transformer_block`)."""
+        if root in binds:
+            return False
+        value = self.live[root] if root in self.live else vars(builtins).get(root)
+        return not isinstance(value, _CODE)
 
     def _training_object(self, name: str) -> str | None:
         """What training made that the live global `name` holds (state_walk.training_object), looked at once."""
