@@ -39,9 +39,28 @@ def _session(start_session):  # type: ignore[no-untyped-def]
     return live
 
 
+def _after_two_saves(start_session):  # type: ignore[no-untyped-def]
+    """A session where one save left a line for x and a later one changed only a function."""
+    live = _session(start_session)
+    _saved(live, LEFT_FOR_X)
+    _saved(live, AND_A_FUNCTION)
+    return live
+
+
 def _saved(live, source: str):  # type: ignore[no-untyped-def]
     save(live.entry, source)
     return live.wait_for(is_event("reload", file="train.py"))
+
+
+def _x(live):  # type: ignore[no-untyped-def]
+    """Press x: the reload event of what it ran, or the command error of nothing to run."""
+    live.send(RunStatements())
+    return live.wait_for(lambda e: is_event("reload", file="train.py", ms=0.0)(e) or is_event("error", where="command")(e))
+
+
+def _rolled_back(live) -> None:  # type: ignore[no-untyped-def]
+    live.send(Rollback())
+    assert live.wait_for(is_event("reload", file="train.py", ms=0.0)).ok
 
 
 def _step(live) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -56,42 +75,29 @@ def test_a_later_save_that_re_runs_nothing_keeps_what_an_earlier_one_left_for_x(
     later = _saved(live, AND_A_FUNCTION)
     assert later.ok and later.changed == ("offset",), later
     assert not any("x also runs" in n or "x leaves" in n for n in later.notes), "said once, at the save that left it"
-    live.send(RunStatements())
-    ran = live.wait_for(is_event("reload", file="train.py", ms=0.0))
-    assert "init_weight" in ran.changed, ran
+    assert "init_weight" in _x(live).changed
     assert _step(live) == {"init": 4.0, "offset": 1.0}, "as a fresh start of the file"
 
 
 def test_a_rebuild_after_a_later_save_runs_what_the_earlier_one_left_for_x(start_session) -> None:
-    live = _session(start_session)
-    _saved(live, LEFT_FOR_X)
-    _saved(live, AND_A_FUNCTION)
+    live = _after_two_saves(start_session)
     live.send(Rebuild())
     rebuilt = live.wait_for(is_event("rebuild"))
     assert rebuilt.ok and any("had not re-run" in n and "init_scale * 2" in n for n in rebuilt.notes), rebuilt.notes
     assert _step(live) == {"init": 4.0, "offset": 1.0}
-    live.send(RunStatements())
-    assert "no held-back module statements" in live.wait_for(is_event("error", where="command")).message
+    assert "no held-back module statements" in _x(live).message
 
 
 def test_a_rolled_back_save_takes_what_it_left_for_x_with_it(start_session) -> None:
     live = _session(start_session)
     _saved(live, AND_A_FUNCTION)  # one save: the line left for x, and a function (a version to roll back)
-    live.send(Rollback())
-    assert live.wait_for(is_event("reload", file="train.py", ms=0.0)).ok
-    live.send(RunStatements())
-    refused = live.wait_for(is_event("error", where="command"))
-    assert "no held-back module statements" in refused.message, refused
+    _rolled_back(live)
+    assert "no held-back module statements" in _x(live).message
     assert _step(live) == {"init": 2.0, "offset": 0.0}, "the rolled-back code's values, as a fresh start of it"
 
 
 def test_rolling_back_a_later_save_keeps_what_an_earlier_one_left_for_x(start_session) -> None:
-    live = _session(start_session)
-    _saved(live, LEFT_FOR_X)
-    _saved(live, AND_A_FUNCTION)
-    live.send(Rollback())
-    assert live.wait_for(is_event("reload", file="train.py", ms=0.0)).ok
-    live.send(RunStatements())
-    ran = live.wait_for(is_event("reload", file="train.py", ms=0.0, ok=True))
-    assert "init_weight" in ran.changed, ran
+    live = _after_two_saves(start_session)
+    _rolled_back(live)
+    assert "init_weight" in _x(live).changed
     assert _step(live) == {"init": 4.0, "offset": 0.0}
