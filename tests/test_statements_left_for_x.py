@@ -101,3 +101,33 @@ def test_rolling_back_a_later_save_keeps_what_an_earlier_one_left_for_x(start_se
     _rolled_back(live)
     assert "init_weight" in _x(live).changed
     assert _step(live) == {"init": 4.0, "offset": 0.0}
+
+
+def test_rolling_back_a_save_whose_line_a_rebuild_ran_leaves_the_line_before_it_for_x(start_session) -> None:
+    """R ran the undone save's line (`init_scale * 2`): what it made stays until the line as the code before has
+    it runs again, so the rollback says so and leaves that line for x. Found by the differential harness (the
+    script_import family, seed 565: an optimizer R built at import with a rolled-back `make_optimizer`)."""
+    live = _session(start_session)
+    _saved(live, AND_A_FUNCTION)
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    assert _step(live) == {"init": 4.0, "offset": 1.0}
+    live.send(Rollback())
+    rolled = live.wait_for(is_event("reload", file="train.py", ms=0.0))
+    said = [n for n in rolled.notes if "ran with the rolled-back code since" in n]
+    assert said and "line 4: `init_weight = torch.full((2,), init_scale)`" in said[0], rolled.notes
+    assert _step(live) == {"init": 4.0, "offset": 0.0}, "said, not yet run"
+    assert "init_weight" in _x(live).changed
+    assert _step(live) == {"init": 2.0, "offset": 0.0}, "as a fresh start of the code before"
+
+
+def test_nothing_to_roll_back_leaves_the_line_numbers_a_save_moved(start_session) -> None:
+    """A rollback with no changed version left used to undo the line-number updates first, then say there was
+    nothing to roll back: tracebacks then pointed at the lines before the save."""
+    live = _session(start_session)
+    module = live.session.project.module
+    moved = _saved(live, "\n\n" + TRAIN_PY)
+    assert moved.ok and not moved.changed and module.offset.__code__.co_firstlineno == 13, moved
+    live.send(Rollback())
+    assert "nothing to roll back" in live.wait_for(is_event("error", where="command")).message
+    assert module.offset.__code__.co_firstlineno == 13, "the file's lines, as saved"

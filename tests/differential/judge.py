@@ -4,9 +4,10 @@ A scalar that differs from the fresh start is reported when some reload,
 rebuild or rollback event since the live state was last built fresh (the
 start, or a successful rebuild) names its construct in `held`,
 `needs_rebuild`, `notes`, a rebuild's `notes` or a failed reload's `error`
-(a note that a module statement was "not re-run" still counts after a
-rebuild: it runs setup(), not the module; a note that says something now
-runs as a fresh start would counts never: ledger.AFFIRMATIONS). A name counts
+(nothing said before a rebuild counts after it: it runs the module
+statements a reload left for x, the import-time builders and setup() anew;
+a note that says something now runs as a fresh start would counts never:
+ledger.AFFIRMATIONS). A name counts
 when it stands as a name: `make_scale` in `make_scale.<locals>.f`,
 `GPT.helper`, a class named alone (`class GPT (line 9): ...` covers its
 methods), a global of the entry module (`train.opt2`); `GPT.forward` does not

@@ -72,11 +72,12 @@ class Ledger:
         return any(c.changed for c in self.history)
 
     def rollback(self) -> Commit | None:
-        """Undo like the engine: line-number-only commits fold into the changed one before them."""
+        """Undo like the engine: line-number-only commits fold into the changed one before them; with none
+        changed, nothing is undone."""
+        if not self.can_roll_back():
+            return None
         while self.history and not self.history[-1].changed:
             self._undo(self.history.pop())
-        if not self.history:
-            return None
         undone = self.history.pop()
         self._undo(undone)
         self.held.pop(undone.file, None)
@@ -91,7 +92,9 @@ class Ledger:
 # Notes that say a construct is now as a fresh start has it: naming it there reports no difference.
 AFFIRMATIONS = (
     re.compile(r"as a fresh start would: it ran again too$"),  # a later override of a re-bound constant ran again
-    re.compile(r"^ran line \d+: "),  # x ran a statement
+    re.compile(r"^ran lines? \d+: "),  # x ran statements
+    re.compile(r"^ran first what the saves of \S+ had not re-run"),  # a rebuild ran the statements left for x
+    re.compile(r"^ran again what \S+ builds at import, so the new code builds it too"),  # a rebuild's import builders
     re.compile(r"^updated \d+ live closure\(s\) made from the changed code$"),
 )
 

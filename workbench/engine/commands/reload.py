@@ -242,6 +242,7 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
         worker._command_error(exc.message)
         return
     worker._held.pop(undone.path, None)
+    ran_since = _statements_ran_since(worker, undone)
     _statements_after_rollback(worker, undone.path)
     worker.telemetry.record_version(worker.step, version, (f"rollback of v{undone.version}",))
     reset_compiled_code()
@@ -251,6 +252,7 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
             "the file on disk still has the newer code (save it again to re-apply)"
         ),
         *undone.notes,
+        *ran_since,
     ]
     module = worker.project.modules().get(undone.path)
     if module is not None:
@@ -276,6 +278,20 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
         )
     )
     worker._after_code_change()
+
+
+def _statements_ran_since(worker: TrainingWorker, undone: AppliedVersion) -> list[str]:
+    """The module statements the undone version left for x that x or a rebuild has run since: what they made came
+    from the rolled-back code (`optimizer = make_optimizer(...)` with its new betas), so they are left for x again,
+    as the code before has them, and said."""
+    if undone.version > max(worker._state_built_at, worker.reloader.statements_ran_at):
+        return []
+    labels = worker.reloader.leave_for_x(undone.path, undone.named_binds)
+    if not labels:
+        return []
+    return [f"{'; '.join(labels)} ran with the rolled-back code since (x or R ran it): what it made keeps that "
+            "code's result, so it is left for x again, to run as the code before has it (press x; R runs it too, "
+            "before it builds, and a line that would replace a live model or optimizer is R's)"]
 
 
 def _statements_after_rollback(worker: TrainingWorker, path: Path) -> None:

@@ -79,6 +79,9 @@ class ChangeSet:
     # Those statements and the ones earlier saves left for x, each as `statement_text`: still not re-run once this
     # is applied, so the next save's plan (and a rollback's) names them again rather than forgetting them.
     not_rerun: frozenset[str] = frozenset()
+    # The module names this save's own not-re-run statements bind (`config`, `optimizer`): once x or a rebuild has
+    # run them, rolling this version back leaves what they made, so the rollback names them and leaves them for x.
+    named_binds: frozenset[str] = frozenset()
     index: SourceIndex | None = None  # statement positions of new_source, the base of the next diff
 
     def built_from_notes(self) -> list[str]:
@@ -166,6 +169,7 @@ def plan_reload(
     plan.carry_not_rerun(module_nodes, not_rerun)
     changeset.statements = plan.statements_to_run(module_nodes)
     changeset.not_rerun = frozenset(statement_text(node) for node in plan.named_for_x())
+    changeset.named_binds = frozenset(name for node in plan.edited_statements for name in bound_names(node))
     if "setup" in plan.changed and required:
         changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
     return changeset

@@ -11,6 +11,7 @@ code objects they hold.
 
 from __future__ import annotations
 
+import ast
 import threading
 import time
 from collections import deque
@@ -23,7 +24,9 @@ from workbench.engine.hotswap.deleted_names import RemoveDeleted
 from workbench.engine.hotswap.live_objects import UpdateLiveCopies
 from workbench.engine.hotswap.patches import Patch, RunInNamespace, apply_all, undo_all
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError, plan_not_rerun, plan_reload
+from workbench.engine.hotswap.scopes import label_for
 from workbench.engine.hotswap.source_index import SourceIndex
+from workbench.engine.hotswap.statement_slice import bound_names, statement_text
 from workbench.engine.project import IMPORTED_SOURCES, Project, read_source
 
 DEFAULT_MAX_HISTORY = 50
@@ -47,6 +50,10 @@ class AppliedVersion:
     # Changed functions setup() called, with how: a state built since keeps what this version's code made.
     setup_calls: tuple[tuple[str, str], ...] = ()
     notes: list[str] = field(repr=False, default_factory=list)  # what the last undo could not give back
+    named_binds: frozenset[str] = frozenset()  # names its not-re-run module statements bind (ChangeSet.named_binds)
+
+
+_NOT_STATEMENTS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
 
 
 class Reloader:
@@ -56,6 +63,7 @@ class Reloader:
         self.project = project
         self.required = required
         self.version = 0
+        self.statements_ran_at = 0  # the code version live when x or a rebuild last ran the statements left for x
         self._applied: dict[Path, str] = {}
         self._prepared: dict[Path, str] = {}
         self._history: deque[AppliedVersion] = deque(maxlen=max(max_history, 1))
@@ -223,6 +231,7 @@ class Reloader:
                         _classes_old_and_new(changeset),
                         tuple((name, tuple(chains)) for name, chains in changeset.built_from.items()),
                         tuple(changeset.setup_calls.items()),
+                        named_binds=changeset.named_binds,
                     )
                 )
             return self.version
@@ -263,14 +272,15 @@ class Reloader:
         """
         folded_notes: list[str] = []
         with self._lock:
+            if not any(version.changed for version in self._history):
+                # Checked before folding: "nothing to roll back" must leave the line numbers as they are too.
+                raise ReloadError("nothing to roll back: no applied reload is left in the history")
             while self._history and not self._history[-1].changed:
                 # Line-number-only updates are folded into the rollback of what came before them.
                 folded = self._history.pop()
                 self._undo_patches(folded, roots)
                 folded_notes.extend(folded.notes)
                 self._applied[folded.path] = self._prepared[folded.path] = folded.previous_source
-            if not self._history:
-                raise ReloadError("nothing to roll back: no applied reload is left in the history")
         last = self._undo_last(roots)
         last.notes[:0] = folded_notes
         with self._lock:
@@ -320,6 +330,24 @@ class Reloader:
         """x or a rebuild ran the statements left for x in this file: none is left."""
         with self._lock:
             self._not_rerun.pop(path, None)
+            self.statements_ran_at = self.version
+
+    def leave_for_x(self, path: Path, names: frozenset[str]) -> list[str]:
+        """After a rollback of a version whose not-re-run statements x or a rebuild has run since: leave for x the
+        statements of the live code that bind those names (`config = Args(2)` where the undone version had
+        `Args(3)`), which a fresh start of it runs. Returns their labels."""
+        with self._lock:
+            source = self._applied.get(path)
+        if source is None or not names:
+            return []
+        try:
+            body = ast.parse(source, filename=str(path)).body
+        except SyntaxError:
+            return []
+        found = [node for node in body if not isinstance(node, _NOT_STATEMENTS) and bound_names(node) & names]
+        with self._lock:
+            self._not_rerun[path] = self._not_rerun.get(path, frozenset()) | {statement_text(n) for n in found}
+        return [f"line {node.lineno}: `{label_for(node, source)}`" for node in found]
 
     def statements_not_rerun(self, path: Path) -> list[tuple[str, RunInNamespace]]:
         """What x runs in this file's live code (after a rollback): the statements left for it that the code still
