@@ -140,6 +140,18 @@ def test_with_an_exchange_every_turn_each_of_rank_1s_steps_is_streamed_once_as_i
         assert event["time"] == pytest.approx(mine["time"], abs=1e-3) and event["ms"] == pytest.approx(mine["ms"], abs=1e-3)
 
 
+def test_a_quit_streams_every_step_rank_1_ran(ranks, monkeypatch):
+    """The quit crossed in the same exchange as rank 1's last steps, and the loop that dispatched it stopped before
+    it had published them: a quit on 2 ranks of the FSDP2 + tensor-parallel port lost rank 1's last 4 steps."""
+    monkeypatch.setenv("VRAM_BENCH_EXCHANGE_MS", "5000")  # rank 1's steps wait: the quit's exchange carries them
+    run = ranks()
+    run.wait_for(lambda e: e["event"] == "step" and e["step"] >= 20, timeout=60, what="step 20")
+    time.sleep(0.5)
+    run.send("quit")
+    assert run.finish(timeout=60) == 0
+    assert sorted(steps_of(run.events, 1)) == sorted(steps_of(rank_log(run), 1)) == sorted(steps_of(run.events, 0))
+
+
 def test_a_save_is_applied_at_the_same_step_on_both_ranks_and_parameters_stay_identical(ranks):
     run = ranks()
     run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] >= 5, timeout=60, what="rank 1 at step 5")

@@ -342,14 +342,17 @@ class Lockstep:
             self._payload = payload
 
     def _deliver(self, worker: TrainingWorker, batches: list[bytes], run_commands: bool) -> None:
-        """What every rank said, in rank order: other ranks' steps to rank 0's stream, the commands dispatched."""
-        for sender, raw in enumerate(batches):
-            if not raw or (self.rank != 0 and not run_commands):
-                continue
-            commands, steps = unpack_payload(raw)
-            if steps and self.rank == 0:
-                self._publish_steps(worker, sender, steps)
-            for item in commands if run_commands else ():
+        """What every rank said, in rank order: other ranks' steps to rank 0's stream, then the commands dispatched.
+        Every rank's steps first: a quit among rank 0's commands ends the loop, and rank 1's steps in the same
+        exchange were dropped from the stream (a quit on 2 ranks lost rank 1's last 4 step events)."""
+        said = [(sender, unpack_payload(raw)) for sender, raw in enumerate(batches)
+                if raw and (self.rank == 0 or run_commands)]
+        if self.rank == 0:
+            for sender, (_, steps) in said:
+                if steps:
+                    self._publish_steps(worker, sender, steps)
+        for _, (commands, _) in said if run_commands else ():
+            for item in commands:
                 dispatch(worker, decode(item))
                 if worker._quit:
                     return
