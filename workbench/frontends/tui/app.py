@@ -266,7 +266,8 @@ class VramBenchApp(App[None]):
         held = self.session.status().needs_rebuild
         reason = f"Held back: {', '.join(held)}.\n" if held else ""
         message = (
-            f"{reason}Rebuild runs setup() again with the current code. Parameters, buffers and optimizer state "
+            f"{reason}Rebuild builds the state again from the code on disk: the module lines x would run, the lines "
+            "that built a model or optimizer at import, then setup(). Parameters, buffers and optimizer state "
             "carry over by name and shape (layers renumbered by one inserted into a Sequential: by their place); "
             "everything else in the state (iterators, counters) starts fresh. "
             "If the new setup() fails, nothing changes."
