@@ -131,3 +131,17 @@ def test_nothing_to_roll_back_leaves_the_line_numbers_a_save_moved(start_session
     live.send(Rollback())
     assert "nothing to roll back" in live.wait_for(is_event("error", where="command")).message
     assert module.offset.__code__.co_firstlineno == 13, "the file's lines, as saved"
+
+
+def test_a_line_left_for_x_that_raises_fails_the_rebuild_and_stays_left_for_x(start_session) -> None:
+    live = _session(start_session)
+    model = live.session.worker.user_state["model"]
+    _saved(live, TRAIN_PY.replace("torch.full((2,), init_scale)", "torch.full((2,), init_scale / 0)"))
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert not rebuilt.ok and "ZeroDivisionError" in rebuilt.error, rebuilt
+    assert live.session.worker.user_state["model"] is model, "the old state stays"
+    assert _step(live) == {"init": 2.0, "offset": 0.0}
+    live.send(RunStatements())
+    failed = live.wait_for(is_event("error", where="reload"))
+    assert "ZeroDivisionError" in failed.message, "still left for x, which meets the same error"
