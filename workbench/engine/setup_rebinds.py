@@ -1,7 +1,8 @@
 """Module globals that setup() re-binds, and what they were before it ran, so a rebuild's setup() reads what a
 fresh start's would.
 
-A fresh start runs the module's statements and then setup(); a rebuild runs only setup(). Trainers ported from
+A fresh start runs the module's statements and then setup(); a rebuild runs setup() and, of the module's
+statements, only those that build a live model or optimizer and those left for x. Trainers ported from
 scripts keep their configuration in module globals and adjust it in setup() (nanoGPT's
 `global gradient_accumulation_steps; gradient_accumulation_steps //= world_size`): a rebuild would read the
 adjusted value and adjust it again (or fail the script's own assert), which no fresh start does. So the

@@ -34,7 +34,7 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("reload", "r", "reload", "Reload", "reload now: re-read every project file and apply what changed", footer=True),
     KeyAction("rollback", "u", "rollback", "Undo reload", "undo the last reload (roll back to the previous code version)"),
     KeyAction("rebuild", "R", "rebuild", "Rebuild",
-              "rebuild: run setup() again with held-back changes, carrying weights and optimizer state over (asks first)"),
+              "rebuild from the code on disk (held changes, x's lines, import-time builders, setup()), carrying weights and optimizer state over (asks first)"),
     KeyAction("run_statements", "x", "run_statements", "Run held statements",
               "run the changed module statements a reload held back (e.g. MODEL = Net())"),
     KeyAction("evaluate", "e", "evaluate", "Evaluate", "run evaluate(state, bench) now; its scalars join the chart", footer=True),
