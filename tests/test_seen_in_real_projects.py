@@ -766,7 +766,8 @@ def test_statements_that_use_a_changed_constant_are_offered_to_x_and_r_rebuilds_
     assert reload.changed == ("DEGREE",), reload
     said = " ".join(reload.notes)
     assert "W_TARGET = torch.ones(DEGREE, 1)" in said and "press x" in said and "restart" not in said, reload.notes
-    assert "line(s) 5" in said, "x also runs what uses W_TARGET (the model global), and says so first"
+    assert "x leaves line 5: `fc = torch.nn.Linear(W_TARGET.size(0), 1)`" in said and "line(s) 5" not in said, \
+        "what uses W_TARGET is the live model: said as x's to leave for R, not listed among what x runs"
     live.wait_for(is_event("paused", reason="error"))  # the new DEGREE against the old W_TARGET: shapes differ
     live.send(RunStatements())
     ran = live.wait_for(is_event("reload", file="train.py"))

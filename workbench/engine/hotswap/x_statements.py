@@ -49,8 +49,12 @@ class StatementsForX:
         edited = {statement_key(node) for node in named}
         picked = rerun_slice(module, named, lambda node: set(self._hidden_inputs(read_names(node)))) \
             or [(node, True) for node in named]
-        makers = [node.lineno for node, always in picked if always and statement_key(node) not in edited]
-        readers = [node.lineno for node, always in picked if not always]
+        # Lines x leaves for R are said below, one by one: not listed here as lines x runs.
+        left = {statement_key(node) for node, _ in picked
+                if statement_key(node) not in edited and (self._replaced_by([node]) or self._touched_by([node]))}
+        makers = [node.lineno for node, always in picked
+                  if always and statement_key(node) not in edited and statement_key(node) not in left]
+        readers = [node.lineno for node, always in picked if not always and statement_key(node) not in left]
         if makers or readers:
             parts = [f"the statements that make what they use (line(s) {', '.join(map(str, makers))})"] if makers else []
             if readers:
