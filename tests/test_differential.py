@@ -93,6 +93,8 @@ SCRIPT_IMPORT_REGRESSIONS: dict[str, tuple[int, str, str]] = {
     "(harness ledger: it undid a save the engine never versioned)": (503, "b18c6a9a2c46", REPORTED),
     "R built the optimizer at import with a changed make_optimizer(), then its rollback: the line left for x again, "
     "and said (it used to pass only because the save's note was still excused after R)": (565, "857707eebbd3", REPORTED),
+    "n_layer edited, R built the model at import with it, then its rollback: the model keeps the rolled-back value, "
+    "unsaid (long-run seed)": (31000083, "4283723458d2", REPORTED),
 }
 
 

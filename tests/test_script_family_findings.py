@@ -307,6 +307,25 @@ def test_a_rollback_names_the_model_a_rebuild_built_from_the_rolled_back_constan
     assert _step(live)["layers"] == 2 or "n_layer" in said or "MLP" in said, rolled
 
 
+def test_a_rollback_names_the_model_a_rebuild_built_at_import_from_the_rolled_back_constant(start_session) -> None:
+    """The same with `model = MLP()` at import, as script_import's seed 31000083 has it: R built the model at its
+    line of the file, and the rollback said nothing of it (the setup() case above is told by what setup() read)."""
+    from workbench.protocol.events import Rebuild, Rollback
+
+    at_import = LAYERS_PY.replace('def setup(bench):\n    return {"model": MLP()}',
+                                  'model = MLP()\n\n\ndef setup(bench):\n    return {"model": model}')
+    live, reload, _ = _saved(start_session, at_import, at_import.replace("n_layer = 2", "n_layer = 3"))
+    assert "n_layer was read by MLP's constructor" in _said(reload), reload
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    assert _step(live)["layers"] == 3
+    live.send(Rollback())
+    rolled = live.wait_for(is_event("reload", file="train.py"))
+    assert "n_layer was read by MLP's constructor when R built the live state with the rolled-back value" in _said(rolled) \
+        and "live instances: model" in _said(rolled), rolled
+    assert _step(live)["layers"] == 3, "said, and kept until R"
+
+
 def test_a_second_rebuild_names_an_optimizer_still_holding_a_discarded_models_parameters(start_session) -> None:
     from workbench.protocol.events import Rebuild
 

@@ -261,6 +261,7 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
     if undone.version <= worker._state_built_at:  # setup() ran since this version: it built with its values
         notes.extend(built_from_note(name, chains, rolled_back=True) for name, chains in undone.built_from)
         notes.extend(called_by_setup_note(name, chain, rolled_back=True) for name, chain in undone.setup_calls)
+        notes.extend(_reasons_with_live_instances(worker, (), _constructors_rebuilt(undone), "live instances"))
     built_by_newer = _rolled_back_rebuild_reasons(worker, undone)
     if built_by_newer:
         notes.append(
@@ -303,6 +304,17 @@ def _statements_after_rollback(worker: TrainingWorker, path: Path) -> None:
         worker._statements[path] = statements
     else:
         worker._statements.pop(path, None)
+
+
+def _constructors_rebuilt(undone: AppliedVersion) -> list[tuple[type, str]]:
+    """Each class whose constructor read a constant of the undone version, with what to say of its instances: a
+    rebuild since built them with the rolled-back value (`MLP()` at import with `n_layer = 1`), which they keep."""
+    return [
+        (cls, f"{', '.join(names)} {'was' if len(names) == 1 else 'were'} read by {cls.__name__}'s constructor when R "
+              "built the live state with the rolled-back value: its instances keep what that value built; R (command "
+              "`rebuild`) builds them again with the value before")
+        for cls, names in undone.constructor_reads
+    ]
 
 
 def _rolled_back_rebuild_reasons(worker: TrainingWorker, undone: AppliedVersion) -> list[str]:

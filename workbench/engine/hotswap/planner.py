@@ -70,6 +70,9 @@ class ChangeSet:
     rebuild_if_live: dict[type, str] = field(default_factory=dict)
     # Classes whose constructors read a re-bound constant: said (not held) if instances of them are alive.
     note_if_live: dict[type, str] = field(default_factory=dict)
+    # Those classes with the re-bound constants their constructors read: a rebuild since this version built them
+    # with its values, which a rollback of it does not give back (said then).
+    constructor_reads: dict[type, tuple[str, ...]] = field(default_factory=dict)
     # Re-bound constants setup() read when it built the live state, with how: {"n_layer": ["setup -> MLP.__init__"]}.
     built_from: dict[str, list[str]] = field(default_factory=dict)
     # Changed functions setup() calls, with how: {"load_train_objs": "setup -> load_train_objs"}.
@@ -163,6 +166,7 @@ def plan_reload(
     changeset.patches, changeset.changed, changeset.notes = plan.patches, plan.changed, plan.notes
     changeset.rebuild_if_live = plan.rebuild_if_live
     changeset.note_if_live = plan.note_if_live
+    changeset.constructor_reads = plan.constructor_reads
     changeset.built_from = plan.built_from
     changeset.setup_calls = plan.setup_calls
     module_nodes = [s.current_node() for s in diff.new_index.statements]
@@ -401,6 +405,7 @@ class _Planner:
         self.others = others
         self.rebuild_if_live: dict[type, str] = {}
         self.note_if_live: dict[type, str] = {}
+        self.constructor_reads: dict[type, tuple[str, ...]] = {}
         self.built_from: dict[str, list[str]] = {}
         self.scratch = scratch
         self.path = path
@@ -522,6 +527,7 @@ class _Planner:
         for cls in [v for v in self.live.values() if isinstance(v, type) and v.__module__ == self.live.get("__name__")]:
             read = constants_read_when_built(self.live, rest, cls)
             if read:
+                self.constructor_reads[cls] = tuple(sorted(read))
                 self.note_if_live[cls] = (
                     f"{', '.join(sorted(read))} {'was' if len(read) == 1 else 'were'} read by {cls.__name__}'s constructor: "
                     "live instances keep what the old value built; R (command `rebuild`) builds them again"

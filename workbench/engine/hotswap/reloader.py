@@ -51,6 +51,7 @@ class AppliedVersion:
     setup_calls: tuple[tuple[str, str], ...] = ()
     notes: list[str] = field(repr=False, default_factory=list)  # what the last undo could not give back
     named_binds: frozenset[str] = frozenset()  # names its not-re-run module statements bind (ChangeSet.named_binds)
+    constructor_reads: tuple[tuple[type, tuple[str, ...]], ...] = field(repr=False, default=())  # ChangeSet's
 
 
 _NOT_STATEMENTS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
@@ -232,6 +233,7 @@ class Reloader:
                         tuple((name, tuple(chains)) for name, chains in changeset.built_from.items()),
                         tuple(changeset.setup_calls.items()),
                         named_binds=changeset.named_binds,
+                        constructor_reads=tuple(changeset.constructor_reads.items()),
                     )
                 )
             return self.version
@@ -260,6 +262,7 @@ class Reloader:
         changeset.patches, changeset.changed, changeset.notes = fresh.patches, fresh.changed, fresh.notes
         changeset.needs_rebuild, changeset.rebuild_if_live = fresh.needs_rebuild, fresh.rebuild_if_live
         changeset.note_if_live, changeset.built_from = fresh.note_if_live, fresh.built_from
+        changeset.constructor_reads = fresh.constructor_reads
         changeset.setup_calls = fresh.setup_calls
         changeset.statements, changeset.base_source, changeset.index = fresh.statements, applied, fresh.index
         changeset.not_rerun = fresh.not_rerun
