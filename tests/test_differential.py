@@ -95,6 +95,8 @@ SCRIPT_IMPORT_REGRESSIONS: dict[str, tuple[int, str, str]] = {
     "and said (it used to pass only because the save's note was still excused after R)": (565, "857707eebbd3", REPORTED),
     "n_layer edited, R built the model at import with it, then its rollback: the model keeps the rolled-back value, "
     "unsaid (long-run seed)": (31000083, "4283723458d2", REPORTED),
+    "an override that no longer fires (--batch-size's default 6 -> None): R (and x) left its last value, not the "
+    "file's default (long-run seed)": (32001370, "8e418639788f", REPORTED),
 }
 
 

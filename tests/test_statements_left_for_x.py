@@ -8,6 +8,8 @@ statements, compiled from the text the rollback had taken back.
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import is_event, save
 from workbench.protocol.events import Rebuild, Rollback, RunStatements, StepOnce
 
@@ -145,3 +147,42 @@ def test_a_line_left_for_x_that_raises_fails_the_rebuild_and_stays_left_for_x(st
     live.send(RunStatements())
     failed = live.wait_for(is_event("error", where="reload"))
     assert "ZeroDivisionError" in failed.message, "still left for x, which meets the same error"
+
+
+OVERRIDE_PY = """\
+import argparse
+
+import torch
+
+batch_size = 8
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=6)
+args = parser.parse_args()
+if args.batch_size is not None:
+    batch_size = args.batch_size
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1)}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "batch": float(batch_size)}
+"""
+
+
+@pytest.mark.parametrize("act", ["x", "R"])
+def test_an_override_that_no_longer_fires_leaves_the_files_default_after_x_and_after_r(start_session, act: str) -> None:
+    """`--batch-size`'s default 6 -> None: a fresh start keeps `batch_size = 8`. x (and R, which runs x's lines) ran
+    the parser and the `if`, which no longer bound anything, and 6 stayed (script_import seed 32001370)."""
+    live = start_session({"train.py": OVERRIDE_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    assert _step(live)["batch"] == 6.0
+    _saved(live, OVERRIDE_PY.replace("default=6", "default=None"))
+    if act == "x":
+        assert "batch_size" in _x(live).changed
+    else:
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"))
+        assert rebuilt.ok and any("line 5: `batch_size = 8`" in n for n in rebuilt.notes), rebuilt.notes
+    assert _step(live)["batch"] == 8.0

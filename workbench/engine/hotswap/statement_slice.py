@@ -111,13 +111,31 @@ def rerun_slice(
     if not chosen:
         return []
     tainted: set[str] = set()
-    picked: list[tuple[ast.stmt, bool]] = []
+    picked: dict[int, bool] = {}
     for i in range(min(chosen), len(module)):
         node = module[i]
         if i in chosen or (not isinstance(node, _SKIPPED) and (read_names(node) | hidden_reads(node)) & tainted):
-            picked.append((node, i in chosen))
+            picked[i] = i in chosen
             tainted |= bound_names(node)
-    return picked
+    for override, default in _defaults_of_overrides(module, list(picked)):
+        picked[default] = picked[override] = True  # the default runs again, so the override must run after it
+    return [(module[i], picked[i]) for i in sorted(picked)]
+
+
+def _defaults_of_overrides(module: list[ast.stmt], picked: list[int]) -> list[tuple[int, int]]:
+    """(override, default) for each plain assignment that gives a default to what a picked `if` may bind
+    (`batch_size = 8` before `if args.batch_size is not None: batch_size = args.batch_size`): both run, the default
+    first, so an override that no longer fires leaves the file's default, as a fresh start does, not the value it
+    bound last time."""
+    found: list[tuple[int, int]] = []
+    for i in picked:
+        if not isinstance(module[i], ast.If):
+            continue
+        for name in bound_names(module[i]):
+            default = _latest_binding(module, i, name)
+            if default is not None and not calls_code(module[default]) and not isinstance(module[default], ast.If):
+                found.append((i, default))
+    return found
 
 
 def _latest_binding(module: list[ast.stmt], before: int, name: str) -> int | None:
