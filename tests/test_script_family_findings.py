@@ -272,19 +272,24 @@ def test_controls_with_the_objects_in_the_state_each_edit_is_named(start_session
     assert "MLP.__init__" in reload.held and "live instances built by the old code: model" in _said(reload), reload
 
 
+def _rebuilt_then_rolled_back(live: Any, scalar: str, rebuilt_value: float) -> Any:
+    """R, one step (whose `scalar` must be `rebuilt_value`), then u: the rollback's reload event."""
+    from workbench.protocol.events import Rebuild, Rollback
+
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    assert _step(live)[scalar] == rebuilt_value
+    live.send(Rollback())
+    return live.wait_for(is_event("reload", file="train.py"))
+
+
 # --------------------------------------------------------------------------- 7. a rollback after a rebuild
 
 def test_a_rollback_names_the_optimizer_a_rebuild_built_from_the_rolled_back_constant(start_session) -> None:
-    from workbench.protocol.events import Rebuild, Rollback
-
     source = GLOBAL_OPT_PY.replace('return {"model": model}', 'return {"model": model, "optimizer": optimizer}')
     live, reload, _ = _saved(start_session, source, source.replace("weight_decay = 0.1", "weight_decay = 0.2"))
     assert "optimizer was built with weight_decay = 0.1" in _said(reload), reload
-    live.send(Rebuild())
-    assert live.wait_for(is_event("rebuild")).ok
-    assert _step(live)["weight_decay"] == 0.2
-    live.send(Rollback())
-    rolled = live.wait_for(is_event("reload", file="train.py"))
+    rolled = _rebuilt_then_rolled_back(live, "weight_decay", 0.2)
     assert rolled.ok and rolled.changed == ("weight_decay",), rolled
     said = _said(rolled)
     assert _step(live)["weight_decay"] == 0.1 or "weight_decay" in said or "optimizer" in said, rolled
@@ -293,15 +298,9 @@ def test_a_rollback_names_the_optimizer_a_rebuild_built_from_the_rolled_back_con
 # --------------------------------------------------------------------------- found after the fixes above
 
 def test_a_rollback_names_the_model_a_rebuild_built_from_the_rolled_back_constant(start_session) -> None:
-    from workbench.protocol.events import Rebuild, Rollback
-
     live, reload, _ = _saved(start_session, LAYERS_PY, LAYERS_PY.replace("n_layer = 2", "n_layer = 3"))
     assert "n_layer" in _said(reload), reload  # the save is named (case 1, fixed)
-    live.send(Rebuild())
-    assert live.wait_for(is_event("rebuild")).ok
-    assert _step(live)["layers"] == 3
-    live.send(Rollback())
-    rolled = live.wait_for(is_event("reload", file="train.py"))
+    rolled = _rebuilt_then_rolled_back(live, "layers", 3)
     assert rolled.ok and rolled.changed == ("n_layer",), rolled
     said = _said(rolled)
     assert _step(live)["layers"] == 2 or "n_layer" in said or "MLP" in said, rolled
@@ -310,17 +309,11 @@ def test_a_rollback_names_the_model_a_rebuild_built_from_the_rolled_back_constan
 def test_a_rollback_names_the_model_a_rebuild_built_at_import_from_the_rolled_back_constant(start_session) -> None:
     """The same with `model = MLP()` at import, as script_import's seed 31000083 has it: R built the model at its
     line of the file, and the rollback said nothing of it (the setup() case above is told by what setup() read)."""
-    from workbench.protocol.events import Rebuild, Rollback
-
     at_import = LAYERS_PY.replace('def setup(bench):\n    return {"model": MLP()}',
                                   'model = MLP()\n\n\ndef setup(bench):\n    return {"model": model}')
     live, reload, _ = _saved(start_session, at_import, at_import.replace("n_layer = 2", "n_layer = 3"))
     assert "n_layer was read by MLP's constructor" in _said(reload), reload
-    live.send(Rebuild())
-    assert live.wait_for(is_event("rebuild")).ok
-    assert _step(live)["layers"] == 3
-    live.send(Rollback())
-    rolled = live.wait_for(is_event("reload", file="train.py"))
+    rolled = _rebuilt_then_rolled_back(live, "layers", 3)
     assert "n_layer was read by MLP's constructor when R built the live state with the rolled-back value" in _said(rolled) \
         and "live instances: model" in _said(rolled), rolled
     assert _step(live)["layers"] == 3, "said, and kept until R"
