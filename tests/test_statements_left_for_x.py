@@ -186,3 +186,21 @@ def test_an_override_that_no_longer_fires_leaves_the_files_default_after_x_and_a
         rebuilt = live.wait_for(is_event("rebuild"))
         assert rebuilt.ok and any("line 5: `batch_size = 8`" in n for n in rebuilt.notes), rebuilt.notes
     assert _step(live)["batch"] == 8.0
+
+
+def test_a_save_that_only_left_a_line_for_x_is_folded_into_the_rollback_before_it(start_session) -> None:
+    """A function changed (a version), then a save that only left a line for x (not a version), R ran it, then u:
+    the rollback takes the file back past both saves, so the line as the code before has it is left for x again,
+    and said (script seed 33000144)."""
+    live = _session(start_session)
+    _saved(live, TRAIN_PY.replace("return 0.0", "return 1.0"))
+    _saved(live, AND_A_FUNCTION)
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    assert _step(live) == {"init": 4.0, "offset": 1.0}
+    live.send(Rollback())
+    rolled = live.wait_for(is_event("reload", file="train.py", ms=0.0))
+    assert any("line 4: `init_weight = torch.full((2,), init_scale)`" in n and "rolled-back code since" in n
+               for n in rolled.notes), rolled.notes
+    assert "init_weight" in _x(live).changed
+    assert _step(live) == {"init": 2.0, "offset": 0.0}

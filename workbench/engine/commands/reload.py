@@ -243,7 +243,8 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
         return
     worker._held.pop(undone.path, None)
     ran_since = _statements_ran_since(worker, undone)
-    _statements_after_rollback(worker, undone.path)
+    for path in dict.fromkeys([undone.path, *(folded for folded, _, _ in undone.folded)]):
+        _statements_after_rollback(worker, path)
     worker.telemetry.record_version(worker.step, version, (f"rollback of v{undone.version}",))
     reset_compiled_code()
     notes = [
@@ -285,9 +286,9 @@ def _statements_ran_since(worker: TrainingWorker, undone: AppliedVersion) -> lis
     """The module statements the undone version left for x that x or a rebuild has run since: what they made came
     from the rolled-back code (`optimizer = make_optimizer(...)` with its new betas), so they are left for x again,
     as the code before has them, and said."""
-    if undone.version > max(worker._state_built_at, worker.reloader.statements_ran_at):
-        return []
-    labels = worker.reloader.leave_for_x(undone.path, undone.named_binds)
+    ran_at = worker.reloader.statements_ran_at
+    labels = [label for path, names, commit in ((undone.path, undone.named_binds, undone.commit), *undone.folded)
+              if ran_at >= commit for label in worker.reloader.leave_for_x(path, names)]
     if not labels:
         return []
     return [f"{'; '.join(labels)} ran with the rolled-back code since (x or R ran it): what it made keeps that "

@@ -12,6 +12,7 @@ code objects they hold.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -52,6 +53,10 @@ class AppliedVersion:
     notes: list[str] = field(repr=False, default_factory=list)  # what the last undo could not give back
     named_binds: frozenset[str] = frozenset()  # names its not-re-run module statements bind (ChangeSet.named_binds)
     constructor_reads: tuple[tuple[type, tuple[str, ...]], ...] = field(repr=False, default=())  # ChangeSet's
+    # After a rollback: the versions folded into it (line-number updates, saves that only left statements for x),
+    # each file with the names its not-re-run statements bind.
+    folded: tuple[tuple[Path, frozenset[str], int], ...] = ()
+    commit: int = 0  # Reloader.commits when it was applied
 
 
 _NOT_STATEMENTS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
@@ -64,7 +69,8 @@ class Reloader:
         self.project = project
         self.required = required
         self.version = 0
-        self.statements_ran_at = 0  # the code version live when x or a rebuild last ran the statements left for x
+        self.commits = 0  # every commit counted, code version or not: what ran after what
+        self.statements_ran_at = 0  # `commits` when x or a rebuild last ran the statements left for x
         self._applied: dict[Path, str] = {}
         self._prepared: dict[Path, str] = {}
         self._history: deque[AppliedVersion] = deque(maxlen=max(max_history, 1))
@@ -215,8 +221,11 @@ class Reloader:
             previous = self._applied.get(path, "")
             self._applied[path] = changeset.new_source
             self._not_rerun[path] = changeset.not_rerun
+            self.commits += 1
             self._prepared[path] = changeset.new_source
-            if changeset.changed or changeset.patches:
+            # A save that only left statements for x is kept too (not a code version): a rollback folds it with the
+            # version before it, and must know what its statements bind once x or R has run them.
+            if changeset.changed or changeset.patches or changeset.named_binds:
                 if changeset.changed:
                     self.version += 1
                 self._history.append(
@@ -234,6 +243,7 @@ class Reloader:
                         tuple(changeset.setup_calls.items()),
                         named_binds=changeset.named_binds,
                         constructor_reads=tuple(changeset.constructor_reads.items()),
+                        commit=self.commits,
                     )
                 )
             return self.version
@@ -274,6 +284,7 @@ class Reloader:
         (a rebuild's setup() made them) get the code before it too; the version's `notes` say what could not.
         """
         folded_notes: list[str] = []
+        folded_binds: list[tuple[Path, frozenset[str], int]] = []
         with self._lock:
             if not any(version.changed for version in self._history):
                 # Checked before folding: "nothing to roll back" must leave the line numbers as they are too.
@@ -283,9 +294,12 @@ class Reloader:
                 folded = self._history.pop()
                 self._undo_patches(folded, roots)
                 folded_notes.extend(folded.notes)
+                folded_binds.append((folded.path, folded.named_binds, folded.commit))
                 self._applied[folded.path] = self._prepared[folded.path] = folded.previous_source
         last = self._undo_last(roots)
         last.notes[:0] = folded_notes
+        if folded_binds:
+            last = dataclasses.replace(last, folded=tuple(folded_binds))
         with self._lock:
             self.version += 1
             return last, self.version
@@ -333,7 +347,7 @@ class Reloader:
         """x or a rebuild ran the statements left for x in this file: none is left."""
         with self._lock:
             self._not_rerun.pop(path, None)
-            self.statements_ran_at = self.version
+            self.statements_ran_at = self.commits
 
     def leave_for_x(self, path: Path, names: frozenset[str]) -> list[str]:
         """After a rollback of a version whose not-re-run statements x or a rebuild has run since: leave for x the
