@@ -65,6 +65,17 @@ def _rolled_back(live) -> None:  # type: ignore[no-untyped-def]
     assert live.wait_for(is_event("reload", file="train.py", ms=0.0)).ok
 
 
+def _rebuilt_then_rolled_back(live) -> None:  # type: ignore[no-untyped-def]
+    """R (which runs `init_scale * 2`), then u, which must say the line as the code before has it is left for x."""
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    assert _step(live) == {"init": 4.0, "offset": 1.0}
+    live.send(Rollback())
+    rolled = live.wait_for(is_event("reload", file="train.py", ms=0.0))
+    assert any("line 4: `init_weight = torch.full((2,), init_scale)`" in n and "ran with the rolled-back code since" in n
+               for n in rolled.notes), rolled.notes
+
+
 def _step(live) -> dict[str, float]:  # type: ignore[no-untyped-def]
     live.send(StepOnce())
     return live.wait_for(is_event("step")).scalars
@@ -111,13 +122,7 @@ def test_rolling_back_a_save_whose_line_a_rebuild_ran_leaves_the_line_before_it_
     script_import family, seed 565: an optimizer R built at import with a rolled-back `make_optimizer`)."""
     live = _session(start_session)
     _saved(live, AND_A_FUNCTION)
-    live.send(Rebuild())
-    assert live.wait_for(is_event("rebuild")).ok
-    assert _step(live) == {"init": 4.0, "offset": 1.0}
-    live.send(Rollback())
-    rolled = live.wait_for(is_event("reload", file="train.py", ms=0.0))
-    said = [n for n in rolled.notes if "ran with the rolled-back code since" in n]
-    assert said and "line 4: `init_weight = torch.full((2,), init_scale)`" in said[0], rolled.notes
+    _rebuilt_then_rolled_back(live)
     assert _step(live) == {"init": 4.0, "offset": 0.0}, "said, not yet run"
     assert "init_weight" in _x(live).changed
     assert _step(live) == {"init": 2.0, "offset": 0.0}, "as a fresh start of the code before"
@@ -195,12 +200,6 @@ def test_a_save_that_only_left_a_line_for_x_is_folded_into_the_rollback_before_i
     live = _session(start_session)
     _saved(live, TRAIN_PY.replace("return 0.0", "return 1.0"))
     _saved(live, AND_A_FUNCTION)
-    live.send(Rebuild())
-    assert live.wait_for(is_event("rebuild")).ok
-    assert _step(live) == {"init": 4.0, "offset": 1.0}
-    live.send(Rollback())
-    rolled = live.wait_for(is_event("reload", file="train.py", ms=0.0))
-    assert any("line 4: `init_weight = torch.full((2,), init_scale)`" in n and "rolled-back code since" in n
-               for n in rolled.notes), rolled.notes
+    _rebuilt_then_rolled_back(live)
     assert "init_weight" in _x(live).changed
     assert _step(live) == {"init": 2.0, "offset": 0.0}
