@@ -21,10 +21,9 @@ from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.compiling import compile_nodes, future_flags
 from workbench.engine.hotswap.planner import is_main_guard
 from workbench.engine.hotswap.scopes import label_for
-from workbench.engine.hotswap.statement_slice import bound_names, calls_code, rerun_slice
+from workbench.engine.hotswap.statement_slice import DEFINITIONS, bound_names, calls_code, rerun_slice
 from workbench.engine.state_walk import training_object
 
-_NOT_BUILDERS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
 
 
 def plan_import_builders(module: types.ModuleType, source: str, path: Path) -> list[tuple[str, RunInNamespace]]:
@@ -36,7 +35,7 @@ def plan_import_builders(module: types.ModuleType, source: str, path: Path) -> l
         return []  # the live code is what was applied, so this is not expected; nothing to run again then
     builders = [
         node for node in body
-        if not isinstance(node, _NOT_BUILDERS) and not is_main_guard(node) and calls_code(node)
+        if not isinstance(node, DEFINITIONS) and not is_main_guard(node) and calls_code(node)
         and any(name in namespace and training_object(namespace[name]) for name in bound_names(node))
     ]
     if not builders:

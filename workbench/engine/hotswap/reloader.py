@@ -27,7 +27,7 @@ from workbench.engine.hotswap.patches import Patch, RunInNamespace, apply_all, u
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError, plan_not_rerun, plan_reload
 from workbench.engine.hotswap.scopes import label_for
 from workbench.engine.hotswap.source_index import SourceIndex
-from workbench.engine.hotswap.statement_slice import bound_names, statement_text
+from workbench.engine.hotswap.statement_slice import DEFINITIONS, bound_names, statement_text
 from workbench.engine.project import IMPORTED_SOURCES, Project, read_source
 
 DEFAULT_MAX_HISTORY = 50
@@ -57,9 +57,6 @@ class AppliedVersion:
     # each file with the names its not-re-run statements bind.
     folded: tuple[tuple[Path, frozenset[str], int], ...] = ()
     commit: int = 0  # Reloader.commits when it was applied
-
-
-_NOT_STATEMENTS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
 
 
 class Reloader:
@@ -361,7 +358,7 @@ class Reloader:
             body = ast.parse(source, filename=str(path)).body
         except SyntaxError:
             return []
-        found = [node for node in body if not isinstance(node, _NOT_STATEMENTS) and bound_names(node) & names]
+        found = [node for node in body if not isinstance(node, DEFINITIONS) and bound_names(node) & names]
         with self._lock:
             self._not_rerun[path] = self._not_rerun.get(path, frozenset()) | {statement_text(n) for n in found}
         return [f"line {node.lineno}: `{label_for(node, source)}`" for node in found]

@@ -15,7 +15,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterable
 
-_SKIPPED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+# Top-level statements that define rather than compute: never run again by x, R or a rollback.
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
 
 
 def statement_key(node: ast.stmt) -> tuple[int, int]:
@@ -114,7 +115,7 @@ def rerun_slice(
     picked: dict[int, bool] = {}
     for i in range(min(chosen), len(module)):
         node = module[i]
-        if i in chosen or (not isinstance(node, _SKIPPED) and (read_names(node) | hidden_reads(node)) & tainted):
+        if i in chosen or (not isinstance(node, DEFINITIONS) and (read_names(node) | hidden_reads(node)) & tainted):
             picked[i] = i in chosen
             tainted |= bound_names(node)
     for override, default in _defaults_of_overrides(module, list(picked)):
@@ -142,5 +143,5 @@ def _latest_binding(module: list[ast.stmt], before: int, name: str) -> int | Non
     for i in range(before - 1, -1, -1):
         node = module[i]
         if name in bound_names(node):
-            return None if isinstance(node, _SKIPPED) else i
+            return None if isinstance(node, DEFINITIONS) else i
     return None
