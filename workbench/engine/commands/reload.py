@@ -19,7 +19,12 @@ from torch.utils.data import DataLoader
 from workbench.engine.dispatch import handles
 from workbench.protocol.events import Command, Error, Reload, Rollback, RunStatements
 from workbench.engine.hotswap.compiled import reset_compiled_code
-from workbench.engine.hotswap.construction import built_from_note, called_by_setup_note, constants_read_when_built
+from workbench.engine.hotswap.construction import (
+    built_from_note,
+    called_by_setup_note,
+    constants_read_when_built,
+    constructor_read_note,
+)
 from workbench.engine.hotswap.loader_workers import worker_notes
 from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, freeze, ran, run_slice, same_frozen
 from workbench.engine.hotswap.patches import RunInNamespace
@@ -310,12 +315,7 @@ def _statements_after_rollback(worker: TrainingWorker, path: Path) -> None:
 def _constructors_rebuilt(undone: AppliedVersion) -> list[tuple[type, str]]:
     """Each class whose constructor read a constant of the undone version, with what to say of its instances: a
     rebuild since built them with the rolled-back value (`MLP()` at import with `n_layer = 1`), which they keep."""
-    return [
-        (cls, f"{', '.join(names)} {'was' if len(names) == 1 else 'were'} read by {cls.__name__}'s constructor when R "
-              "built the live state with the rolled-back value: its instances keep what that value built; R (command "
-              "`rebuild`) builds them again with the value before")
-        for cls, names in undone.constructor_reads
-    ]
+    return [(cls, constructor_read_note(cls.__name__, names, rolled_back=True)) for cls, names in undone.constructor_reads]
 
 
 def _rolled_back_rebuild_reasons(worker: TrainingWorker, undone: AppliedVersion) -> list[str]:

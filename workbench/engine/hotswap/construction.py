@@ -121,6 +121,16 @@ def called_by_setup_note(name: str, chain: str, rolled_back: bool = False) -> st
             "R (command `rebuild`) builds it again with the new code")
 
 
+def constructor_read_note(class_name: str, names: tuple[str, ...], rolled_back: bool = False) -> str:
+    """The log's sentence for re-bound constants a class's constructor read, after a save or a rollback (whose
+    rebuild since built the live instances with the rolled-back value)."""
+    read = f"{', '.join(names)} {'was' if len(names) == 1 else 'were'} read by {class_name}'s constructor"
+    if rolled_back:
+        return (f"{read} when R built the live state with the rolled-back value: its instances keep what that value "
+                "built; R (command `rebuild`) builds them again with the value before")
+    return f"{read}: live instances keep what the old value built; R (command `rebuild`) builds them again"
+
+
 def built_from_note(name: str, chains: list[str] | tuple[str, ...], rolled_back: bool = False) -> str:
     """The log's sentence for a constant setup() built the live state from, after a save or a rollback."""
     how = "; ".join(chains[:3])

@@ -24,6 +24,7 @@ from workbench.engine.hotswap.construction import (
     built_from_note,
     called_by_setup_note,
     constants_read_when_built,
+    constructor_read_note,
     functions_called_when_built,
 )
 from workbench.engine.hotswap.deleted_names import RemoveDeleted, plan_deleted
@@ -528,10 +529,7 @@ class _Planner:
             read = constants_read_when_built(self.live, rest, cls)
             if read:
                 self.constructor_reads[cls] = tuple(sorted(read))
-                self.note_if_live[cls] = (
-                    f"{', '.join(sorted(read))} {'was' if len(read) == 1 else 'were'} read by {cls.__name__}'s constructor: "
-                    "live instances keep what the old value built; R (command `rebuild`) builds them again"
-                )
+                self.note_if_live[cls] = constructor_read_note(cls.__name__, self.constructor_reads[cls])
 
     def functions_setup_called(self, setup: Any) -> None:
         """A changed function setup() called (`load_train_objs()`, `make_model()`): what it built for the live state is
