@@ -631,8 +631,9 @@ def _check_loader_notes(live, source: str, persistent: bool) -> None:
     assert reload.ok and reload.changed == ("scale",), reload
     said = [n for n in reload.notes if "worker processes" in n]
     assert len(said) == 1 and "state['loader']" in said[0] and "scale" in said[0], reload.notes
-    assert ("R (command `rebuild`)" in said[0]) is persistent, said
+    assert "R (command `rebuild`)" in said[0], said  # setup() makes the loader: R starts new workers either way
     assert ("next epoch" in said[0]) is not persistent, said
+    assert ("of its 8 batches from now" in said[0]) is not persistent, said  # its live iterator was found
     # A change the workers never run says nothing about them.
     save(live.entry, source.replace("float(i) * 1.0", "float(i) * 2.0").replace('"loss": 0.0', '"loss": 1.0'))
     other = live.wait_for(is_event("reload", file="train.py"))

@@ -53,16 +53,18 @@ class SetupRebinds:
         # {code version: {(module, name): value}}: what a save superseded, for a rollback of that save.
         self._superseded: dict[int, dict[tuple[str, str], Any]] = {}
         self._bound_since: dict[str, set[str]] = {}  # names saves and rollbacks bound since the last setup()
+        self._bound_by_setup: dict[str, set[str]] = {}  # names the last setup() bound: made or re-bound
 
     def record(self, before: Namespaces, after: Namespaces) -> None:
         """After a setup() that succeeded: `before` are `copies()` taken just before it ran.
 
         Only names the module's statements bind are kept: those setup() made (`global model`) never are, then
         or at a later rebuild."""
-        self._before, self._bound_since = {}, {}
+        self._before, self._bound_since, self._bound_by_setup = {}, {}, {}
         now_by_module = dict(after)  # setup() may import modules: match by name, not position
         for module, old in before:
             now = now_by_module.get(module, {})
+            self._bound_by_setup[module] = {name for name, value in now.items() if old.get(name, _ABSENT) is not value}
             statements = self._statement_names.setdefault(module, set(old))
             rebound = {
                 name: value for name, value in old.items()
@@ -101,6 +103,11 @@ class SetupRebinds:
         value where a fresh start's holds what setup() makes of it (nanoGPT's accumulation steps per rank)."""
         kept = self._before.get(module, {})
         return [name for name in names if name in kept]
+
+    def bound_by_setup(self, module: str, name: str) -> bool:
+        """Whether the last setup() bound this global (`global loader; loader = ...`, over a `loader = None` or not): a
+        rebuild's setup() binds it again, where what the module's statements alone bound stays as it is."""
+        return name in self._bound_by_setup.get(module, ())
 
     def bound_since_setup(self) -> dict[str, set[str]]:
         """{module: names} that saved statements (or rollbacks) bound since setup() last ran: the file's values."""

@@ -18,7 +18,7 @@ Namespaces = Iterable[tuple[str, dict[str, Any]]]  # (module name, its globals):
 
 _MAX_DEPTH = 4
 # Module globals that are code, not state: never walked (an imported module would lead into torch itself).
-_NOT_STATE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
+NOT_STATE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)
 _MAX_ITEMS = 256  # models and optimizers sit near the top of a state, not deep inside a dataset list
 _GLOBALS_DEPTH = 2  # a module global and two levels inside it (`trainer.scheduler`): globals hold datasets too
 # What a search for one kind of object (a scheduler, a loader) never goes into: code, tensors, and the model and
@@ -64,7 +64,7 @@ def find_reachable(state: Any, namespaces: Namespaces, matches: Callable[[Any], 
         found.setdefault(path or name, obj)
     for module_name, namespace in namespaces:
         for key, value in list(namespace.items()):
-            if not key.startswith("__") and not isinstance(value, _NOT_STATE):
+            if not key.startswith("__") and not isinstance(value, NOT_STATE):
                 for path, obj in reachable(value, f"{module_name}.{key}", depth=_MAX_DEPTH - _GLOBALS_DEPTH, **search):
                     found.setdefault(path, obj)
     return found
@@ -158,7 +158,7 @@ def find_instances(state: Any, cls: type, limit: int = 50, namespaces: Namespace
     visit(state, "", 0)
     for module_name, namespace in namespaces:
         for key, value in list(namespace.items()):
-            if not key.startswith("__") and not isinstance(value, _NOT_STATE):
+            if not key.startswith("__") and not isinstance(value, NOT_STATE):
                 visit(value, f"{module_name}.{key}", 1)
     return found
 
@@ -175,7 +175,7 @@ def training_object(value: Any) -> str | None:
     for cls, kind in kinds:
         if isinstance(value, cls):
             return f"the live {kind} ({type(value).__name__})"
-    if isinstance(value, _NOT_STATE) or isinstance(value, torch.Tensor):
+    if isinstance(value, NOT_STATE) or isinstance(value, torch.Tensor):
         return None
     try:
         modules, optimizers = find_modules_and_optimizers(value)

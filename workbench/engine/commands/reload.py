@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import time
 import traceback
-import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from torch.utils.data import DataLoader
 
 from workbench.engine.dispatch import handles
 from workbench.protocol.events import Command, Error, Reload, Rollback, RunStatements
@@ -25,14 +22,14 @@ from workbench.engine.hotswap.construction import (
     constants_read_when_built,
     constructor_read_note,
 )
-from workbench.engine.hotswap.loader_workers import worker_notes
+from workbench.engine.hotswap.loader_workers import LoaderRoot, worker_notes
 from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, freeze, ran, run_slice, same_frozen
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.reloader import AppliedVersion
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.setup_rebinds import names_bound_by
-from workbench.engine.state_walk import find_instances
+from workbench.engine.state_walk import NOT_STATE, find_instances, top_values
 
 if TYPE_CHECKING:
     from workbench.engine.worker import TrainingWorker
@@ -343,13 +340,14 @@ def _reasons_with_live_instances(
     return reasons
 
 
-def _loader_roots(worker: TrainingWorker) -> list[tuple[str, Any]]:
-    """Where DataLoaders live: the state, and module globals of script-style trainers (`train_loader = ...`)."""
-    roots: list[tuple[str, Any]] = [("state", worker.user_state)]
+def _loader_roots(worker: TrainingWorker) -> list[LoaderRoot]:
+    """Where DataLoaders live: the state, and module globals of script-style trainers (`train_loader = ...`, an
+    object holding one); each says whether a rebuild's setup() makes it again."""
+    roots = [LoaderRoot(path, value, remade_by_rebuild=True) for path, value in top_values(worker.user_state)]
     for module_name, namespace in worker._namespaces():
         roots.extend(
-            (f"{module_name}.{name}", value)
+            LoaderRoot(f"{module_name}.{name}", value, worker.setup_rebinds.bound_by_setup(module_name, name))
             for name, value in list(namespace.items())
-            if isinstance(value, (DataLoader, types.GeneratorType))
+            if not name.startswith("__") and not isinstance(value, NOT_STATE)
         )
     return roots

@@ -6,51 +6,96 @@ moment. A reload patches the main process only: a changed `Dataset.__getitem__`
 (or a function it calls, or the loader's `collate_fn`) runs old code in the
 workers until they start again. That is never silent: the reload event names
 the loader, the code, and when the new code will take over.
+
+"When" needs the live iterator, not only the loader. makemore's `InfiniteDataLoader`
+(ported from karpathy/makemore) makes one iterator at import over a sampler of 1e10
+samples, so "until the epoch ends" means never; and it lives in a module global that
+R does not build again, so "press R" would start no new workers. The live
+multi-process iterators are found too (a plain object's attributes, a generator's
+locals), and each note says how many batches its epoch has left and whether R makes
+the loader again (setup() makes it) or not (a global made at import holds it).
 """
 
 from __future__ import annotations
 
-import itertools
 import types
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+from workbench.engine.state_walk import children
 
 _MAX_DEPTH = 4
 _MAX_ITEMS = 256
+# Beyond this many batches left, an epoch is said to outlast the run for any purpose a user has.
+_ENDLESS_BATCHES = 10_000_000
 
 
-def find_loaders(roots: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, DataLoader]]:
-    """(path, loader) for each DataLoader with worker processes reachable from the roots, each once.
+@dataclass(frozen=True)
+class LoaderRoot:
+    """Where loaders are looked for: the state, a module global. `remade_by_rebuild`: R's setup() makes what this
+    root holds again (setup()'s state, a global that setup() binds); not so for a global the file binds at import."""
 
-    Looks through dicts, lists, attributes, the iterator of a loader (it knows its loader only by its
-    parts, so the loader is found next to it), and the locals of running generators (`for b in loader`).
-    """
+    name: str
+    value: Any
+    remade_by_rebuild: bool
+
+
+@dataclass
+class _Found:
+    path: str
+    obj: Any
+    remade_by_rebuild: bool = True
+    held_at_import: str | None = None  # the first root made at import that reaches it
+
+
+def _walk(root: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, object) for each DataLoader with workers and each multi-process iterator under `root`, each once.
+
+    Goes through dicts, lists, public attributes (`batch_loader.data_iter`) and the locals of running generators
+    (`for b in loader`); a persistent loader's iterator is its `_iterator`."""
     seen: set[int] = set()
-    stack: list[tuple[Any, str, int]] = [(root, name, 0) for name, root in roots]
+    stack: list[tuple[Any, str, int]] = [(root, path, 0)]
     while stack:
-        obj, path, depth = stack.pop()
+        obj, at, depth = stack.pop()
         if id(obj) in seen or depth > _MAX_DEPTH:
             continue
         seen.add(id(obj))
+        if isinstance(obj, _MultiProcessingDataLoaderIter):
+            yield at, obj
+            continue
         if isinstance(obj, DataLoader):
             if obj.num_workers > 0:
-                yield path, obj
+                yield at, obj
+                iterator = getattr(obj, "_iterator", None)
+                if isinstance(iterator, _MultiProcessingDataLoaderIter) and id(iterator) not in seen:
+                    seen.add(id(iterator))
+                    yield f"{at}._iterator", iterator
             continue
         if isinstance(obj, types.GeneratorType):
             frame = obj.gi_frame
             if frame is not None:
-                stack.extend((value, f"{path}.<locals>.{key}", depth + 1) for key, value in frame.f_locals.items())
-        elif isinstance(obj, dict):
-            stack.extend((v, f"{path}[{k!r}]", depth + 1) for k, v in itertools.islice(obj.items(), _MAX_ITEMS)
-                         if not (isinstance(k, str) and k.startswith("__")))
-        elif isinstance(obj, (list, tuple)):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(itertools.islice(obj, _MAX_ITEMS)))
-        elif isinstance(obj, (type, types.ModuleType, types.FunctionType, str, bytes, int, float)):
+                stack.extend((value, f"{at}.<locals>.{key}", depth + 1) for key, value in frame.f_locals.items())
+        elif _is_tensor_like(obj) or isinstance(obj, (str, bytes, int, float)):
             continue
-        elif hasattr(obj, "__dict__") and not _is_tensor_like(obj):
-            stack.extend((v, f"{path}.{k}", depth + 1) for k, v in vars(obj).items())
+        else:
+            stack.extend((value, child, depth + 1) for child, value in children(obj, at))
+
+
+def _find(roots: Iterable[LoaderRoot]) -> list[_Found]:
+    """Every loader with workers and multi-process iterator, by the first path that reaches it, and whether R makes
+    it again: only if no root made at import reaches it."""
+    found: dict[int, _Found] = {}
+    for root in roots:
+        for path, obj in _walk(root.value, root.name):
+            entry = found.setdefault(id(obj), _Found(path, obj))
+            if not root.remade_by_rebuild:
+                entry.remade_by_rebuild = False
+                entry.held_at_import = entry.held_at_import or root.name
+    return list(found.values())
 
 
 def _is_tensor_like(obj: Any) -> bool:
@@ -68,16 +113,20 @@ def datasets_in(dataset: Any, depth: int = 0) -> Iterator[Any]:
     inner = getattr(dataset, "dataset", None)
     if inner is not None and inner is not dataset:
         yield from datasets_in(inner, depth + 1)
-    for each in itertools.islice(getattr(dataset, "datasets", None) or (), _MAX_ITEMS):
+    for each in list(getattr(dataset, "datasets", None) or ())[:_MAX_ITEMS]:
         yield from datasets_in(each, depth + 1)
 
 
-def code_run_by_workers(loader: DataLoader, module: types.ModuleType) -> set[str]:
-    """Qualified names, in `module`, of the code a loader's workers run: the dataset's classes (with their
-    methods), the module functions those methods call by name, and the loader's collate and init functions."""
+def code_run_by_workers(loader: DataLoader | _MultiProcessingDataLoaderIter, module: types.ModuleType) -> set[str]:
+    """Qualified names, in `module`, of the code a loader's (or an iterator's) workers run: the dataset's classes
+    (with their methods), the module functions those methods call by name, and the collate and init functions."""
+    if isinstance(loader, _MultiProcessingDataLoaderIter):
+        dataset, functions = loader._dataset, (loader._collate_fn, loader._worker_init_fn)
+    else:
+        dataset, functions = loader.dataset, (loader.collate_fn, loader.worker_init_fn)
     names: set[str] = set()
     called: set[str] = set()
-    for cls in (c for dataset in datasets_in(loader.dataset) for c in type(dataset).__mro__):
+    for cls in (c for each in datasets_in(dataset) for c in type(each).__mro__):
         if cls.__module__ != module.__name__:
             continue
         names.add(cls.__qualname__)
@@ -85,7 +134,7 @@ def code_run_by_workers(loader: DataLoader, module: types.ModuleType) -> set[str
             code = getattr(member, "__code__", None)
             if code is not None:
                 called.update(code.co_names)
-    for fn in (loader.collate_fn, loader.worker_init_fn):
+    for fn in functions:
         if getattr(fn, "__module__", None) == module.__name__:
             names.add(fn.__qualname__)
             called.update(getattr(getattr(fn, "__code__", None), "co_names", ()))
@@ -93,27 +142,72 @@ def code_run_by_workers(loader: DataLoader, module: types.ModuleType) -> set[str
     return names
 
 
+def _iterates(iterator: _MultiProcessingDataLoaderIter, loader: DataLoader) -> bool:
+    """Whether `iterator` is an epoch of `loader` (an iterator knows its loader only by its parts)."""
+    return loader._iterator is iterator or (
+        iterator._dataset is loader.dataset and iterator._index_sampler is loader._index_sampler)
+
+
+def _epoch_left(iterator: _MultiProcessingDataLoaderIter) -> str:
+    try:
+        total = len(iterator)
+    except TypeError:  # an IterableDataset without __len__: its end cannot be told
+        return "until its epoch ends"
+    left = max(total - iterator._num_yielded, 0)
+    if left > _ENDLESS_BATCHES:
+        return f"until its epoch ends, {left:,} batches from now: in effect, for the rest of the session"
+    return f"until its epoch ends, {left:,} of its {total:,} batches from now (the next epoch's workers start with it)"
+
+
+def _new_workers(entry: _Found) -> str:
+    """How new workers start: R when setup() makes the loader; otherwise only a new iterator."""
+    if entry.remade_by_rebuild:
+        return "press R (command `rebuild`) to start new workers with the new code"
+    return (f"R (command `rebuild`) does not start new ones: {entry.held_at_import} is made at import, not by "
+            "setup(), and R does not make it again; a new iterator over the loader (one your code makes, or a fresh "
+            "start) starts workers with the new code")
+
+
 def worker_notes(
-    roots: Iterable[tuple[str, Any]], changed: Iterable[str], module: types.ModuleType, change: str = "this save"
+    roots: Iterable[LoaderRoot], changed: Iterable[str], module: types.ModuleType, change: str = "this save"
 ) -> list[str]:
-    """One note per loader whose workers run changed code (`changed`: the reload's qualified names)."""
+    """One note per loader (or iterator) whose workers run changed code (`changed`: the reload's qualified names)."""
     changed = list(changed)
+    found = _find(roots)
+    iterators = [f for f in found if isinstance(f.obj, _MultiProcessingDataLoaderIter)]
+    loaders = [f for f in found if isinstance(f.obj, DataLoader)]
     notes = []
-    for path, loader in find_loaders(roots):
-        run = code_run_by_workers(loader, module)
+
+    def stale_in(obj: Any) -> str:
+        run = code_run_by_workers(obj, module)
         stale = sorted({name for name in changed if name in run or name.split(".")[0] in run})
-        if not stale:
+        return ", ".join(stale[:5])
+
+    told: set[int] = set()
+    for entry in iterators:
+        iterator = entry.obj
+        if iterator._shutdown or not iterator._workers or not (shown := stale_in(iterator)):
             continue
-        shown = ", ".join(stale[:5])
-        if loader.persistent_workers:
-            if getattr(loader, "_iterator", None) is None:
-                continue  # its workers have not started yet: they will start with the new code
-            notes.append(f"{path} runs {shown} in {loader.num_workers} worker processes forked before {change}: they are "
-                         "persistent, so they keep it for the rest of the session: press R (command `rebuild`) to start "
-                         "new workers with the new code")
+        loader = next((each for each in loaders if _iterates(iterator, each.obj)), None)
+        if loader is not None:
+            told.add(id(loader.obj))
+            entry.remade_by_rebuild = entry.remade_by_rebuild and loader.remade_by_rebuild
+            entry.held_at_import = entry.held_at_import or loader.held_at_import
+        name = loader.path if loader is not None else f"the iterator {entry.path}"
+        workers = f"{len(iterator._workers)} worker processes forked before {change}"
+        if iterator._persistent_workers:
+            notes.append(f"{name} runs {shown} in {workers}: they are persistent, so they keep it for the rest of "
+                         f"the session: {_new_workers(entry)}")
         else:
-            # Whether an epoch's iterator is alive cannot be seen from the loader (a `for` loop holds it), so this says
-            # what holds either way rather than claim workers that may not be running.
-            notes.append(f"{path} runs {shown} in worker processes: those of an epoch running now were forked before "
-                         f"{change} and keep the old code until it ends; the next epoch's workers start with the new code")
+            notes.append(f"{name} runs {shown} in {workers}, when its epoch began: they keep the old code "
+                         f"{_epoch_left(iterator)}; {_new_workers(entry)}")
+    for entry in loaders:
+        loader = entry.obj
+        if id(loader) in told or loader.persistent_workers or not (shown := stale_in(loader)):
+            continue  # a persistent loader's workers start with its first iterator, with the code of then
+        # The iterator of an epoch running now may be out of sight (a `for` loop holds it), so this says what holds
+        # either way rather than claim workers that may not be running.
+        notes.append(f"{entry.path} runs {shown} in worker processes: those of an epoch running now were forked "
+                     f"before {change} and keep the old code until it ends; the next epoch's workers start with the "
+                     "new code")
     return notes

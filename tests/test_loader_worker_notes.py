@@ -1,0 +1,204 @@
+"""A save of code that DataLoader workers run says which workers keep the old code, until when, and what starts new ones.
+
+Found porting karpathy/makemore: its `InfiniteDataLoader` (a plain class in a module global, made at import) holds a
+DataLoader with workers and one iterator over a sampler of 1e10 samples. An edit of `CharDataset.__getitem__` was
+reported applied with no note, while the workers ran the old code for the rest of the session. Each test checks the
+note against what the steps read afterwards (every batch carries the version of `__getitem__` that made it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import Live, make_project, open_session
+from test_real_shaped_projects import edit, next_steps, rebuild, reload_of, said, wait_gone, worker_pids
+
+DATASET = '''
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+
+class Words(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        version = 1.0
+        return torch.full((4,), float(index % 7)), torch.tensor(version)
+
+
+class InfiniteDataLoader:
+    """makemore's: one iterator, over a sampler that never ends."""
+
+    def __init__(self, dataset, **kwargs):
+        sampler = RandomSampler(dataset, replacement=True, num_samples=int(1e10))
+        self.train_loader = DataLoader(dataset, sampler=sampler, **kwargs)
+        self.data_iter = iter(self.train_loader)
+
+    def next(self):
+        return next(self.data_iter)
+
+
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+'''
+
+STEP = '''
+def step(state, bench):
+    x, version = next_batch(state)
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return {"loss": loss, "data_version": float(version.mean())}
+'''
+
+MADE_AT_IMPORT = DATASET + '''
+batch_loader = InfiniteDataLoader(Words(), batch_size=8, num_workers=1)
+
+
+def setup(bench):
+    return {"model": model, "optimizer": optimizer}
+
+
+def next_batch(state):
+    return batch_loader.next()
+''' + STEP
+
+MADE_BY_SETUP = DATASET + '''
+batch_loader = None
+
+
+def setup(bench):
+    global batch_loader
+    batch_loader = InfiniteDataLoader(Words(), batch_size=8, num_workers=1)
+    return {"model": model, "optimizer": optimizer}
+
+
+def next_batch(state):
+    return batch_loader.next()
+''' + STEP
+
+EPOCHS_IN_STATE = DATASET + '''
+def setup(bench):
+    loader = DataLoader(Words(), batch_size=4, shuffle=True, num_workers=1)
+    return {"model": model, "optimizer": optimizer, "loader": loader, "batches": iter(loader)}
+
+
+def next_batch(state):
+    try:
+        return next(state["batches"])
+    except StopIteration:
+        state["batches"] = iter(state["loader"])
+        return next(state["batches"])
+''' + STEP
+
+DATASET_EDIT = ("version = 1.0", "version = 2.0")
+
+
+@pytest.fixture
+def session_of(tmp_path: Path, one_torch_thread: None) -> Iterator:
+    """Opens a one-file project; at the end, shuts down the workers a module global's iterator still holds (the
+    module is unloaded with the session, and its globals may outlive it in a reference cycle) and checks they exit."""
+    others = worker_pids()
+    opened: list[Live] = []
+
+    def open_one(source: str):
+        root = make_project(tmp_path, {"train.py": source})
+        live_cm = open_session(root / "train.py")
+        live = live_cm.__enter__()
+        opened.append((live, live_cm))
+        return root, live
+
+    yield open_one
+    for live, live_cm in opened:
+        loader = live.session.worker.project.modules()
+        for module in loader.values():
+            feed = vars(module).get("batch_loader")
+            if feed is not None:
+                feed.data_iter._shutdown_workers()
+        state = live.session.worker.user_state
+        if isinstance(state, dict):
+            state.pop("batches", None)
+        live_cm.__exit__(None, None, None)
+    assert not wait_gone(worker_pids(others)), "the loaders' worker processes outlived the test"
+
+
+def test_an_endless_loader_made_at_import_says_its_workers_keep_the_old_code_and_that_r_does_not_restart_them(
+    session_of,
+) -> None:
+    root, live = session_of(MADE_AT_IMPORT)
+    live.wait_running(2)
+    edit(root / "train.py", DATASET_EDIT)
+    reload = reload_of(live, "train.py")
+    assert reload.ok and reload.changed == ("Words.__getitem__",), reload
+    assert said(reload, "train.batch_loader.train_loader", "Words.__getitem__", "1 worker processes forked before this save",
+                "for the rest of the session", "R (command `rebuild`) does not start new ones",
+                "train.batch_loader is made at import"), reload.notes
+    assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 4)), "the workers run the old code"
+
+    # As said: R runs setup() again, which does not make the loader, so its workers keep the old code.
+    rebuild(live)
+    assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 3))
+
+
+def test_a_loader_setup_makes_in_a_global_says_r_starts_new_workers_and_r_does(session_of) -> None:
+    root, live = session_of(MADE_BY_SETUP)
+    live.wait_running(2)
+    edit(root / "train.py", DATASET_EDIT)
+    reload = reload_of(live, "train.py")
+    assert said(reload, "train.batch_loader.train_loader", "Words.__getitem__", "for the rest of the session",
+                "press R (command `rebuild`) to start new workers"), reload.notes
+    assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 2))
+    rebuild(live)
+    assert all(step.scalars["data_version"] == 2.0 for step in next_steps(live, 3)), "setup() made a new loader"
+
+
+def test_an_epoch_running_now_says_how_many_of_its_batches_keep_the_old_code(session_of) -> None:
+    root, live = session_of(EPOCHS_IN_STATE)
+    live.wait_running(1)
+    edit(root / "train.py", DATASET_EDIT)
+    reload = reload_of(live, "train.py")
+    notes = [note for note in reload.notes if "worker processes" in note]
+    assert len(notes) == 1, reload.notes
+    assert "state['loader'] runs Words.__getitem__ in 1 worker processes forked before this save" in notes[0], notes
+    left = re.search(r"until its epoch ends, (\d+) of its 16 batches from now", notes[0])
+    assert left is not None, notes
+    steps = next_steps(live, 17)  # the rest of this epoch, then the next one's
+    old = [step for step in steps if step.scalars["data_version"] == 1.0]
+    assert len(old) == int(left.group(1)), (len(old), notes[0])
+    assert steps[-1].scalars["data_version"] == 2.0, "the next epoch's workers run the new code"
+
+
+def test_an_epoch_a_for_loop_holds_is_said_as_what_holds_either_way(tmp_path: Path) -> None:
+    """A generator's `for batch in loader` holds its iterator out of sight: the note says what holds either way."""
+    import types
+
+    from torch.utils.data import DataLoader
+
+    from workbench.engine.hotswap.loader_workers import LoaderRoot, worker_notes
+
+    module = types.ModuleType("train")
+    exec(compile(DATASET, str(tmp_path / "train.py"), "exec"), module.__dict__)
+    loader = DataLoader(module.Words(), batch_size=8, num_workers=1)
+
+    def batches():
+        for batch in loader:
+            yield batch
+
+    running = batches()
+    next(running)
+    try:
+        notes = worker_notes([LoaderRoot("state['batches']", running, remade_by_rebuild=True)], ["Words.__getitem__"], module)
+        assert notes == ["state['batches'].<locals>.loader runs Words.__getitem__ in worker processes: those of an epoch "
+                         "running now were forked before this save and keep the old code until it ends; the next epoch's "
+                         "workers start with the new code"], notes
+        assert worker_notes([LoaderRoot("state", running, True)], ["InfiniteDataLoader.next"], module) == []
+    finally:
+        running.close()
