@@ -210,6 +210,38 @@ def test_setup_that_is_not_a_function(tmp_path: Path) -> None:
     assert "setup is a int, not a function" in info.value.message
 
 
+STEP_COUNTER_NAMED_STEP = """\
+step = 0
+
+
+def setup(bench):
+    return {}
+
+
+def step(state, bench):
+    global step
+    if step % 10 == 0:
+        print(step)
+    step += 1
+    return 1.0
+"""
+
+
+def test_a_step_counter_named_step_is_refused_before_it_replaces_the_function(tmp_path: Path) -> None:
+    """makemore's loop counter `step`, ported as `global step; step += 1` inside step(): refused at load, naming the
+    line that binds it, instead of a TypeError about a function in `step % 10` at the first step."""
+    root = make_project(tmp_path, {"train.py": STEP_COUNTER_NAMED_STEP})
+    with pytest.raises(ContractError) as info:
+        load_project(root / "train.py")
+    assert info.value.line == line_of(STEP_COUNTER_NAMED_STEP, "step += 1")
+    assert "declares `global step` and binds it" in info.value.message and "iter_num" in str(info.value)
+    # Reading a global of that name (the function itself) is no mistake.
+    reads_only = STEP_COUNTER_NAMED_STEP.replace("    step += 1\n", "").replace("step = 0\n", "")
+    reads_only = reads_only.replace("if step % 10 == 0:", "if callable(step):")
+    make_project(tmp_path, {"train.py": reads_only}, folder="reads")
+    load_project(tmp_path / "reads" / "train.py")
+
+
 def test_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     root = make_project(tmp_path, {"train.py": SYNTAX_ERROR})
     with pytest.raises(ContractError) as info:

@@ -397,6 +397,10 @@ def test_contract_is_checked_on_reload(load_module: Loader) -> None:
     with pytest.raises(ReloadError) as info:
         plan(module, path, old, old.replace("def step(state, bench):", "def step(state):"), required=REQUIRED_FUNCTIONS)
     assert info.value.line == 5 and "does not match the contract" in info.value.message
+    counted = old.replace("    return 1.0\n", "    global step\n    step = 1\n    return 1.0\n")
+    with pytest.raises(ReloadError) as info:
+        plan(module, path, old, counted, required=REQUIRED_FUNCTIONS)
+    assert info.value.line == 7 and "declares `global step` and binds it" in info.value.message
     with pytest.raises(ReloadError, match=r"step\(\) is no longer defined"):
         plan(module, path, old, "def setup(bench):\n    return {}\n", required=REQUIRED_FUNCTIONS)
     changeset = plan(module, path, old, old.replace("return {}", "return {'a': 1}"), required=REQUIRED_FUNCTIONS)

@@ -7,6 +7,7 @@ hot-swapper can patch the very module objects the training code uses.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.machinery
 import importlib.util
@@ -156,6 +157,9 @@ def load_project(path: Path | str, argv: Sequence[str] = ()) -> Project:
     project = Project(entry=entry, root=root, module=module, argv=tuple(argv))
     try:
         check_contract(module.__dict__, entry)
+        source = IMPORTED_SOURCES.get(entry)
+        if source is not None:
+            check_contract_names_kept(source, entry)
     except ContractError:
         unload_project(project)
         raise
@@ -186,6 +190,33 @@ def check_contract(namespace: dict[str, Any], entry: Path) -> None:
         if fn is None:
             raise ContractError(f"defines no {name}({', '.join(params)}) function.", file=entry, hint=CONTRACT_HINT)
         _check_signature(fn, name, params, entry)
+
+
+def check_contract_names_kept(source: str, entry: Path) -> None:
+    """No function declares `global step` (or `global setup`) and binds it: a script's loop counter ported as
+    `global step; step += 1` inside `step()` (found porting makemore) replaces the function vram-bench calls with a
+    number after one step, and its first sign is a TypeError about a function in the user's own arithmetic."""
+    try:
+        tree = ast.parse(source, filename=str(entry))
+    except SyntaxError:
+        return  # the import or the reload's own compile says so
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        declared = {name for node in ast.walk(function) if isinstance(node, ast.Global) for name in node.names}
+        for name in declared & _REQUIRED.keys():
+            binding = next((node for node in ast.walk(function)
+                            if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del))),
+                           None)
+            if binding is not None:
+                raise ContractError(
+                    f"{function.name}() declares `global {name}` and binds it: that global is "
+                    f"your {name}({', '.join(_REQUIRED[name])}) function, which vram-bench calls; after it runs, "
+                    f"`{name}` would be a value, not the function.",
+                    file=entry,
+                    line=binding.lineno,
+                    hint="Rename the variable (a step counter: `iter_num`, `global_step`) and run again.",
+                )
 
 
 def optional_hook(namespace: dict[str, Any], name: str) -> Callable[..., Any] | None:

@@ -133,9 +133,10 @@ def plan_reload(
     scratch = _run_in_scratch(module, path, diff.new_region, old_index, new_index, flags)
     if required:
         try:
-            from workbench.engine.project import check_contract
+            from workbench.engine.project import check_contract, check_contract_names_kept
 
             check_contract({k: scratch[k] for k in required if k in scratch}, path)
+            check_contract_names_kept(new_source, path)
         except ContractError as exc:
             raise ReloadError(exc.message, exc.line) from None
 
