@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Live, make_project, open_session
+from conftest import Live, line_of, make_project, open_session
 from test_real_shaped_projects import edit, next_steps, rebuild, reload_of, said, wait_gone, worker_pids
 
 DATASET = '''
@@ -116,6 +116,7 @@ def session_of(tmp_path: Path, one_torch_thread: None) -> Iterator:
         opened.append((live, live_cm))
         return root, live
 
+    open_one.others = others  # the child processes this test process had before: not the sessions' workers
     yield open_one
     for live, live_cm in opened:
         loader = live.session.worker.project.modules()
@@ -130,22 +131,47 @@ def session_of(tmp_path: Path, one_torch_thread: None) -> Iterator:
     assert not wait_gone(worker_pids(others)), "the loaders' worker processes outlived the test"
 
 
-def test_an_endless_loader_made_at_import_says_its_workers_keep_the_old_code_and_that_r_does_not_restart_them(
-    session_of,
-) -> None:
+def test_an_endless_loader_made_at_import_keeps_the_old_code_until_r_runs_its_line_again(session_of) -> None:
+    line = line_of(MADE_AT_IMPORT, "batch_loader = InfiniteDataLoader")
     root, live = session_of(MADE_AT_IMPORT)
     live.wait_running(2)
+    first_workers = worker_pids(session_of.others)
+    assert len(first_workers) == 1, first_workers
     edit(root / "train.py", DATASET_EDIT)
     reload = reload_of(live, "train.py")
     assert reload.ok and reload.changed == ("Words.__getitem__",), reload
     assert said(reload, "train.batch_loader.train_loader", "Words.__getitem__", "1 worker processes forked before this save",
-                "for the rest of the session", "R (command `rebuild`) does not start new ones",
-                "train.batch_loader is made at import"), reload.notes
+                "for the rest of the session", "train.batch_loader is made at import, not by setup()",
+                f"press R (command `rebuild`), which runs line {line}: `batch_loader = InfiniteDataLoader(Words(), "), reload.notes
     assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 4)), "the workers run the old code"
 
-    # As said: R runs setup() again, which does not make the loader, so its workers keep the old code.
+    # As said: R runs the line again; the new iterator's workers run the new code, the old ones are shut down.
+    rebuilt = rebuild(live)
+    assert said(rebuilt, "ran again what train.py builds at import", f"line {line}: `batch_loader = "), rebuilt.notes
+    assert all(step.scalars["data_version"] == 2.0 for step in next_steps(live, 3))
+    assert not wait_gone(first_workers), "the old iterator's workers were shut down"
+    assert len(worker_pids(session_of.others)) == 1
+
+    # The next R has no reason to make it again: its workers run the code on disk.
+    workers = worker_pids(session_of.others)
+    rebuilt = rebuild(live)
+    assert not said(rebuilt, "batch_loader"), rebuilt.notes
+    assert worker_pids(session_of.others) == workers
+
+
+def test_a_loader_no_statement_makes_says_r_does_not_start_new_workers(session_of) -> None:
+    source = MADE_AT_IMPORT.replace(
+        "batch_loader = InfiniteDataLoader(Words(), batch_size=8, num_workers=1)\n",
+        "def make_loader():\n    global batch_loader\n    batch_loader = InfiniteDataLoader(Words(), batch_size=8, num_workers=1)\n\n\n"
+        "make_loader()\n")
+    root, live = session_of(source)
+    live.wait_running(2)
+    edit(root / "train.py", DATASET_EDIT)
+    reload = reload_of(live, "train.py")
+    assert said(reload, "train.batch_loader.train_loader", "for the rest of the session",
+                "R (command `rebuild`) does not start new ones", "no statement at the top of the file makes it"), reload.notes
     rebuild(live)
-    assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 3))
+    assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 3)), "as said: the old workers stay"
 
 
 def test_a_loader_setup_makes_in_a_global_says_r_starts_new_workers_and_r_does(session_of) -> None:
@@ -195,10 +221,10 @@ def test_an_epoch_a_for_loop_holds_is_said_as_what_holds_either_way(tmp_path: Pa
     running = batches()
     next(running)
     try:
-        notes = worker_notes([LoaderRoot("state['batches']", running, remade_by_rebuild=True)], ["Words.__getitem__"], module)
+        notes = worker_notes([LoaderRoot("state['batches']", running, True)], ["Words.__getitem__"], module).notes
         assert notes == ["state['batches'].<locals>.loader runs Words.__getitem__ in worker processes: those of an epoch "
                          "running now were forked before this save and keep the old code until it ends; the next epoch's "
                          "workers start with the new code"], notes
-        assert worker_notes([LoaderRoot("state", running, True)], ["InfiniteDataLoader.next"], module) == []
+        assert worker_notes([LoaderRoot("state", running, True)], ["InfiniteDataLoader.next"], module).notes == []
     finally:
         running.close()

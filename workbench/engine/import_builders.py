@@ -8,6 +8,10 @@ runs again, in the file's order, the module statements that bind a global holdin
 or LR scheduler (and, where a value they read changed by then, the statements that read what those bind,
 kept_objects.py), with initialization skipped like setup()'s; the weights are then carried over from the
 old objects by name, as for what setup() builds.
+
+It also runs again a statement that made, at import, a global holding a DataLoader whose worker processes run code
+a save changed since (`batch_loader = InfiniteDataLoader(train_dataset, num_workers=4)`, makemore's): those
+workers were forked with the old code and keep it for as long as their iterator lives, which may be the whole run.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from workbench.engine.state_walk import training_object
 
 
 
-def plan_import_builders(module: types.ModuleType, source: str, path: Path) -> list[tuple[str, RunInNamespace]]:
-    """(label, statement) for what a rebuild runs again in `module`, whose file holds `source`, in source order."""
+def plan_import_builders(module: types.ModuleType, source: str, path: Path,
+                         also: frozenset[str] = frozenset()) -> list[tuple[str, RunInNamespace]]:
+    """(label, statement) for what a rebuild runs again in `module`, whose file holds `source`, in source order.
+    `also`: globals whose statements run again too (a loader whose workers run old code, loader_workers.py)."""
     namespace = module.__dict__
     try:
         body = ast.parse(source, filename=str(path)).body
@@ -35,8 +41,8 @@ def plan_import_builders(module: types.ModuleType, source: str, path: Path) -> l
         return []  # the live code is what was applied, so this is not expected; nothing to run again then
     builders = [
         node for node in body
-        if not isinstance(node, DEFINITIONS) and not is_main_guard(node) and calls_code(node)
-        and any(name in namespace and training_object(namespace[name]) for name in bound_names(node))
+        if _may_build(node) and any(
+            name in also or (name in namespace and training_object(namespace[name])) for name in bound_names(node))
     ]
     if not builders:
         return []
@@ -52,6 +58,21 @@ def plan_import_builders(module: types.ModuleType, source: str, path: Path) -> l
         else:
             planned.append((label, RunUnlessSameInputs(code, namespace, binds, inputs=inputs_of(node))))
     return planned
+
+
+def _may_build(node: ast.stmt) -> bool:
+    return not isinstance(node, DEFINITIONS) and not is_main_guard(node) and calls_code(node)
+
+
+def builders_by_name(source: str, path: Path) -> dict[str, str]:
+    """For each global a module statement makes by calling code, the label of the last such statement (what a
+    rebuild would run again for it). Globals setup() or a function binds, or plain values, are not in it."""
+    try:
+        body = ast.parse(source, filename=str(path)).body
+    except SyntaxError:
+        return {}
+    return {name: f"line {node.lineno}: `{label_for(node, source)}`"
+            for node in body if _may_build(node) for name in bound_names(node)}
 
 
 def built_again_note(relative: str, ran: list[str]) -> str:

@@ -221,6 +221,9 @@ class TrainingWorker(threading.Thread):
         self._time_limit_said = False  # under torchrun: rank 0 has asked every rank to quit for the time limit
         self._state_built_at = 0  # the code version live when setup() last built the state (start, or a rebuild)
         self._statements: dict[Path, list[tuple[str, RunInNamespace]]] = {}
+        # (module, global) made at import holding a DataLoader whose workers run code a save changed since: R runs the
+        # statement that made it again (workbench/engine/hotswap/loader_workers.py).
+        self.loaders_to_rebuild: set[tuple[str, str]] = set()
         self.lockstep: Lockstep | None = None  # under torchrun: every rank runs the same commands at the same boundary
         self.last_loss: float | None = None
         self.last_step_time: float | None = None  # when the last step ended (Unix seconds)

@@ -144,6 +144,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         return
     notes.extend(carry_places(worker.user_state, new_state))  # before the old loaders are shut down
     notes.extend(release_iterators(worker.user_state, new_state))
+    notes.extend(_release_rebuilt_loaders(worker, before))
     worker.user_state = new_state
     if worker.broken is not None and not worker.broken.renew_group:
         worker.broken = None  # a new state: what the old one could not do (an ended generator, a DDP reducer) is gone
@@ -187,6 +188,20 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     worker._warn_of_uninitialized_parameters()  # what the new setup() made and nothing carried over
     if worker.state is RunState.PAUSED and worker.pause_reason in REBUILD_RESUMES:
         worker._resume("rebuild")
+
+
+def _release_rebuilt_loaders(worker: TrainingWorker, before: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Shut down the workers of the loaders made at import that this rebuild made again (their workers ran old code):
+    now, not whenever the old objects are collected."""
+    notes: list[str] = []
+    now = dict(worker._namespaces())
+    for module_name, old_globals in before:
+        for name in [name for m, name in worker.loaders_to_rebuild if m == module_name]:
+            old, new = old_globals.get(name), now.get(module_name, {}).get(name)
+            if old is not None and old is not new:
+                notes.extend(release_iterators(old, new))
+    worker.loaders_to_rebuild.clear()
+    return notes
 
 
 def _garbage_note(names: list[str]) -> str:
@@ -238,7 +253,8 @@ def _build_what_import_built(worker: TrainingWorker) -> list[str]:
         source = worker.reloader.applied_source(path)
         if source is None:
             continue
-        planned = plan_import_builders(module, source, path)
+        also = frozenset(name for module_name, name in worker.loaders_to_rebuild if module_name == module.__name__)
+        planned = plan_import_builders(module, source, path, also=also)
         if not planned:
             continue
         with worker.project.as_script():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import traceback
+import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from workbench.engine.hotswap.construction import (
     constructor_read_note,
 )
 from workbench.engine.hotswap.loader_workers import LoaderRoot, worker_notes
+from workbench.engine.import_builders import builders_by_name
 from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, freeze, ran, run_slice, same_frozen
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
@@ -113,7 +115,7 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
         if reset_compiled_code():
             notes.append("torch.compile caches were reset: compiled code recompiles on its next call")
         if changeset.module is not None:
-            notes.extend(worker_notes(_loader_roots(worker), changeset.changed, changeset.module))
+            notes.extend(_worker_notes(worker, changeset.changed, changeset.module, "this save"))
         notes.extend(_reasons_with_live_instances(worker, (), changeset.note_if_live.items(), "live instances"))
         notes.extend(changeset.built_from_notes())
     worker.bus.publish(
@@ -260,7 +262,7 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
     module = worker.project.modules().get(undone.path)
     if module is not None:
         worker.setup_rebinds.rolled_back(undone.version, module.__name__, names_bound_by(undone.patches))
-        notes.extend(worker_notes(_loader_roots(worker), undone.changed, module, "this rollback"))
+        notes.extend(_worker_notes(worker, undone.changed, module, "this rollback"))
     if undone.version <= worker._state_built_at:  # setup() ran since this version: it built with its values
         notes.extend(built_from_note(name, chains, rolled_back=True) for name, chains in undone.built_from)
         notes.extend(called_by_setup_note(name, chain, rolled_back=True) for name, chain in undone.setup_calls)
@@ -340,14 +342,26 @@ def _reasons_with_live_instances(
     return reasons
 
 
+def _worker_notes(worker: TrainingWorker, changed: Iterable[str], module: types.ModuleType, change: str) -> list[str]:
+    """What the loaders' worker processes keep of the old code; the globals made at import that hold them are R's to
+    make again from then on."""
+    found = worker_notes(_loader_roots(worker), changed, module, change)
+    worker.loaders_to_rebuild.update(found.rebuild)
+    return found.notes
+
+
 def _loader_roots(worker: TrainingWorker) -> list[LoaderRoot]:
     """Where DataLoaders live: the state, and module globals of script-style trainers (`train_loader = ...`, an
-    object holding one); each says whether a rebuild's setup() makes it again."""
+    object holding one); each says whether a rebuild's setup() makes it again, or which statement made it at import."""
     roots = [LoaderRoot(path, value, remade_by_rebuild=True) for path, value in top_values(worker.user_state)]
-    for module_name, namespace in worker._namespaces():
-        roots.extend(
-            LoaderRoot(f"{module_name}.{name}", value, worker.setup_rebinds.bound_by_setup(module_name, name))
-            for name, value in list(namespace.items())
-            if not name.startswith("__") and not isinstance(value, NOT_STATE)
-        )
+    for path, module in worker.project.modules().items():
+        source = worker.reloader.applied_source(path)
+        builders = builders_by_name(source, path) if source is not None else {}
+        module_name, namespace = module.__name__, vars(module)
+        for name, value in list(namespace.items()):
+            if name.startswith("__") or isinstance(value, NOT_STATE):
+                continue
+            by_setup = worker.setup_rebinds.bound_by_setup(module_name, name)
+            roots.append(LoaderRoot(f"{module_name}.{name}", value, by_setup, (module_name, name),
+                                    None if by_setup else builders.get(name)))
     return roots

@@ -9,11 +9,12 @@ the loader, the code, and when the new code will take over.
 
 "When" needs the live iterator, not only the loader. makemore's `InfiniteDataLoader`
 (ported from karpathy/makemore) makes one iterator at import over a sampler of 1e10
-samples, so "until the epoch ends" means never; and it lives in a module global that
-R does not build again, so "press R" would start no new workers. The live
-multi-process iterators are found too (a plain object's attributes, a generator's
-locals), and each note says how many batches its epoch has left and whether R makes
-the loader again (setup() makes it) or not (a global made at import holds it).
+samples, so "until the epoch ends" means never; and it lives in a module global made
+at import, which setup() does not make again, so "press R" started no new workers.
+The live multi-process iterators are found too (a plain object's attributes, a
+generator's locals), and each note says how many batches its epoch has left and how
+new workers start: R makes the loader again, through setup() or by running again the
+statement that made it at import (import_builders.py), which the note names.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ _ENDLESS_BATCHES = 10_000_000
 @dataclass(frozen=True)
 class LoaderRoot:
     """Where loaders are looked for: the state, a module global. `remade_by_rebuild`: R's setup() makes what this
-    root holds again (setup()'s state, a global that setup() binds); not so for a global the file binds at import."""
+    root holds again (setup()'s state, a global that setup() binds); not so for a global the file binds at import.
+    For such a global: `global_name` (module, name), and `builder`, the label of the statement that made it, which R
+    can run again (None: no statement at the top of the file makes it)."""
 
     name: str
     value: Any
     remade_by_rebuild: bool
+    global_name: tuple[str, str] | None = None
+    builder: str | None = None
 
 
 @dataclass
@@ -49,7 +54,15 @@ class _Found:
     path: str
     obj: Any
     remade_by_rebuild: bool = True
-    held_at_import: str | None = None  # the first root made at import that reaches it
+    held_at_import: LoaderRoot | None = None  # the first root made at import that reaches it
+
+
+@dataclass
+class WorkerNotes:
+    """The notes, and the globals made at import whose statements R should run again to start new workers."""
+
+    notes: list[str]
+    rebuild: list[tuple[str, str]]
 
 
 def _walk(root: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -94,7 +107,7 @@ def _find(roots: Iterable[LoaderRoot]) -> list[_Found]:
             entry = found.setdefault(id(obj), _Found(path, obj))
             if not root.remade_by_rebuild:
                 entry.remade_by_rebuild = False
-                entry.held_at_import = entry.held_at_import or root.name
+                entry.held_at_import = entry.held_at_import or root
     return list(found.values())
 
 
@@ -160,23 +173,29 @@ def _epoch_left(iterator: _MultiProcessingDataLoaderIter) -> str:
 
 
 def _new_workers(entry: _Found) -> str:
-    """How new workers start: R when setup() makes the loader; otherwise only a new iterator."""
+    """How new workers start: R, when setup() makes the loader or R runs again the statement that made it at import;
+    otherwise only a new iterator."""
     if entry.remade_by_rebuild:
         return "press R (command `rebuild`) to start new workers with the new code"
-    return (f"R (command `rebuild`) does not start new ones: {entry.held_at_import} is made at import, not by "
-            "setup(), and R does not make it again; a new iterator over the loader (one your code makes, or a fresh "
-            "start) starts workers with the new code")
+    root = entry.held_at_import
+    if root is not None and root.builder is not None:
+        return (f"{root.name} is made at import, not by setup(): press R (command `rebuild`), which runs "
+                f"{root.builder} again, to start new workers with the new code")
+    return (f"R (command `rebuild`) does not start new ones: {root.name if root else 'it'} is made outside setup(), "
+            "and no statement at the top of the file makes it; a new iterator over the loader (one your code makes, "
+            "or a fresh start) starts workers with the new code")
 
 
 def worker_notes(
     roots: Iterable[LoaderRoot], changed: Iterable[str], module: types.ModuleType, change: str = "this save"
-) -> list[str]:
+) -> WorkerNotes:
     """One note per loader (or iterator) whose workers run changed code (`changed`: the reload's qualified names)."""
     changed = list(changed)
     found = _find(roots)
     iterators = [f for f in found if isinstance(f.obj, _MultiProcessingDataLoaderIter)]
     loaders = [f for f in found if isinstance(f.obj, DataLoader)]
     notes = []
+    rebuild: list[tuple[str, str]] = []
 
     def stale_in(obj: Any) -> str:
         run = code_run_by_workers(obj, module)
@@ -194,6 +213,9 @@ def worker_notes(
             entry.remade_by_rebuild = entry.remade_by_rebuild and loader.remade_by_rebuild
             entry.held_at_import = entry.held_at_import or loader.held_at_import
         name = loader.path if loader is not None else f"the iterator {entry.path}"
+        root = entry.held_at_import
+        if not entry.remade_by_rebuild and root is not None and root.builder is not None and root.global_name:
+            rebuild.append(root.global_name)
         workers = f"{len(iterator._workers)} worker processes forked before {change}"
         if iterator._persistent_workers:
             notes.append(f"{name} runs {shown} in {workers}: they are persistent, so they keep it for the rest of "
@@ -210,4 +232,4 @@ def worker_notes(
         notes.append(f"{entry.path} runs {shown} in worker processes: those of an epoch running now were forked "
                      f"before {change} and keep the old code until it ends; the next epoch's workers start with the "
                      "new code")
-    return notes
+    return WorkerNotes(notes, rebuild)
