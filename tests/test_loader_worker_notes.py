@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Live, line_of, make_project, open_session
-from test_real_shaped_projects import edit, next_steps, rebuild, reload_of, said, wait_gone, worker_pids
+from test_real_shaped_projects import edit, next_steps, rebuild, reload_of, rollback, said, wait_gone, worker_pids
 
 DATASET = '''
 import torch
@@ -151,6 +151,14 @@ def test_an_endless_loader_made_at_import_keeps_the_old_code_until_r_runs_its_li
     assert all(step.scalars["data_version"] == 2.0 for step in next_steps(live, 3))
     assert not wait_gone(first_workers), "the old iterator's workers were shut down"
     assert len(worker_pids(session_of.others)) == 1
+
+    # A rollback: the workers forked after the save keep its code, said the right way round; R starts new ones again.
+    rolled = rollback(live, "train.py")
+    assert said(rolled, "train.batch_loader.train_loader", "forked before this rollback", "keep the rolled-back code",
+                f"which runs line {line}: `batch_loader = ", "to start new workers with the live code"), rolled.notes
+    assert next_steps(live, 2)[-1].scalars["data_version"] == 2.0
+    rebuild(live)
+    assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 3))
 
     # The next R has no reason to make it again: its workers run the code on disk.
     workers = worker_pids(session_of.others)

@@ -161,7 +161,7 @@ def _iterates(iterator: _MultiProcessingDataLoaderIter, loader: DataLoader) -> b
         iterator._dataset is loader.dataset and iterator._index_sampler is loader._index_sampler)
 
 
-def _epoch_left(iterator: _MultiProcessingDataLoaderIter) -> str:
+def _epoch_left(iterator: _MultiProcessingDataLoaderIter, live: str) -> str:
     try:
         total = len(iterator)
     except TypeError:  # an IterableDataset without __len__: its end cannot be told
@@ -169,21 +169,21 @@ def _epoch_left(iterator: _MultiProcessingDataLoaderIter) -> str:
     left = max(total - iterator._num_yielded, 0)
     if left > _ENDLESS_BATCHES:
         return f"until its epoch ends, {left:,} batches from now: in effect, for the rest of the session"
-    return f"until its epoch ends, {left:,} of its {total:,} batches from now (the next epoch's workers start with it)"
+    return f"until its epoch ends, {left:,} of its {total:,} batches from now (the next epoch's workers start with {live})"
 
 
-def _new_workers(entry: _Found) -> str:
+def _new_workers(entry: _Found, live: str) -> str:
     """How new workers start: R, when setup() makes the loader or R runs again the statement that made it at import;
     otherwise only a new iterator."""
     if entry.remade_by_rebuild:
-        return "press R (command `rebuild`) to start new workers with the new code"
+        return f"press R (command `rebuild`) to start new workers with {live}"
     root = entry.held_at_import
     if root is not None and root.builder is not None:
         return (f"{root.name} is made at import, not by setup(): press R (command `rebuild`), which runs "
-                f"{root.builder} again, to start new workers with the new code")
+                f"{root.builder} again, to start new workers with {live}")
     return (f"R (command `rebuild`) does not start new ones: {root.name if root else 'it'} is made outside setup(), "
             "and no statement at the top of the file makes it; a new iterator over the loader (one your code makes, "
-            "or a fresh start) starts workers with the new code")
+            f"or a fresh start) starts workers with {live}")
 
 
 def worker_notes(
@@ -196,6 +196,8 @@ def worker_notes(
     loaders = [f for f in found if isinstance(f.obj, DataLoader)]
     notes = []
     rebuild: list[tuple[str, str]] = []
+    # After a rollback the workers' copy is the newer code: "old" and "new" would read the wrong way round.
+    kept, live = ("the old code", "the new code") if change == "this save" else ("the rolled-back code", "the live code")
 
     def stale_in(obj: Any) -> str:
         run = code_run_by_workers(obj, module)
@@ -219,10 +221,10 @@ def worker_notes(
         workers = f"{len(iterator._workers)} worker processes forked before {change}"
         if iterator._persistent_workers:
             notes.append(f"{name} runs {shown} in {workers}: they are persistent, so they keep it for the rest of "
-                         f"the session: {_new_workers(entry)}")
+                         f"the session: {_new_workers(entry, live)}")
         else:
-            notes.append(f"{name} runs {shown} in {workers}, when its epoch began: they keep the old code "
-                         f"{_epoch_left(iterator)}; {_new_workers(entry)}")
+            notes.append(f"{name} runs {shown} in {workers}, when its epoch began: they keep {kept} "
+                         f"{_epoch_left(iterator, live)}; {_new_workers(entry, live)}")
     for entry in loaders:
         loader = entry.obj
         if id(loader) in told or loader.persistent_workers or not (shown := stale_in(loader)):
@@ -230,6 +232,5 @@ def worker_notes(
         # The iterator of an epoch running now may be out of sight (a `for` loop holds it), so this says what holds
         # either way rather than claim workers that may not be running.
         notes.append(f"{entry.path} runs {shown} in worker processes: those of an epoch running now were forked "
-                     f"before {change} and keep the old code until it ends; the next epoch's workers start with the "
-                     "new code")
+                     f"before {change} and keep {kept} until it ends; the next epoch's workers start with {live}")
     return WorkerNotes(notes, rebuild)
