@@ -517,3 +517,11 @@ def test_saved_code_is_compiled_with_the_files_own_future_imports_and_no_others(
     for fn, name in ((live_f, "x"), (live_g, "y"), (module.added, "z")):
         assert fn.__annotations__[name] == ("float" if name == "z" and future else float if name == "z" else expected)
         assert bool(fn.__code__.co_flags & __future__.annotations.compiler_flag) is future
+
+
+def test_line_numbers_in_notes_join_runs_of_consecutive_lines() -> None:
+    from workbench.engine.hotswap.scopes import line_numbers
+
+    # makemore's parser: the add_argument lines between its comments read as ranges.
+    assert line_numbers([598, 599, 600, 601, 605, 607, 608, 610]) == "598-601, 605, 607, 608, 610"
+    assert line_numbers([12]) == "12" and line_numbers([]) == ""

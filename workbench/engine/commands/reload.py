@@ -29,6 +29,7 @@ from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, freeze, r
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.reloader import AppliedVersion
+from workbench.engine.hotswap.scopes import line_numbers
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.setup_rebinds import names_bound_by
 from workbench.engine.state_walk import NOT_STATE, find_instances, top_values
@@ -79,8 +80,9 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
                 needs_rebuild=tuple(reasons),
                 notes=(
                     (
-                        "held back: press R (command `rebuild`) to run setup() again with the new code, carrying "
-                        "weights and optimizer state over, or keep going on the old code"
+                        "held back: press R (command `rebuild`) to build again with the new code (setup(), and the "
+                        "models and optimizers the files build at import), carrying weights and optimizer state over, "
+                        "or keep going on the old code"
                     ),
                     *changeset.notes,
                 ),
@@ -235,7 +237,7 @@ def _lines(labels: list[str]) -> str:
     """A few lines with their text (57 with its `torch.manual_seed(args.seed)`); many by number only, for the log."""
     if len(labels) <= 3:
         return "; ".join(labels)
-    return ", ".join(label.split(":", 1)[0] for label in labels)
+    return line_numbers(int(label.split(":", 1)[0]) for label in labels)
 
 
 @handles(Rollback)

@@ -7,6 +7,7 @@ numbers: moving code around is not a change, editing it is.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 DEF_NODES = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -92,3 +93,16 @@ def label_for(node: ast.stmt, source: str) -> str:
     segment = ast.get_source_segment(source, node) or ""
     first = segment.splitlines()[0] if segment else type(node).__name__
     return first if len(first) <= 60 else first[:57] + "..."
+
+
+def line_numbers(lines: Iterable[int]) -> str:
+    """Line numbers for a note, runs of consecutive lines joined (`598-605, 607, 609-615`): a parser's twenty
+    `add_argument` lines read as one range, not twenty numbers."""
+    runs: list[list[int]] = []
+    for line in lines:
+        if runs and line == runs[-1][-1] + 1:
+            runs[-1].append(line)
+        else:
+            runs.append([line])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}, {run[1]}" if len(run) == 2 else f"{run[0]}-{run[-1]}"
+                     for run in runs)

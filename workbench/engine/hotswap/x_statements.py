@@ -24,7 +24,7 @@ from workbench.engine.hotswap.compiling import compile_nodes
 from workbench.engine.hotswap.construction import globals_read_by
 from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, inputs_of
 from workbench.engine.hotswap.patches import RunInNamespace
-from workbench.engine.hotswap.scopes import label_for
+from workbench.engine.hotswap.scopes import label_for, line_numbers
 from workbench.engine.hotswap.statement_slice import bound_names, read_names, rerun_slice, statement_key
 from workbench.engine.state_walk import training_object
 
@@ -56,10 +56,10 @@ class StatementsForX:
                   if always and statement_key(node) not in edited and statement_key(node) not in left]
         readers = [node.lineno for node, always in picked if not always and statement_key(node) not in left]
         if makers or readers:
-            parts = [f"the statements that make what they use (line(s) {', '.join(map(str, makers))})"] if makers else []
+            parts = [f"the statements that make what they use (line(s) {line_numbers(makers)})"] if makers else []
             if readers:
                 parts.append(f"those that use what they make, where a value they read has changed by then "
-                             f"(line(s) {', '.join(map(str, readers))})")
+                             f"(line(s) {line_numbers(readers)})")
             notes.append(f"x also runs, as a fresh start would, {' and '.join(parts)}")
         run: list[tuple[str, RunInNamespace]] = []
         left_in_place: list[int] = []
@@ -89,7 +89,7 @@ class StatementsForX:
                 code, self.live, binds, inputs=inputs, kept=kept, edited=is_edited, in_place=bool(touched))))
         if left_in_place:
             notes.append(
-                f"x leaves line(s) {', '.join(map(str, left_in_place))} as they are: they read "
+                f"x leaves line(s) {line_numbers(left_in_place)} as they are: they read "
                 f"{' and '.join(touched_by_left)}, and running them could change it in place, losing what training "
                 "did; if a value they read has changed by then, R (command `rebuild`) runs them on what it builds "
                 "anew, then carries the trained weights and optimizer state over"
