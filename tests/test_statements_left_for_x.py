@@ -203,3 +203,62 @@ def test_a_save_that_only_left_a_line_for_x_is_folded_into_the_rollback_before_i
     _rebuilt_then_rolled_back(live)
     assert "init_weight" in _x(live).changed
     assert _step(live) == {"init": 2.0, "offset": 0.0}
+
+
+LOG_PY = """\
+import argparse
+import os
+
+import torch
+
+HERE = os.path.dirname(__file__)
+parser = argparse.ArgumentParser()
+parser.add_argument("--flash", type=int, default=0)
+parser.add_argument("--output-dir", default="out")
+args = parser.parse_args()
+FLASH = args.flash
+logfile = None
+if args.output_dir:
+    os.makedirs(os.path.join(HERE, args.output_dir), exist_ok=True)
+    logfile = os.path.join(HERE, args.output_dir, "main.log")
+    with open(logfile, "w") as f:
+        pass
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1)}
+
+
+def step(state, bench):
+    with open(logfile, "a") as f:
+        f.write("step\\n")
+    return {"loss": 0.0, "flash": float(FLASH)}
+"""
+
+
+def test_x_runs_an_override_and_its_default_only_where_what_the_override_reads_changed(start_session) -> None:
+    """llm.c's train_gpt2.py, ported: `logfile = None` then `if args.output_dir:` that opens its log with "w". x of an
+    unrelated flag (`--flash`) ran both, since they read the new `args`, and wiped the log; a fresh start would, but
+    nothing in them changed. They now run, together, only where a value the `if` reads changed."""
+    live = start_session({"train.py": LOG_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    for _ in range(3):
+        _step(live)
+    log = live.root / "out" / "main.log"
+    assert log.read_text() == "step\n" * 3
+
+    _saved(live, LOG_PY.replace("default=0", "default=1"))
+    ran = _x(live)
+    assert "FLASH" in ran.changed and "logfile" not in ran.changed, ran
+    assert not any("if args.output_dir" in note and note.startswith("ran") for note in ran.notes), ran.notes
+    assert _step(live)["flash"] == 1.0
+    assert log.read_text() == "step\n" * 4, "the log was not opened again"
+
+    # Its input changed: the default and the override run, at the override's turn, and the note names both lines.
+    _saved(live, LOG_PY.replace("default=0", "default=1").replace('default="out"', 'default="out2"'))
+    ran = _x(live)
+    assert "logfile" in ran.changed, ran
+    assert any("line 13: `if args.output_dir:` (with its default first, line 12: `logfile = None`)" in note
+               for note in ran.notes), ran.notes
+    _step(live)
+    assert (live.root / "out2" / "main.log").read_text() == "step\n" and log.read_text() == "step\n" * 4

@@ -24,8 +24,7 @@ from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, inputs_of
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.compiling import compile_nodes, future_flags
 from workbench.engine.hotswap.planner import is_main_guard
-from workbench.engine.hotswap.scopes import label_for
-from workbench.engine.hotswap.statement_slice import DEFINITIONS, bound_names, calls_code, rerun_slice
+from workbench.engine.hotswap.statement_slice import DEFINITIONS, bound_names, calls_code, line_label, rerun_slice
 from workbench.engine.state_walk import training_object
 
 
@@ -51,7 +50,7 @@ def plan_import_builders(module: types.ModuleType, source: str, path: Path,
     for node, always in rerun_slice(body, builders, with_makers=False):
         if is_main_guard(node):
             continue
-        label = f"line {node.lineno}: `{label_for(node, source)}`"
+        label = line_label(node, source)
         code, binds = compile_nodes((node,), path, flags), tuple(sorted(bound_names(node)))
         if always:
             planned.append((label, RunInNamespace(code, namespace, binds)))
@@ -71,7 +70,7 @@ def builders_by_name(source: str, path: Path) -> dict[str, str]:
         body = ast.parse(source, filename=str(path)).body
     except SyntaxError:
         return {}
-    return {name: f"line {node.lineno}: `{label_for(node, source)}`"
+    return {name: line_label(node, source)
             for node in body if _may_build(node) for name in bound_names(node)}
 
 

@@ -34,6 +34,7 @@ from workbench.engine.hotswap.source_index import SourceIndex, diff_source
 from workbench.engine.hotswap.statement_slice import (
     bound_names,
     calls_code,
+    line_label,
     sets_globals_it_does_not_name,
     statement_key,
     statement_text,
@@ -592,7 +593,7 @@ class _Planner:
             names = sorted(before if opaque else bound_names(node) & before)
             if not names:
                 continue
-            label = f"line {node.lineno}: `{label_for(node, self.source)}`"
+            label = line_label(node, self.source)
             if calls_code(node):
                 if any(statement_key(node) == statement_key(n) for n in self.edited_statements):
                     continue  # already named, with x offered (it uses a changed constant)

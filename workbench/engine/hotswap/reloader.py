@@ -25,9 +25,8 @@ from workbench.engine.hotswap.deleted_names import RemoveDeleted
 from workbench.engine.hotswap.live_objects import UpdateLiveCopies
 from workbench.engine.hotswap.patches import Patch, RunInNamespace, apply_all, undo_all
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError, plan_not_rerun, plan_reload
-from workbench.engine.hotswap.scopes import label_for
 from workbench.engine.hotswap.source_index import SourceIndex
-from workbench.engine.hotswap.statement_slice import DEFINITIONS, bound_names, statement_text
+from workbench.engine.hotswap.statement_slice import DEFINITIONS, bound_names, line_label, statement_text
 from workbench.engine.project import IMPORTED_SOURCES, Project, read_source
 
 DEFAULT_MAX_HISTORY = 50
@@ -361,7 +360,7 @@ class Reloader:
         found = [node for node in body if not isinstance(node, DEFINITIONS) and bound_names(node) & names]
         with self._lock:
             self._not_rerun[path] = self._not_rerun.get(path, frozenset()) | {statement_text(n) for n in found}
-        return [f"line {node.lineno}: `{label_for(node, source)}`" for node in found]
+        return [line_label(node, source) for node in found]
 
     def statements_not_rerun(self, path: Path) -> list[tuple[str, RunInNamespace]]:
         """What x runs in this file's live code (after a rollback): the statements left for it that the code still

@@ -15,8 +15,19 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterable
 
+from workbench.engine.hotswap.scopes import label_for
+
 # Top-level statements that define rather than compute: never run again by x, R or a rollback.
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+
+
+def line_label(node: ast.stmt, source: str) -> str:
+    """How a note names a top-level statement (`line 9: ...` and the start of its text), and for an override run
+    with its default, that default's line too."""
+    label = f"line {node.lineno}: `{label_for(node, source)}`"
+    if isinstance(node, OverrideWithDefault):
+        label += f" (with its default first, line {node.default.lineno}: `{label_for(node.default, source)}`)"
+    return label
 
 
 def statement_key(node: ast.stmt) -> tuple[int, int]:
@@ -118,9 +129,13 @@ def rerun_slice(
         if i in chosen or (not isinstance(node, DEFINITIONS) and (read_names(node) | hidden_reads(node)) & tainted):
             picked[i] = i in chosen
             tainted |= bound_names(node)
+    fused: dict[int, ast.stmt] = {}
     for override, default in _defaults_of_overrides(module, list(picked)):
-        picked[default] = picked[override] = True  # the default runs again, so the override must run after it
-    return [(module[i], picked[i]) for i in sorted(picked)]
+        if picked[override] or (unit := _override_with_default(module[override], module[default])) is None:
+            picked[default] = picked[override] = True  # the default runs again, so the override must run after it
+        else:
+            fused[override] = unit  # both run, at the override's turn, only if what it reads has changed
+    return [(fused.get(i, module[i]), picked[i]) for i in sorted(picked)]
 
 
 def _defaults_of_overrides(module: list[ast.stmt], picked: list[int]) -> list[tuple[int, int]]:
@@ -137,6 +152,26 @@ def _defaults_of_overrides(module: list[ast.stmt], picked: list[int]) -> list[tu
             if default is not None and not calls_code(module[default]) and not isinstance(module[default], ast.If):
                 found.append((i, default))
     return found
+
+
+def _override_with_default(override: ast.stmt, default: ast.stmt) -> ast.stmt | None:
+    """`if C: B else: E` as `if C: default; B else: default; E`, at the override's place: one statement that gives the
+    file's default and lets the override change it, run only where what it reads changed. Picked only because it reads
+    a changed value (`args`), the pair was run whatever happened, and with it what such an `if` does beside binding
+    (llm.c's `if args.output_dir:` opens its log with "w": x of an unrelated flag wiped the log). None where the test
+    reads the default's own name: the fused form would read it before the default is given."""
+    assert isinstance(override, ast.If)
+    if {n.id for n in ast.walk(override.test) if isinstance(n, ast.Name)} & bound_names(default):
+        return None
+    unit = OverrideWithDefault(test=override.test, body=[default, *override.body], orelse=[default, *override.orelse])
+    unit.default = default
+    return ast.copy_location(unit, override)
+
+
+class OverrideWithDefault(ast.If):
+    """An override run with the default it overrides (`_override_with_default`): its label names both lines."""
+
+    default: ast.stmt
 
 
 def _latest_binding(module: list[ast.stmt], before: int, name: str) -> int | None:

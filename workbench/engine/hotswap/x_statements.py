@@ -24,8 +24,8 @@ from workbench.engine.hotswap.compiling import compile_nodes
 from workbench.engine.hotswap.construction import globals_read_by
 from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, inputs_of
 from workbench.engine.hotswap.patches import RunInNamespace
-from workbench.engine.hotswap.scopes import label_for, line_numbers
-from workbench.engine.hotswap.statement_slice import bound_names, read_names, rerun_slice, statement_key
+from workbench.engine.hotswap.scopes import line_numbers
+from workbench.engine.hotswap.statement_slice import bound_names, line_label, read_names, rerun_slice, statement_key
 from workbench.engine.state_walk import training_object
 
 _CODE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)  # inputs not worth naming in a note
@@ -65,7 +65,7 @@ class StatementsForX:
         left_in_place: list[int] = []
         touched_by_left: dict[str, None] = {}
         for node, always in picked:
-            label = f"line {node.lineno}: `{label_for(node, self.source)}`"
+            label = line_label(node, self.source)
             code, binds = compile_nodes((node,), self.path, self.flags), tuple(sorted(bound_names(node)))
             replaced = self._replaced_by([node])
             touched = [] if replaced else self._touched_by([node])
