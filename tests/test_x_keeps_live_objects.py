@@ -12,11 +12,12 @@ import argparse
 import ast
 import dataclasses
 
+import pytest
 import torch
 
 from conftest import is_event, save
 from workbench.engine.hotswap.kept_objects import inputs_of, same_value
-from workbench.protocol.events import RunStatements, StepOnce
+from workbench.protocol.events import Rebuild, RunStatements, StepOnce
 
 SCRIPT_PY = """\
 import argparse
@@ -434,3 +435,62 @@ def test_the_values_a_left_line_reads_are_named_without_builtins_or_the_names_it
     _, notes = StatementsForX(namespace, [], source, Path("train.py"), 0).plan(body, [body[1]])
     loop = next(n for n in notes if n.startswith("x leaves line 4"))
     assert "if a value it reads has changed by then (model)," in loop, loop
+
+
+CONFIG_AT_IMPORT_PY = """\
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 2
+    width: int = 4
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(config.width, config.width) for _ in range(config.n_layer))
+
+
+config = ModelConfig()
+model = MLP(config)
+
+
+def setup(bench):
+    return {"model": model}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "layers": float(len(model.layers)), "fresh_config": float(type(config) is ModelConfig)}
+"""
+
+
+PLAIN_CONFIG_PY = CONFIG_AT_IMPORT_PY.replace(
+    "@dataclass\nclass ModelConfig:\n    n_layer: int = 2\n    width: int = 4\n",
+    "class ModelConfig:\n    def __init__(self):\n        self.n_layer = 2\n        self.width = 4\n")
+
+
+@pytest.mark.parametrize("source, edit, held_as", [
+    (CONFIG_AT_IMPORT_PY, ("n_layer: int = 2", "n_layer: int = 3"), "ModelConfig"),
+    (PLAIN_CONFIG_PY, ("self.n_layer = 2", "self.n_layer = 3"), "ModelConfig.__init__"),
+], ids=["dataclass", "constructor"])
+def test_r_makes_again_a_config_made_at_import_by_a_class_whose_defaults_changed(start_session, source, edit, held_as) -> None:
+    """makemore's `config = ModelConfig(...)` at import: its dataclass's default changed, the reload held the change
+    naming `train.config`, and R built the model again from the old config instance (same layers), saying the new
+    code built it. R now makes the config again before the model (also for a plain class's constructor)."""
+    live = start_session({"train.py": source}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars == {"layers": 2.0, "fresh_config": 1.0}
+    save(live.entry, source.replace(*edit))
+    held = live.wait_for(is_event("reload", file="train.py"))
+    assert held.held == (held_as,) and any("train.config" in reason for reason in held.needs_rebuild), held
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    assert rebuilt.ok and any("`config = ModelConfig()`" in note for note in rebuilt.notes), rebuilt.notes
+    assert len(rebuilt.new) == 2, rebuilt.new  # the third layer's weight and bias
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step")).scalars == {"layers": 3.0, "fresh_config": 1.0}

@@ -9,7 +9,10 @@ or LR scheduler (and, where a value they read changed by then, the statements th
 kept_objects.py), with initialization skipped like setup()'s; the weights are then carried over from the
 old objects by name, as for what setup() builds.
 
-It also runs again a statement that made, at import, a global holding a DataLoader whose worker processes run code
+It also runs again the statement that made a global holding an instance of old code: of a class whose constructor or
+dataclass fields the change being built changed, or of a class a reload made again (`config = ModelConfig(...)`,
+makemore's, after its dataclass's defaults changed); else the model was built again from the old config, while the
+reload had named `train.config` among what needed the rebuild. And a statement that made, at import, a global holding a DataLoader whose worker processes run code
 a save changed since (`batch_loader = InfiniteDataLoader(train_dataset, num_workers=4)`, makemore's): those
 workers were forked with the old code and keep it for as long as their iterator lives, which may be the whole run.
 """
@@ -17,15 +20,17 @@ workers were forked with the old code and keep it for as long as their iterator 
 from __future__ import annotations
 
 import ast
+import sys
 import types
 from pathlib import Path
+from typing import Any
 
 from workbench.engine.hotswap.kept_objects import RunUnlessSameInputs, inputs_of
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.compiling import compile_nodes, future_flags
 from workbench.engine.hotswap.planner import is_main_guard
 from workbench.engine.hotswap.statement_slice import DEFINITIONS, bound_names, calls_code, line_label, rerun_slice
-from workbench.engine.state_walk import training_object
+from workbench.engine.state_walk import NOT_STATE, training_object
 
 
 
@@ -57,6 +62,32 @@ def plan_import_builders(module: types.ModuleType, source: str, path: Path,
         else:
             planned.append((label, RunUnlessSameInputs(code, namespace, binds, inputs=inputs_of(node))))
     return planned
+
+
+def built_by_old_code(module: types.ModuleType, changed_classes: tuple[type, ...],
+                      project_modules: frozenset[str]) -> frozenset[str]:
+    """The globals of `module` that hold an instance of one of `changed_classes` (whose constructor or fields changed),
+    or of a project class (of `project_modules`) that is no longer the one its module binds under its name (a
+    dataclass a reload made again)."""
+    found: set[str] = set()
+    for name, value in list(vars(module).items()):
+        if name.startswith("__") or isinstance(value, NOT_STATE):
+            continue
+        if isinstance(value, changed_classes) or (type(value).__module__ in project_modules and _class_replaced(type(value))):
+            found.add(name)
+    return frozenset(found)
+
+
+def _class_replaced(cls: type) -> bool:
+    module = sys.modules.get(cls.__module__)
+    if module is None or "<locals>" in cls.__qualname__:
+        return False
+    current: Any = module
+    for part in cls.__qualname__.split("."):
+        current = getattr(current, part, None)
+        if current is None:
+            return False
+    return isinstance(current, type) and current is not cls
 
 
 def _may_build(node: ast.stmt) -> bool:

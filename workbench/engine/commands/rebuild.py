@@ -22,7 +22,7 @@ from workbench.engine.hotswap.compiled import reset_compiled_code
 from workbench.engine.hotswap.kept_objects import ran, run_slice
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet
-from workbench.engine.import_builders import built_again_note, plan_import_builders
+from workbench.engine.import_builders import built_again_note, built_by_old_code, plan_import_builders
 from workbench.engine.init_skipping import skipping_init
 from workbench.engine.memory.gc_freeze import collect_all
 from workbench.engine.loader_places import carry_places
@@ -96,7 +96,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         # Initialization of what will be carried is wasted (and, on a GPU, a second model's worth of work):
         # recorded, not run, and run afterwards for what was not carried.
         with skipping_init() as init_log:
-            built_at_import = _build_what_import_built(worker)
+            built_at_import = _build_what_import_built(worker, committed)
             found = copies(namespaces)
             new_state = _call_setup(worker)
         reset_compiled_code()
@@ -245,16 +245,20 @@ def _run_what_x_would(worker: TrainingWorker, committed: list[ChangeSet]) -> tup
     return pending, notes
 
 
-def _build_what_import_built(worker: TrainingWorker) -> list[str]:
-    """Run again the module statements that built a live model or optimizer at import (import_builders.py);
-    a note for each file. A failure raises: the rebuild fails and the old globals are put back."""
+def _build_what_import_built(worker: TrainingWorker, committed: list[ChangeSet]) -> list[str]:
+    """Run again the module statements that built a live model or optimizer at import (import_builders.py), and those
+    that made an instance of code the committed changes replace; a note for each file. A failure raises: the rebuild
+    fails and the old globals are put back."""
     notes: list[str] = []
-    for path, module in worker.project.modules().items():
+    changed_classes = tuple(cls for changeset in committed for cls in changeset.rebuild_if_live)
+    modules = worker.project.modules()
+    project_modules = frozenset(module.__name__ for module in modules.values())
+    for path, module in modules.items():
         source = worker.reloader.applied_source(path)
         if source is None:
             continue
         also = frozenset(name for module_name, name in worker.loaders_to_rebuild if module_name == module.__name__)
-        planned = plan_import_builders(module, source, path, also=also)
+        planned = plan_import_builders(module, source, path, also=also | built_by_old_code(module, changed_classes, project_modules))
         if not planned:
             continue
         with worker.project.as_script():
