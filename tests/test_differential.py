@@ -102,6 +102,13 @@ SCRIPT_IMPORT_REGRESSIONS: dict[str, tuple[int, str, str]] = {
 }
 
 
+# name -> (seed, fingerprint, outcome): found silent in the script_config family before their fix.
+SCRIPT_CONFIG_REGRESSIONS: dict[str, tuple[int, str, str]] = {
+    "ModelConfig's n_layer default edited (held), then R: the model was built again from the old config instance, "
+    "while the reload had named train.config (makemore's config = ModelConfig(...), ported)": (70, "1a113011bd89", REPORTED),
+}
+
+
 def fingerprint(seed: int, family: str = "two_file") -> str:
     sequence = generate(seed, family)
     lines = [a.what for a in sequence.actions]
@@ -165,12 +172,14 @@ def test_script_family_fixed_seeds_are_silent_only_where_a_finding_says(harness,
 
 
 def _script_cases() -> list[tuple[str, str]]:
-    return [*(("script", name) for name in SCRIPT_REGRESSIONS), *(("script_import", name) for name in SCRIPT_IMPORT_REGRESSIONS)]
+    return [*(("script", name) for name in SCRIPT_REGRESSIONS), *(("script_import", name) for name in SCRIPT_IMPORT_REGRESSIONS),
+            *(("script_config", name) for name in SCRIPT_CONFIG_REGRESSIONS)]
 
 
 @pytest.mark.parametrize(("family", "name"), _script_cases())
 def test_script_regression_case(harness, one_torch_thread, family: str, name: str) -> None:
-    seed, expected, outcome = (SCRIPT_REGRESSIONS if family == "script" else SCRIPT_IMPORT_REGRESSIONS)[name]
+    seed, expected, outcome = {"script": SCRIPT_REGRESSIONS, "script_import": SCRIPT_IMPORT_REGRESSIONS,
+                               "script_config": SCRIPT_CONFIG_REGRESSIONS}[family][name]
     assert fingerprint(seed, family) == expected, (
         f"the script generator changed: seed {seed} no longer makes the sequence of {name!r}; find the case again with "
         f"`python tests/differential --family {family}` and record its new seed and fingerprint"
@@ -199,3 +208,22 @@ def test_script_family_with_the_model_built_at_import_has_no_silent_mismatch(har
     rebuilt = [r for r in results if any("ran again what train.py builds at import" in str(c) for c in r.checks)]
     assert rebuilt, "the family must exercise rebuilds of what the file builds at import"
 
+
+
+# The script_import family with `n_layer` a default of a dataclass config made at import and read by the model's
+# constructor (`config = ModelConfig()`, makemore's shape; ScriptSpec.config_class): the same draws. An edit of the
+# default is held for R, which must make the config again before the model (workbench/engine/import_builders.py).
+SCRIPT_CONFIG_CI_SEEDS = range(60)
+
+
+@pytest.mark.timeout(300)
+def test_script_family_with_a_dataclass_config_made_at_import_has_no_silent_mismatch(harness, one_torch_thread) -> None:
+    import time
+
+    started = time.monotonic()
+    results = [harness.run(generate(seed, "script_config")) for seed in SCRIPT_CONFIG_CI_SEEDS]
+    took = summary(results, time.monotonic() - started)
+    bad = [r for r in results if r.outcome not in (APPLIED, REPORTED) or r.problems]
+    assert not bad, took + "\n\n" + "\n\n".join(explain(r) for r in bad[:3])
+    held = [r for r in results if any("ModelConfig" in str(c) and "held" in str(c) for c in r.checks)]
+    assert held, "the family must hold edits of the config's dataclass for R"

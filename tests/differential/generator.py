@@ -23,7 +23,7 @@ from differential.project import MODEL, SCALAR_NAMES, TRAIN, ModelSpec, Spec, Tr
 if TYPE_CHECKING:
     from differential.script import ScriptSequence
 
-FAMILIES = ("two_file", "script", "script_import")
+FAMILIES = ("two_file", "script", "script_import", "script_config")
 
 VALUES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
 BOOLEAN = ("f_capture", "decorator_on", "inline_body", "extra_field", "inline_mix")
@@ -92,13 +92,14 @@ def describe_change(before: Spec, after: Spec) -> str:
 
 def generate(seed: int, family: str = "two_file") -> Sequence | ScriptSequence:
     """The sequence of `seed` in a project family: "two_file" (train.py and model.py, project.py), "script"
-    (a script-style train.py, script.py) or "script_import" (the same, its model built at import)."""
-    if family in ("script", "script_import"):
+    (a script-style train.py, script.py), "script_import" (the same, its model built at import) or "script_config"
+    (that, its layer count a default of a dataclass config made at import)."""
+    if family in ("script", "script_import", "script_config"):
         from differential.script import generate_script
 
         return generate_script(seed, family)
     if family != "two_file":
-        raise ValueError(f"no project family {family!r}: two_file, script or script_import")
+        raise ValueError(f"no project family {family!r}: {', '.join(FAMILIES)}")
     return _generate_two_file(seed)
 
 

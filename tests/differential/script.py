@@ -37,6 +37,7 @@ from differential.generator import Action, RebuildNow, RollbackNow, Save, _break
 TRAIN = "train.py"
 FAMILY = "script"
 IMPORT_FAMILY = "script_import"
+CONFIG_FAMILY = "script_config"  # script_import with `n_layer` a dataclass default, read through `config = ModelConfig()`
 
 # The names a reload event must mention for a differing scalar to count as reported (see judge.py): the code
 # each scalar runs, the constants it reads (under every name the generator may give them), and for values
@@ -48,12 +49,12 @@ SCALAR_NAMES: dict[str, tuple[str, ...]] = {
     "tokens": ("tokens_per_iter", "batch_size", "block_size", "args.batch_size", "parser"),
     "lr": ("get_lr", "lr_for", "learning_rate", "min_lr", "warmup_iters", "lr_decay_iters", "step"),
     "data": ("get_batch", "fetch_batch", "batch_size", "args.batch_size", "parser", "step"),
-    "mlp": ("MLP", "mlp_scale", "n_layer", _SETUP),
+    "mlp": ("MLP", "mlp_scale", "n_layer", "ModelConfig", "train.config", _SETUP),
     "opt": ("train.optimizer", "state['optimizer']", "weight_decay", "make_optimizer", _SETUP),
     "opt2": ("opt2", "momentum"),
     "init": ("init_weight", "init_scale", "n_embd"),
     "loss": ("get_batch", "fetch_batch", "batch_size", "args.batch_size", "parser", "MLP", "mlp_scale", "n_layer",
-             _SETUP, "step"),
+             "ModelConfig", "train.config", _SETUP, "step"),
     "accum": ("grad_accum", _SETUP),
 }
 
@@ -96,13 +97,19 @@ class ScriptSpec:
     # The script_import family: the model and its optimizer are built at import, at the end of the file (as
     # pytorch/examples' word_language_model does), and setup() only returns them. No edit changes it.
     at_import: bool = False
+    # The script_config family (makemore's shape): `n_layer` is a default of a dataclass, `config = ModelConfig()` is
+    # made at import and MLP reads `config.n_layer`. No edit changes it.
+    config_class: bool = False
 
     def render(self) -> str:
         header = "".join(f"# note {i}: nothing but a comment\n" for i in range(self.header))
-        top = header + "import argparse\nimport math\n\nimport torch\nfrom torch import nn\n" + "\n" * self.gap
+        top = header + "import argparse\nimport math\n" + ("from dataclasses import dataclass\n" if self.config_class else "")
+        top += "\nimport torch\nfrom torch import nn\n" + "\n" * self.gap
+        n_layer = (f"\n\n@dataclass\nclass ModelConfig:\n    n_layer: int = {self.n_layer!r}\n\n\nconfig = ModelConfig()\n"
+                   if self.config_class else f"n_layer = {self.n_layer!r}\n")
         config = (
             "\n# " + "-" * 77 + "\n# default config values\n"
-            f"batch_size = {self.batch_size!r}\nblock_size = {self.block_size!r}\nn_layer = {self.n_layer!r}\n"
+            f"batch_size = {self.batch_size!r}\nblock_size = {self.block_size!r}\n{n_layer}"
             "n_embd = 4\n"
             f"learning_rate = {self.learning_rate!r}\nmin_lr = {self.min_lr_expr}\n"
             f"warmup_iters = {self.warmup_iters!r}\nlr_decay_iters = {self.lr_decay_iters!r}\n"
@@ -137,7 +144,8 @@ class ScriptSpec:
         if name == "mlp":
             return (
                 "class MLP(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-                "        self.layers = nn.ModuleList([nn.Linear(n_embd, n_embd) for _ in range(n_layer)])\n"
+                "        self.layers = nn.ModuleList([nn.Linear(n_embd, n_embd) for _ in "
+                f"range({'config.n_layer' if self.config_class else 'n_layer'})])\n"
                 "        with torch.no_grad():\n            for layer in self.layers:\n"
                 "                layer.weight.fill_(0.125)\n                layer.bias.fill_(0.0)\n"
                 f"        self.gain = {self.mlp_gain!r}\n\n"
@@ -272,11 +280,13 @@ def describe_change(before: ScriptSpec, after: ScriptSpec) -> str:
 
 def generate_script(seed: int, family: str = FAMILY) -> ScriptSequence:
     """1-5 saves of train.py, each maybe followed by rebuild, rollback or x; the script's arguments drawn first.
-    `family` "script_import": the same draws, the model and optimizer built at import (ScriptSpec.at_import)."""
+    `family` "script_import": the same draws, the model and optimizer built at import (ScriptSpec.at_import);
+    "script_config": that, with `n_layer` read from a dataclass config made at import (ScriptSpec.config_class)."""
     rng = random.Random(seed)
     argv = rng.choice(ARGVS)
     # the state setup() returns, or globals only
-    spec = ScriptSpec(returns=rng.choice(CHOICES["returns"]), at_import=family == IMPORT_FAMILY)
+    spec = ScriptSpec(returns=rng.choice(CHOICES["returns"]), at_import=family in (IMPORT_FAMILY, CONFIG_FAMILY),
+                      config_class=family == CONFIG_FAMILY)
     if rng.random() < 0.5:  # start from a varied script half of the time
         for _ in range(rng.randint(0, 3)):
             spec = _edit(rng, spec, rng.choice(("value", "value", "move", "rename", "delete")))
