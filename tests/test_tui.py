@@ -18,6 +18,7 @@ from workbench.engine.project import load_project
 from workbench.engine.session import Session, SessionConfig
 from workbench.frontends.tui.app import make_app
 from workbench.frontends.tui.keys import ACTIONS
+from workbench.frontends.tui.settings import load_config
 from workbench.frontends.tui.widgets.loss_chart import LossChart
 from workbench.frontends.tui.widgets.memory_gauges import MemoryGauges
 from workbench.frontends.tui.widgets.reload_log import ReloadLog
@@ -305,6 +306,35 @@ async def test_prints_from_step_land_in_the_log(tmp_path, session_factory):
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: "hello from step" in log_text(app), what="print in log")
         assert "[stdout]" in log_text(app)
+
+
+async def test_l_hides_what_the_code_prints_and_keeps_the_reloads_however_much_was_printed(tmp_path, session_factory):
+    """A chatty trainer (makemore prints every 10 steps and samples every 200) scrolled a reload's notes out of the log;
+    `l` shows the reloads, errors and actions alone, from a store of their own that prints cannot push out."""
+    source = TRAIN.replace("    return {", "    print(f'status line {bench.step}')\n    return {")
+    entry = write_project(tmp_path / "proj", source)
+    config_path = tmp_path / "config.toml"
+    config_path.write_text("log_entries = 30\n")
+    session = session_factory(entry)
+    app = make_app(session, config=load_config(config_path))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: session.status().step > 3, what="training")
+        assert session.wait_until_watching()
+        entry.write_text(source.replace("TAG = 1.0", "TAG = 2.0"))
+        await until(pilot, lambda: session.status().code_version == 1, what="the reload")
+        log = app.query_one(ReloadLog)
+        # More prints than the log keeps entries: the reload has left the full log.
+        await until(pilot, lambda: "RELOAD" not in log_text(app), what="the reload pushed out by prints")
+        await pilot.press("l")
+        await until(pilot, lambda: not log.showing_output, what="output hidden")
+        assert "code v1: TAG" in log_text(app), log_text(app)
+        assert "status line" not in log_text(app) and "hidden" in str(log.border_title)
+        lines = len(log.lines)
+        await until(pilot, lambda: session.status().step > 60, what="more steps")
+        assert len(log.lines) == lines, "prints stay out of the log while hidden"
+        await pilot.press("l")
+        await until(pilot, lambda: "status line" in log_text(app), what="output shown again")
+        assert log.border_title == "Log"
 
 
 # --------------------------------------------------------------------------- snapshot

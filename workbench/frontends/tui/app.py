@@ -320,6 +320,11 @@ class VramBenchApp(App[None]):
     def _help_shown(self) -> bool:
         return self.screen is self.screen_stack[0] and self._help_panel().shown
 
+    def action_toggle_output(self) -> None:
+        log = self.query_one(ReloadLog)
+        shown = log.toggle_output()
+        log.border_title = "Log" if shown else "Log (output hidden: l shows it)"
+
     def action_zoom(self) -> None:
         """Maximize the focused pane (the chart if none has focus), or restore it."""
         if self._help_shown():

@@ -52,6 +52,8 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("profile", "p", "profile", "Profile",
               f"profile the next {PROFILE_STEPS} steps with torch.profiler (trace to the run folder's traces/)", footer=True),
     KeyAction("interrupt", "i", "interrupt", "Interrupt step", "interrupt a running step (raises KeyboardInterrupt in it; the model stays)"),
+    KeyAction("toggle_output", "l", "toggle_output", "Log: output",
+              "log: hide or show what the code prints (reloads, errors and actions stay, however much was printed)"),
     KeyAction("zoom", "z", "zoom", "Zoom pane", "maximize the focused pane, or restore it (tab / shift+tab move the focus between panes)"),
     KeyAction("help", "question_mark,f1", "help", "Help", "this help: every key, and what each pane shows", footer=True),
     KeyAction("detach", "d", "detach", "Detach", "detach: leave the app, training goes on (vram-bench attach brings it back)"),

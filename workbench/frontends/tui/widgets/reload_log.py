@@ -1,7 +1,11 @@
 """The reload log: reloads, errors with tracebacks, pauses, actions and what the code printed.
 
 Newest last. It has its own event subscription and drains it on a timer, so the
-training thread never waits for it.
+training thread never waits for it. What the code prints can be hidden (key `l`):
+a real trainer prints every few steps (makemore: a status line every 10 steps and
+samples every 200), which scrolls a reload's notes out of the pane in seconds; the
+reloads, errors and actions are kept apart, so hiding the output shows the last
+`entries` of them however much was printed since.
 """
 
 from __future__ import annotations
@@ -67,8 +71,20 @@ class ReloadLog(RichLog, can_focus=True):
         self._root = project_root
         self._timestamps = timestamps
         self._events: deque[Event] = deque(maxlen=entries)
+        self._notices: deque[Event] = deque(maxlen=entries)  # the events but what the code printed
         self._line_counts: deque[int] = deque()  # lines each shown entry took, oldest first
         self._theme = ""
+        self._show_output = True
+
+    @property
+    def showing_output(self) -> bool:
+        return self._show_output
+
+    def toggle_output(self) -> bool:
+        """Hide what the code prints, or show it again; returns whether it is shown now."""
+        self._show_output = not self._show_output
+        self.redraw_all()
+        return self._show_output
 
     @property
     def entries(self) -> int:
@@ -90,6 +106,10 @@ class ReloadLog(RichLog, can_focus=True):
         with self.app.batch_update():
             for event in events:
                 self._events.append(event)
+                if not isinstance(event, Print):
+                    self._notices.append(event)
+                elif not self._show_output:
+                    continue
                 self._show(event)
             self._trim()
 
@@ -99,7 +119,7 @@ class ReloadLog(RichLog, can_focus=True):
             return
         self.clear()
         self._line_counts.clear()
-        for event in self._events:
+        for event in self._events if self._show_output else self._notices:
             self._show(event)
 
     def _show(self, event: Event) -> None:
