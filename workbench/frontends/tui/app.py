@@ -267,7 +267,8 @@ class VramBenchApp(App[None]):
         reason = f"Held back: {', '.join(held)}.\n" if held else ""
         message = (
             f"{reason}Rebuild builds the state again from the code on disk: the module lines x would run, the lines "
-            "that built a model or optimizer at import, then setup(). Parameters, buffers and optimizer state "
+            "that built at import a model, an optimizer, or what old code made (a config of a changed class, a "
+            "data loader whose workers run old code), then setup(). Parameters, buffers and optimizer state "
             "carry over by name and shape (layers renumbered by one inserted into a Sequential: by their place); "
             "everything else in the state (iterators, counters) starts fresh. "
             "If the new setup() fails, nothing changes."
