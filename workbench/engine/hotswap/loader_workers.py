@@ -19,6 +19,7 @@ statement that made it at import (import_builders.py), which the note names.
 
 from __future__ import annotations
 
+import itertools
 import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -27,7 +28,6 @@ from typing import Any
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from workbench.engine.state_walk import children
 
 _MAX_DEPTH = 4
 _MAX_ITEMS = 256
@@ -68,7 +68,7 @@ class WorkerNotes:
 def _walk(root: Any, path: str) -> Iterator[tuple[str, Any]]:
     """(path, object) for each DataLoader with workers and each multi-process iterator under `root`, each once.
 
-    Goes through dicts, lists, public attributes (`batch_loader.data_iter`) and the locals of running generators
+    Goes through dicts, lists, attributes (`batch_loader.data_iter`) and the locals of running generators
     (`for b in loader`); a persistent loader's iterator is its `_iterator`."""
     seen: set[int] = set()
     stack: list[tuple[Any, str, int]] = [(root, path, 0)]
@@ -92,10 +92,16 @@ def _walk(root: Any, path: str) -> Iterator[tuple[str, Any]]:
             frame = obj.gi_frame
             if frame is not None:
                 stack.extend((value, f"{at}.<locals>.{key}", depth + 1) for key, value in frame.f_locals.items())
-        elif _is_tensor_like(obj) or isinstance(obj, (str, bytes, int, float)):
+        elif isinstance(obj, dict):
+            stack.extend((v, f"{at}[{k!r}]", depth + 1) for k, v in itertools.islice(obj.items(), _MAX_ITEMS)
+                         if not (isinstance(k, str) and k.startswith("__")))
+        elif isinstance(obj, (list, tuple)):
+            stack.extend((v, f"{at}[{i}]", depth + 1) for i, v in enumerate(itertools.islice(obj, _MAX_ITEMS)))
+        elif isinstance(obj, (type, types.ModuleType, types.FunctionType, str, bytes, int, float)):
             continue
-        else:
-            stack.extend((value, child, depth + 1) for child, value in children(obj, at))
+        elif hasattr(obj, "__dict__") and not _is_tensor_like(obj):
+            # Private attributes too: a wrapper's `self._loader` holds workers as much as a public one.
+            stack.extend((v, f"{at}.{k}", depth + 1) for k, v in list(vars(obj).items()))
 
 
 def _find(roots: Iterable[LoaderRoot]) -> list[_Found]:
@@ -126,7 +132,7 @@ def datasets_in(dataset: Any, depth: int = 0) -> Iterator[Any]:
     inner = getattr(dataset, "dataset", None)
     if inner is not None and inner is not dataset:
         yield from datasets_in(inner, depth + 1)
-    for each in list(getattr(dataset, "datasets", None) or ())[:_MAX_ITEMS]:
+    for each in itertools.islice(getattr(dataset, "datasets", None) or (), _MAX_ITEMS):
         yield from datasets_in(each, depth + 1)
 
 
