@@ -9,12 +9,13 @@ or LR scheduler (and, where a value they read changed by then, the statements th
 kept_objects.py), with initialization skipped like setup()'s; the weights are then carried over from the
 old objects by name, as for what setup() builds.
 
-It also runs again the statement that made a global holding an instance of old code: of a class whose constructor or
-dataclass fields the change being built changed, or of a class a reload made again (`config = ModelConfig(...)`,
-makemore's, after its dataclass's defaults changed); else the model was built again from the old config, while the
-reload had named `train.config` among what needed the rebuild. And a statement that made, at import, a global holding a DataLoader whose worker processes run code
-a save changed since (`batch_loader = InfiniteDataLoader(train_dataset, num_workers=4)`, makemore's): those
-workers were forked with the old code and keep it for as long as their iterator lives, which may be the whole run.
+It also runs again the statement that made a global holding an instance of old code: of a class whose
+constructor or dataclass fields the change being built changed, or of a class a reload made again
+(`config = ModelConfig(...)`, makemore's, after its dataclass's defaults changed); else the model was built
+again from the old config, while the reload had named `train.config` among what needed the rebuild. And the
+statement that made, at import, a global holding a DataLoader whose worker processes run code a save changed
+since (`batch_loader = InfiniteDataLoader(train_dataset, num_workers=4)`, makemore's): those workers were
+forked with the old code and keep it for as long as their iterator lives, which may be the whole run.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def built_by_old_code(module: types.ModuleType, changed_classes: tuple[type, ...
     for name, value in list(vars(module).items()):
         if name.startswith("__") or isinstance(value, NOT_STATE):
             continue
-        if isinstance(value, changed_classes) or (type(value).__module__ in project_modules and _class_replaced(type(value))):
+        cls = type(value)
+        if isinstance(value, changed_classes) or (cls.__module__ in project_modules and _class_replaced(cls)):
             found.add(name)
     return frozenset(found)
 

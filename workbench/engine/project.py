@@ -205,9 +205,9 @@ def check_contract_names_kept(source: str, entry: Path) -> None:
             continue
         declared = {name for node in ast.walk(function) if isinstance(node, ast.Global) for name in node.names}
         for name in declared & _REQUIRED.keys():
-            binding = next((node for node in ast.walk(function)
-                            if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del))),
-                           None)
+            bindings = (node for node in ast.walk(function) if isinstance(node, ast.Name) and node.id == name
+                        and isinstance(node.ctx, (ast.Store, ast.Del)))
+            binding = next(bindings, None)
             if binding is not None:
                 raise ContractError(
                     f"{function.name}() declares `global {name}` and binds it: that global is "

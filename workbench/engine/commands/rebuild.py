@@ -257,8 +257,9 @@ def _build_what_import_built(worker: TrainingWorker, committed: list[ChangeSet])
         source = worker.reloader.applied_source(path)
         if source is None:
             continue
-        also = frozenset(name for module_name, name in worker.loaders_to_rebuild if module_name == module.__name__)
-        planned = plan_import_builders(module, source, path, also=also | built_by_old_code(module, changed_classes, project_modules))
+        also = built_by_old_code(module, changed_classes, project_modules) | frozenset(
+            name for module_name, name in worker.loaders_to_rebuild if module_name == module.__name__)
+        planned = plan_import_builders(module, source, path, also=also)
         if not planned:
             continue
         with worker.project.as_script():

@@ -175,7 +175,8 @@ def _epoch_left(iterator: _MultiProcessingDataLoaderIter, live: str) -> str:
     left = max(total - iterator._num_yielded, 0)
     if left > _ENDLESS_BATCHES:
         return f"until its epoch ends, {left:,} batches from now: in effect, for the rest of the session"
-    return f"until its epoch ends, {left:,} of its {total:,} batches from now (the next epoch's workers start with {live})"
+    return (f"until its epoch ends, {left:,} of its {total:,} batches from now (the next epoch's workers start "
+            f"with {live})")
 
 
 def _new_workers(entry: _Found, live: str) -> str:
