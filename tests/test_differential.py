@@ -195,19 +195,24 @@ def test_script_regression_case(harness, one_torch_thread, family: str, name: st
 SCRIPT_IMPORT_CI_SEEDS = range(100)
 
 
-@pytest.mark.timeout(300)
-def test_script_family_with_the_model_built_at_import_has_no_silent_mismatch(harness, one_torch_thread) -> None:
+def _family_without_silent_mismatches(harness, family: str, seeds: range) -> tuple[list, str]:
+    """Every seed's result in `family`, none silent and no harness problem; and the run's summary."""
     import time
 
     started = time.monotonic()
-    results = [harness.run(generate(seed, "script_import")) for seed in SCRIPT_IMPORT_CI_SEEDS]
+    results = [harness.run(generate(seed, family)) for seed in seeds]
     took = summary(results, time.monotonic() - started)
     bad = [r for r in results if r.outcome not in (APPLIED, REPORTED) or r.problems]
     assert not bad, took + "\n\n" + "\n\n".join(explain(r) for r in bad[:3])
+    return results, took
+
+
+@pytest.mark.timeout(300)
+def test_script_family_with_the_model_built_at_import_has_no_silent_mismatch(harness, one_torch_thread) -> None:
+    results, took = _family_without_silent_mismatches(harness, "script_import", SCRIPT_IMPORT_CI_SEEDS)
     assert {r.outcome for r in results} == {APPLIED, REPORTED}, took
     rebuilt = [r for r in results if any("ran again what train.py builds at import" in str(c) for c in r.checks)]
     assert rebuilt, "the family must exercise rebuilds of what the file builds at import"
-
 
 
 # The script_import family with `n_layer` a default of a dataclass config made at import and read by the model's
@@ -218,12 +223,6 @@ SCRIPT_CONFIG_CI_SEEDS = range(60)
 
 @pytest.mark.timeout(300)
 def test_script_family_with_a_dataclass_config_made_at_import_has_no_silent_mismatch(harness, one_torch_thread) -> None:
-    import time
-
-    started = time.monotonic()
-    results = [harness.run(generate(seed, "script_config")) for seed in SCRIPT_CONFIG_CI_SEEDS]
-    took = summary(results, time.monotonic() - started)
-    bad = [r for r in results if r.outcome not in (APPLIED, REPORTED) or r.problems]
-    assert not bad, took + "\n\n" + "\n\n".join(explain(r) for r in bad[:3])
+    results, _ = _family_without_silent_mismatches(harness, "script_config", SCRIPT_CONFIG_CI_SEEDS)
     held = [r for r in results if any("ModelConfig" in str(c) and "held" in str(c) for c in r.checks)]
     assert held, "the family must hold edits of the config's dataclass for R"

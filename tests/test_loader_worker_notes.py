@@ -167,31 +167,29 @@ def test_an_endless_loader_made_at_import_keeps_the_old_code_until_r_runs_its_li
     assert worker_pids(session_of.others) == workers
 
 
-def test_a_loader_no_statement_makes_says_r_does_not_start_new_workers(session_of) -> None:
-    source = MADE_AT_IMPORT.replace(
-        "batch_loader = InfiniteDataLoader(Words(), batch_size=8, num_workers=1)\n",
-        "def make_loader():\n    global batch_loader\n    batch_loader = InfiniteDataLoader(Words(), batch_size=8, num_workers=1)\n\n\n"
-        "make_loader()\n")
+NO_STATEMENT_MAKES_IT = MADE_AT_IMPORT.replace(
+    "batch_loader = InfiniteDataLoader(Words(), batch_size=8, num_workers=1)\n",
+    "def make_loader():\n    global batch_loader\n    batch_loader = InfiniteDataLoader(Words(), batch_size=8, num_workers=1)\n\n\n"
+    "make_loader()\n")
+
+
+@pytest.mark.parametrize("source, said_of_r, after_r", [
+    (NO_STATEMENT_MAKES_IT, ("R (command `rebuild`) does not start new ones", "no statement at the top of the file makes it"),
+     1.0),
+    (MADE_BY_SETUP, ("press R (command `rebuild`) to start new workers",), 2.0),
+], ids=["no-statement-makes-it", "setup-makes-it"])
+def test_what_the_note_says_of_r_is_what_r_does(session_of, source: str, said_of_r: tuple[str, ...], after_r: float) -> None:
+    """A global no top-level statement makes (a function binds it at import): R cannot make it again, and says so. A
+    global setup() makes (`global batch_loader`): setup() makes it again, and R says it starts new workers."""
     root, live = session_of(source)
     live.wait_running(2)
     edit(root / "train.py", DATASET_EDIT)
     reload = reload_of(live, "train.py")
-    assert said(reload, "train.batch_loader.train_loader", "for the rest of the session",
-                "R (command `rebuild`) does not start new ones", "no statement at the top of the file makes it"), reload.notes
-    rebuild(live)
-    assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 3)), "as said: the old workers stay"
-
-
-def test_a_loader_setup_makes_in_a_global_says_r_starts_new_workers_and_r_does(session_of) -> None:
-    root, live = session_of(MADE_BY_SETUP)
-    live.wait_running(2)
-    edit(root / "train.py", DATASET_EDIT)
-    reload = reload_of(live, "train.py")
-    assert said(reload, "train.batch_loader.train_loader", "Words.__getitem__", "for the rest of the session",
-                "press R (command `rebuild`) to start new workers"), reload.notes
+    assert said(reload, "train.batch_loader.train_loader", "Words.__getitem__", "for the rest of the session", *said_of_r), \
+        reload.notes
     assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 2))
     rebuild(live)
-    assert all(step.scalars["data_version"] == 2.0 for step in next_steps(live, 3)), "setup() made a new loader"
+    assert all(step.scalars["data_version"] == after_r for step in next_steps(live, 3)), "as said"
 
 
 def test_an_epoch_running_now_says_how_many_of_its_batches_keep_the_old_code(session_of) -> None:
