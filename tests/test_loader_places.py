@@ -346,3 +346,75 @@ def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own
         assert alone.finish(timeout=60) == 0, alone.explain()
     finally:
         alone.close()
+
+
+OWN_LOADER = """\
+import torch
+
+
+class DistributedDataLoader:
+    \"\"\"llm.c's: walks its tokens in order from a position; given state_dict() and load_state_dict().\"\"\"
+
+    def __init__(self, tokens, batch):
+        self.tokens, self.batch = tokens, batch
+        self.current_position = 0
+        self.cache = torch.zeros(WIDE)  # kept in the state below when STATE_HOLDS_CACHE
+
+    def next_batch(self):
+        x = self.tokens[self.current_position:self.current_position + self.batch]
+        self.current_position = (self.current_position + self.batch) % (len(self.tokens) - self.batch)
+        return x
+
+    def state_dict(self):
+        return {"current_position": self.current_position, **({"cache": self.cache} if STATE_HOLDS_CACHE else {})}
+
+    def load_state_dict(self, state):
+        self.current_position = state["current_position"]
+
+
+WIDE = 4
+STATE_HOLDS_CACHE = False
+model = torch.nn.Linear(1, 1)
+train_loader = DistributedDataLoader(torch.arange(100), 3)
+
+
+def setup(bench):
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}
+
+
+def step(state, bench):
+    x = train_loader.next_batch()
+    loss = state["model"](x.float()[:, None] / 100).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return {"loss": loss, "a": float(x[0]), "b": float(x[1])}
+"""
+
+
+def test_a_loader_of_the_projects_own_with_state_dict_goes_on_from_its_place(tmp_path: Path) -> None:
+    """llm.c's DistributedDataLoader (ported) in a module global: a resume read its first batches again. Given
+    state_dict() and load_state_dict() (torch.distributed.checkpoint's Stateful protocol), it goes on from its place."""
+    straight = straight_run(tmp_path, OWN_LOADER, 10)
+    snapshot = snapshot_after(tmp_path, OWN_LOADER, 6)
+    root = make_project(tmp_path, {"train.py": OWN_LOADER}, folder="second")
+    with open_session(root / "train.py", resume=snapshot, max_steps=10, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=60)
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        after = batches_read(live)
+    assert resumed.notes[0].startswith("train.train_loader: given back the place step 6 had left it at"), resumed.notes
+    assert after == {k: straight[k] for k in range(7, 11)}, "the batches after the snapshot's"
+
+
+def test_a_project_objects_state_that_holds_a_models_worth_of_tensors_is_not_kept_and_said(tmp_path: Path) -> None:
+    source = OWN_LOADER.replace("WIDE = 4", "WIDE = 1 << 19").replace("STATE_HOLDS_CACHE = False", "STATE_HOLDS_CACHE = True")
+    snapshot = snapshot_after(tmp_path, source, 4)
+    root = make_project(tmp_path, {"train.py": source}, folder="second")
+    with open_session(root / "train.py", resume=snapshot, max_steps=6, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=60)
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        after = batches_read(live)
+    assert any("train.train_loader (DistributedDataLoader) starts from its beginning: its place could not be kept at "
+               "step 4 (its state_dict() holds 2.0 MiB of tensors: a model's state, not a place in the data)" in n
+               for n in resumed.notes), resumed.notes
+    assert after[5] == (0.0, 1.0), "it started over, as said"

@@ -9,11 +9,18 @@ generators there (`batches(loader)`, or a loader a generator defined in setup() 
 rank's own, since each rank's loader reads its own shard of the data. A resume gives each fresh loader its state
 before the first step asks it for a batch; one that cannot take it (another number of ranks, a state the snapshot
 lacks, an iterator setup() already made from it) starts over, and the `resume` event says which and why.
+
+A trainer's own loader can take part the same way (torch.distributed.checkpoint's `Stateful` protocol): an object of
+a class of the project, not a model or optimizer, with `state_dict()` and `load_state_dict()`. llm.c's
+`DistributedDataLoader` (ported) walks its shards in order from a `current_position`; without this a resume read
+the first batches again. Such a state must be small, plain data: a place, not a model (more than 1 MiB of tensors
+is refused and said).
 """
 
 from __future__ import annotations
 
 import io
+import types
 from dataclasses import dataclass, field
 from types import GeneratorType
 from typing import Any
@@ -27,15 +34,28 @@ LOADER = "loader"  # the `where` of the warning after the first resumed step (in
 SHARDED_KEY = "loader_places/rank{rank}"  # each rank's record in a sharded (DCP) snapshot: a key of its own
 
 
-def is_stateful_loader(obj: Any) -> bool:
-    return (isinstance(obj, DataLoader) and callable(getattr(obj, "state_dict", None))
-            and callable(getattr(obj, "load_state_dict", None)))
+MAX_PLACE_TENSOR_BYTES = 1 << 20  # a project object's state above this is a model's, not a place in the data
 
 
-def find_loaders(state: Any, namespaces: Namespaces = ()) -> dict[str, DataLoader]:
+def is_stateful_loader(obj: Any, project_modules: frozenset[str] = frozenset()) -> bool:
+    """A DataLoader that can say where it is, or an object of a project class (in `project_modules`) that can."""
+    if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+        return False
+    if isinstance(obj, DataLoader):
+        return True
+    from torch.optim.lr_scheduler import LRScheduler
+
+    return (type(obj).__module__ in project_modules
+            and not isinstance(obj, (type, types.ModuleType, torch.nn.Module, torch.optim.Optimizer, LRScheduler)))
+
+
+def find_loaders(state: Any, namespaces: Namespaces = ()) -> dict[str, Any]:
     """Every stateful loader in the state and the project's module globals, each once, by a path that names it the
     same way in the run that snapshots and the run that resumes (`batches(loader)`: the generator's argument)."""
-    return find_reachable(state, namespaces, is_stateful_loader, "loader", stop_at=(DataLoader,), into_generators=True)
+    namespaces = list(namespaces)
+    project_modules = frozenset(name for name, _ in namespaces)
+    return find_reachable(state, namespaces, lambda obj: is_stateful_loader(obj, project_modules), "loader",
+                          stop_at=(DataLoader,), into_generators=True)
 
 
 def loaders_read_by(generator: GeneratorType) -> list[DataLoader]:
@@ -47,10 +67,28 @@ def loaders_read_by(generator: GeneratorType) -> list[DataLoader]:
                                        stop_at=(DataLoader,), into_generators=True)]
 
 
-def _has_begun(loader: DataLoader) -> bool:
+def _has_begun(loader: Any) -> bool:
     """Whether iter() was ever called on it. A StatefulDataLoader's `state_dict()` makes an iterator when there is
-    none (with workers, it starts them): a loader never iterated (a test loader) is not asked."""
-    return getattr(loader, "_iterator", True) is not None
+    none (with workers, it starts them): a loader never iterated (a test loader) is not asked. A project's own
+    loader always says where it is."""
+    return not isinstance(loader, DataLoader) or getattr(loader, "_iterator", True) is not None
+
+
+def _too_big(state: Any) -> str | None:
+    """Why a project object's state is no place in the data (it holds a model's worth of tensors), or None."""
+    held = 0
+    stack = [state]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            held += value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    if held > MAX_PLACE_TENSOR_BYTES:
+        return f"its state_dict() holds {held / 2**20:.1f} MiB of tensors: a model's state, not a place in the data"
+    return None
 
 
 def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
@@ -69,6 +107,9 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
             epochs[path] = epoch
         try:
             state = loader.state_dict()
+            if not isinstance(loader, DataLoader) and (why := _too_big(state)) is not None:
+                errors[path] = why
+                continue
             unpack(pack(state))
         except Exception as exc:  # noqa: BLE001 - a loader or dataset whose state is not plain data
             errors[path] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -165,7 +206,7 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
             notes.append(f"{path} ({kind}) starts from its beginning: the snapshot holds no place for it")
         elif states[path] is None:
             continue  # not begun at the snapshot's step: it starts at its beginning, as it would have
-        elif _has_begun(loader):
+        elif isinstance(loader, DataLoader) and _has_begun(loader):
             notes.append(f"{path} ({kind}) starts from its beginning: setup() already made an iterator of it, which "
                          "the snapshot's place cannot go into; iterate the loader in a generator or in step() instead")
         else:
