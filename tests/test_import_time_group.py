@@ -81,3 +81,39 @@ def test_after_the_import_init_process_group_is_torchs_own_again() -> None:
             imported("gloo", store=dist.HashStore(), rank=0, world_size=1)
     finally:
         dist.destroy_process_group()
+
+
+def test_x_and_a_rebuild_skip_the_scripts_init_process_group_again(tmp_path: Path) -> None:
+    """llm.c's `if ddp: init_process_group(backend="nccl")` block, run again by x or R because a value it reads changed
+    (`--zero_stage`): the call the import skipped failed the whole run of statements ("initialize the default process
+    group twice"). `Project.as_script()`, which x and R run module statements in, skips it again, through the name the
+    script imported and through `dist.init_process_group`."""
+    from workbench.engine.import_time_group import inits_skipped_again
+    from workbench.engine.project import load_project, unload_project
+
+    class Groups:
+        skipped_inits: list[str] = []
+
+        def make_default(self) -> None:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    entry = tmp_path / "proj" / "train.py"
+    entry.parent.mkdir()
+    entry.write_text("import torch\n\ndef setup(bench):\n    return {}\n\ndef step(state, bench):\n    return 0.0\n")
+    try:
+        with default_group_at_import(Groups()):  # type: ignore[arg-type]
+            from torch.distributed import init_process_group as imported
+        with inits_skipped_again():
+            imported("nccl")
+            dist.init_process_group("nccl")
+        project = load_project(entry)
+        try:
+            with project.as_script():
+                imported("gloo")
+        finally:
+            unload_project(project)
+        with pytest.raises(ValueError, match="twice"):
+            imported("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        assert dist.get_backend() == "gloo"
+    finally:
+        dist.destroy_process_group()

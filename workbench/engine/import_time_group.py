@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from workbench.engine.distributed import ProcessGroups
 
 
+_running_statements_again = [0]  # > 0 while x or a rebuild runs the project's module statements again
+
+
 @contextlib.contextmanager
 def default_group_at_import(groups: ProcessGroups | None) -> Iterator[None]:
     """Around the project's import: the default group made first; `init_process_group` skipped while it exists."""
@@ -35,9 +38,10 @@ def default_group_at_import(groups: ProcessGroups | None) -> Iterator[None]:
     importing = True
 
     def init_process_group(*args: Any, **kwargs: Any) -> None:
-        if not (importing and dist.is_initialized()):
+        if not ((importing or _running_statements_again[0]) and dist.is_initialized()):
             return original(*args, **kwargs)  # after the import: torch's own answer (setup_error_hint explains it)
-        groups.skipped_inits.append(_skipped_note(args, kwargs, dist.get_backend()))
+        if importing:
+            groups.skipped_inits.append(_skipped_note(args, kwargs, dist.get_backend()))
         return None
 
     dist.init_process_group = init_process_group  # type: ignore[assignment]
@@ -46,6 +50,31 @@ def default_group_at_import(groups: ProcessGroups | None) -> Iterator[None]:
         yield
     finally:
         importing = False  # a name the script imported keeps the wrapper: it calls torch's own from now on
+        dist.init_process_group = original
+        distributed_c10d.init_process_group = original
+
+
+@contextlib.contextmanager
+def inits_skipped_again() -> Iterator[None]:
+    """While x or a rebuild runs module statements again (llm.c's `if ddp: init_process_group(...)`, when a value
+    the block reads changed): the call the import skipped (and said) is skipped again, through the name the script
+    imported or `dist.init_process_group`, rather than failing the whole run on "trying to initialize the default
+    process group twice"."""
+    if not (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    original = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    _running_statements_again[0] += 1
+    dist.init_process_group = init_process_group  # type: ignore[assignment]
+    distributed_c10d.init_process_group = init_process_group  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _running_statements_again[0] -= 1
         dist.init_process_group = original
         distributed_c10d.init_process_group = original
 

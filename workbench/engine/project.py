@@ -52,8 +52,11 @@ class Project:
 
     @contextlib.contextmanager
     def as_script(self) -> Iterator[None]:
-        """sys.argv as `python train.py ARGS` gives it, while module code runs (import, `x`)."""
-        with script_argv(self.entry, self.argv):
+        """sys.argv as `python train.py ARGS` gives it, while module code runs again (`x`, a rebuild's import-time
+        lines); under torchrun the script's own `init_process_group` is skipped again, as at its import."""
+        from workbench.engine.import_time_group import inits_skipped_again
+
+        with script_argv(self.entry, self.argv), inits_skipped_again():
             yield
 
     def relative(self, path: Path | str) -> str:
