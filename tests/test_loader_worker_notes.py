@@ -8,6 +8,7 @@ note against what the steps read afterwards (every batch carries the version of 
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,8 +127,11 @@ def session_of(tmp_path: Path, one_torch_thread: None) -> Iterator:
                 feed.data_iter._shutdown_workers()
         state = live.session.worker.user_state
         if isinstance(state, dict):
-            state.pop("batches", None)
+            batches = state.pop("batches", None)
+            if hasattr(batches, "_shutdown_workers"):
+                batches._shutdown_workers()  # now, not when a collection finds it (a full suite's gc may be late)
         live_cm.__exit__(None, None, None)
+    gc.collect()
     assert not wait_gone(worker_pids(others)), "the loaders' worker processes outlived the test"
 
 
