@@ -64,16 +64,22 @@ def straight_run(tmp_path: Path, source: str, steps: int) -> dict[int, tuple[flo
         return batches_read(live)
 
 
+def resumed_after(tmp_path: Path, source: str, snapshot_at: int, until: int) -> tuple[Any, dict[int, tuple[float, float]]]:
+    """Train `source` to `snapshot_at`, snapshot, then resume a fresh session from it up to `until`: its `resume` event
+    and the batches it read."""
+    snapshot = snapshot_after(tmp_path, source, snapshot_at)
+    root = make_project(tmp_path, {"train.py": source}, folder="second")
+    with open_session(root / "train.py", resume=snapshot, max_steps=until, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=60)
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        return resumed, batches_read(live)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_resumed_run_reads_the_batches_a_run_that_never_stopped_read(tmp_path: Path, workers: int) -> None:
     source = PROJECT.replace("WORKERS = 0", f"WORKERS = {workers}")
     straight = straight_run(tmp_path, source, 13)
-    snapshot = snapshot_after(tmp_path, source, 7)  # epoch 1 of 5 batches, its second batch
-    root = make_project(tmp_path, {"train.py": source}, folder="second")
-    with open_session(root / "train.py", resume=snapshot, max_steps=13, exit_at_max_steps=False) as live:
-        resumed = live.wait_for(is_event("resume"), timeout=60)
-        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
-        after = batches_read(live)
+    resumed, after = resumed_after(tmp_path, source, 7, 13)  # epoch 1 of 5 batches, its second batch
     assert sorted(after) == list(range(8, 14))
     assert after == {k: straight[k] for k in range(8, 14)}, "the batches after the snapshot (an epoch's end included)"
     assert resumed.notes[0] == ("batches(loader): given back the place step 7 had left it at (state_dict()), so the "
@@ -88,12 +94,7 @@ def test_without_a_stateful_loader_the_data_starts_over_as_the_notes_say(tmp_pat
     source = PROJECT.replace("from torchdata.stateful_dataloader import StatefulDataLoader",
                              "from torch.utils.data import DataLoader as StatefulDataLoader")
     straight = straight_run(tmp_path, source, 9)
-    snapshot = snapshot_after(tmp_path, source, 7)
-    root = make_project(tmp_path, {"train.py": source}, folder="second")
-    with open_session(root / "train.py", resume=snapshot, max_steps=9, exit_at_max_steps=False) as live:
-        resumed = live.wait_for(is_event("resume"), timeout=60)
-        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
-        after = batches_read(live)
+    resumed, after = resumed_after(tmp_path, source, 7, 9)
     assert any("starts from its beginning, not where step 7 left it" in n
                and "a torchdata StatefulDataLoader it reads would go on from its place" in n for n in resumed.notes)
     assert after[8] != straight[8] or after[9] != straight[9], "a plain DataLoader starts its epoch over"
@@ -396,24 +397,14 @@ def test_a_loader_of_the_projects_own_with_state_dict_goes_on_from_its_place(tmp
     """llm.c's DistributedDataLoader (ported) in a module global: a resume read its first batches again. Given
     state_dict() and load_state_dict() (torch.distributed.checkpoint's Stateful protocol), it goes on from its place."""
     straight = straight_run(tmp_path, OWN_LOADER, 10)
-    snapshot = snapshot_after(tmp_path, OWN_LOADER, 6)
-    root = make_project(tmp_path, {"train.py": OWN_LOADER}, folder="second")
-    with open_session(root / "train.py", resume=snapshot, max_steps=10, exit_at_max_steps=False) as live:
-        resumed = live.wait_for(is_event("resume"), timeout=60)
-        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
-        after = batches_read(live)
+    resumed, after = resumed_after(tmp_path, OWN_LOADER, 6, 10)
     assert resumed.notes[0].startswith("train.train_loader: given back the place step 6 had left it at"), resumed.notes
     assert after == {k: straight[k] for k in range(7, 11)}, "the batches after the snapshot's"
 
 
 def test_a_project_objects_state_that_holds_a_models_worth_of_tensors_is_not_kept_and_said(tmp_path: Path) -> None:
     source = OWN_LOADER.replace("WIDE = 4", "WIDE = 1 << 19").replace("STATE_HOLDS_CACHE = False", "STATE_HOLDS_CACHE = True")
-    snapshot = snapshot_after(tmp_path, source, 4)
-    root = make_project(tmp_path, {"train.py": source}, folder="second")
-    with open_session(root / "train.py", resume=snapshot, max_steps=6, exit_at_max_steps=False) as live:
-        resumed = live.wait_for(is_event("resume"), timeout=60)
-        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
-        after = batches_read(live)
+    resumed, after = resumed_after(tmp_path, source, 4, 6)
     assert any("train.train_loader (DistributedDataLoader) starts from its beginning: its place could not be kept at "
                "step 4 (its state_dict() holds 2.0 MiB of tensors: a model's state, not a place in the data)" in n
                for n in resumed.notes), resumed.notes
