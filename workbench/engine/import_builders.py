@@ -101,7 +101,7 @@ def builders_by_name(source: str, path: Path) -> dict[str, str]:
     rebuild would run again for it). Globals setup() or a function binds, or plain values, are not in it."""
     try:
         body = ast.parse(source, filename=str(path)).body
-    except SyntaxError:
+    except (SyntaxError, SystemError):  # SystemError: CPython 3.11's parser, run on two threads at once (the reload's)
         return {}
     return {name: line_label(node, source)
             for node in body if _may_build(node) for name in bound_names(node)}
