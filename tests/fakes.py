@@ -7,6 +7,7 @@ the real sampler, cleanup and widgets run against it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from workbench.engine.memory.device import GpuMemory
 from workbench.engine.memory.host import HostMemory
@@ -142,8 +143,16 @@ class FakeCuda:
     def reset_peak_memory_stats(self, index: int) -> None:
         pass
 
-    def max_memory_allocated(self, index: int) -> int | None:
-        return self.stats.get(index, {}).get("allocated_bytes.all.peak")
+    def memory_stats_as_nested_dict(self, index: int) -> dict[str, Any]:
+        """torch's nested form of `memory_stats`: "allocated_bytes.all.peak" is ["allocated_bytes"]["all"]["peak"]."""
+        nested: dict[str, Any] = {}
+        for key, value in self.memory_stats(index).items():
+            *path, last = key.split(".")
+            place = nested
+            for part in path:
+                place = place.setdefault(part, {})
+            place[last] = value
+        return nested
 
 
 class FakeNvml:

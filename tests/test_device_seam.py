@@ -41,6 +41,12 @@ def test_values_come_from_the_allocator_and_nvml():
     assert (gpu.utilization, gpu.temperature, gpu.power_watts) == (87, 61, 250.0)
 
 
+def test_the_step_peak_is_the_allocators_peak_and_none_before_cuda_starts():
+    all_gpus = gpus()
+    assert probe_for(all_gpus[:1], FakeNvml(all_gpus)).peak_allocated(0) == 4 * GiB
+    assert probe_for(all_gpus[:1], FakeNvml(all_gpus), initialized=False).peak_allocated(0) is None
+
+
 def test_torch_devices_map_to_nvml_devices_by_uuid_under_cuda_visible_devices(monkeypatch):
     all_gpus = gpus()
     # CUDA_VISIBLE_DEVICES=2,0: torch's cuda:0 is NVML's device 2, torch's cuda:1 is NVML's device 0.
