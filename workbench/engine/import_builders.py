@@ -31,6 +31,7 @@ from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.compiling import compile_nodes, future_flags
 from workbench.engine.hotswap.planner import is_main_guard
 from workbench.engine.hotswap.statement_slice import DEFINITIONS, bound_names, calls_code, line_label, rerun_slice
+from workbench.engine.hotswap.syntax_trees import parse
 from workbench.engine.state_walk import NOT_STATE, training_object
 
 
@@ -41,7 +42,7 @@ def plan_import_builders(module: types.ModuleType, source: str, path: Path,
     `also`: globals whose statements run again too (a loader whose workers run old code, loader_workers.py)."""
     namespace = module.__dict__
     try:
-        body = ast.parse(source, filename=str(path)).body
+        body = parse(source, str(path)).body
     except SyntaxError:
         return []  # the live code is what was applied, so this is not expected; nothing to run again then
     builders = [
@@ -100,8 +101,8 @@ def builders_by_name(source: str, path: Path) -> dict[str, str]:
     """For each global a module statement makes by calling code, the label of the last such statement (what a
     rebuild would run again for it). Globals setup() or a function binds, or plain values, are not in it."""
     try:
-        body = ast.parse(source, filename=str(path)).body
-    except (SyntaxError, SystemError):  # SystemError: CPython 3.11's parser, run on two threads at once (the reload's)
+        body = parse(source, str(path)).body
+    except SyntaxError:
         return {}
     return {name: line_label(node, source)
             for node in body if _may_build(node) for name in bound_names(node)}

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any, Callable
 from collections.abc import Iterator, Sequence
 
+from workbench.engine.hotswap.syntax_trees import parse
 from workbench.errors import ContractError
 
 CONTRACT_HINT = "A vram-bench project defines setup(bench) and step(state, bench); see README.md, 'The user contract'."
@@ -200,7 +201,7 @@ def check_contract_names_kept(source: str, entry: Path) -> None:
     `global step; step += 1` inside `step()` (found porting makemore) replaces the function vram-bench calls with a
     number after one step, and its first sign is a TypeError about a function in the user's own arithmetic."""
     try:
-        tree = ast.parse(source, filename=str(entry))
+        tree = parse(source, str(entry))
     except SyntaxError:
         return  # the import or the reload's own compile says so
     for function in ast.walk(tree):

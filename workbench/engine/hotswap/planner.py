@@ -39,6 +39,7 @@ from workbench.engine.hotswap.statement_slice import (
     statement_key,
     statement_text,
 )
+from workbench.engine.hotswap.syntax_trees import parse
 from workbench.engine.hotswap.x_statements import StatementsForX
 
 RESTART_HINT = "restart vram-bench to use it"
@@ -190,7 +191,7 @@ def plan_not_rerun(
     if not not_rerun:
         return [], frozenset()
     try:
-        body = ast.parse(source, filename=str(path)).body
+        body = parse(source, str(path)).body
     except SyntaxError:
         return [], frozenset()
     named = [node for node in body if statement_text(node) in not_rerun]

@@ -11,7 +11,6 @@ code objects they hold.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import threading
 import time
@@ -27,6 +26,7 @@ from workbench.engine.hotswap.patches import Patch, RunInNamespace, apply_all, u
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError, plan_not_rerun, plan_reload
 from workbench.engine.hotswap.source_index import SourceIndex
 from workbench.engine.hotswap.statement_slice import DEFINITIONS, bound_names, line_label, statement_text
+from workbench.engine.hotswap.syntax_trees import parse
 from workbench.engine.project import IMPORTED_SOURCES, Project, read_source
 
 DEFAULT_MAX_HISTORY = 50
@@ -354,7 +354,7 @@ class Reloader:
         if source is None or not names:
             return []
         try:
-            body = ast.parse(source, filename=str(path)).body
+            body = parse(source, str(path)).body
         except SyntaxError:
             return []
         found = [node for node in body if not isinstance(node, DEFINITIONS) and bound_names(node) & names]

@@ -13,6 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.hotswap.syntax_trees import parse
+
 
 def where_code_sets(namespaces: list[tuple[str, dict[str, Any]]], key: str) -> str | None:
     """`file:line` of the first `x[key] = ...` (or `x[key] += ...`) in the project's modules, else None."""
@@ -36,7 +38,7 @@ def _first_assignment(filename: str, stamp: int, key: str) -> int | None:
     """Cached by the file's modification time: a save is parsed once."""
     del stamp
     try:
-        tree = ast.parse(Path(filename).read_text(encoding="utf-8"), filename)
+        tree = parse(Path(filename).read_text(encoding="utf-8"), filename)
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return None
     lines = []

@@ -16,6 +16,8 @@ import copy
 import re
 from dataclasses import dataclass, field
 
+from workbench.engine.hotswap.syntax_trees import parse
+
 
 @dataclass(frozen=True)
 class Statement:
@@ -56,7 +58,7 @@ class SourceIndex:
     @classmethod
     def parse(cls, source: str, filename: str) -> SourceIndex:
         """Parse the whole file (raises SyntaxError)."""
-        tree = ast.parse(source, filename)
+        tree = parse(source, filename)
         return cls(source, split_lines(source), [Statement(*_span(n), n) for n in tree.body])
 
 
@@ -92,7 +94,7 @@ def diff_source(base: SourceIndex, source: str, filename: str) -> SourceDiff:
 
     fragment = "".join(new[start : stop + shift])
     try:
-        tree = ast.parse(fragment, filename)
+        tree = parse(fragment, filename)
     except SyntaxError:
         return _full_diff(base, source, filename)
     ast.increment_lineno(tree, start)
