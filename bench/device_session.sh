@@ -16,6 +16,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 [ -z "$SKIP_CHECKS" ] && timeout 150 python3 bench/gpu_checks.py --out /tmp/gpu-checks 2>&1 | tee "$out/gpu-checks.txt"
 # What reading the loss every step (a device sync) costs against a loop that never waits, and vram-bench beside them.
 [ -z "$SKIP_CHECKS" ] && timeout ${SYNC_S:-110} python3 bench/loss_sync.py --rounds 3 --steps 1500 2>&1 | tee "$out/loss-sync.txt"
+# ... and which piece of vram-bench's step path that difference is (the loss's copy off the GPU, the step's peak, ...).
+[ -z "$SKIP_CHECKS" ] && timeout 60 python3 bench/step_path.py 2>&1 | tee "$out/step-path.txt"
 # Issue 17's steps/s target on a machine with free cores (gloo on CPU, 2 ranks), as interleaved pairs of windows
 # (bench/distributed_pairs.py: both jobs stay loaded and take turns), at three step sizes.
 CUDA_VISIBLE_DEVICES= timeout ${SMALL_S:-150} python3 bench/distributed_pairs.py --pairs ${SMALL_PAIRS:-20} 2>&1 | tee "$out/pairs-small.txt"
