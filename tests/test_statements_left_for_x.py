@@ -262,3 +262,57 @@ def test_x_runs_an_override_and_its_default_only_where_what_the_override_reads_c
                for note in ran.notes), ran.notes
     _step(live)
     assert (live.root / "out2" / "main.log").read_text() == "step\n" and log.read_text() == "step\n" * 4
+
+
+TWO_DEFAULTS_PY = """\
+import argparse
+
+import torch
+
+lr = 1e-3
+wd = 0.1
+parser = argparse.ArgumentParser()
+parser.add_argument("--fast", type=int, default=1)
+args = parser.parse_args()
+if args.fast:
+    lr = 3e-3
+    wd = 0.0
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1)}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "lr": lr, "wd": wd}
+"""
+
+
+@pytest.mark.parametrize("act", ["x", "R"])
+def test_an_override_of_two_defaults_that_no_longer_fires_leaves_both_defaults(start_session, act: str) -> None:
+    """`if args.fast:` overrides `lr` and `wd`; `--fast` 1 -> 0: a fresh start trains with both file defaults. The
+    override was run with one of its two defaults only, so the other kept the override's value (found reviewing)."""
+    live = start_session({"train.py": TWO_DEFAULTS_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    assert _step(live) == {"lr": 3e-3, "wd": 0.0}
+    _saved(live, TWO_DEFAULTS_PY.replace("default=1", "default=0"))
+    if act == "x":
+        ran = _x(live)
+        assert {"lr", "wd"} <= set(ran.changed), ran
+        assert any("line 10: `if args.fast:` (with its defaults first, line 5: `lr = 1e-3`, line 6: `wd = 0.1`)" in note
+                   for note in ran.notes), ran.notes
+    else:
+        live.send(Rebuild())
+        assert live.wait_for(is_event("rebuild")).ok
+    assert _step(live) == {"lr": 1e-3, "wd": 0.1}
+
+
+def test_an_edited_default_under_an_override_that_still_fires_keeps_the_override(start_session) -> None:
+    """`lr = 1e-3` -> `lr = 2e-3` while `if args.fast:` still binds `lr = 3e-3`: a fresh start trains at 3e-3, so x
+    must run the override after the default it edited, not leave the default's new value (found reviewing)."""
+    live = start_session({"train.py": TWO_DEFAULTS_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    assert _step(live) == {"lr": 3e-3, "wd": 0.0}
+    _saved(live, TWO_DEFAULTS_PY.replace("lr = 1e-3", "lr = 2e-3"))
+    _x(live)
+    assert _step(live) == {"lr": 3e-3, "wd": 0.0}

@@ -26,7 +26,8 @@ def line_label(node: ast.stmt, source: str) -> str:
     with its default, that default's line too."""
     label = f"line {node.lineno}: `{label_for(node, source)}`"
     if isinstance(node, OverrideWithDefault):
-        label += f" (with its default first, line {node.default.lineno}: `{label_for(node.default, source)}`)"
+        defaults = ", ".join(f"line {default.lineno}: `{label_for(default, source)}`" for default in node.defaults)
+        label += f" (with its default{'s' if len(node.defaults) > 1 else ''} first, {defaults})"
     return label
 
 
@@ -130,48 +131,55 @@ def rerun_slice(
             picked[i] = i in chosen
             tainted |= bound_names(node)
     fused: dict[int, ast.stmt] = {}
-    for override, default in _defaults_of_overrides(module, list(picked)):
-        if picked[override] or (unit := _override_with_default(module[override], module[default])) is None:
-            picked[default] = picked[override] = True  # the default runs again, so the override must run after it
+    for override, defaults in _defaults_of_overrides(module, list(picked)).items():
+        unit = None
+        if not picked[override] and not any(default in picked for default in defaults):
+            unit = _override_with_defaults(module[override], [module[default] for default in defaults])
+        if unit is None:  # the override runs anyway, or a default does: every default runs again, then the override
+            for index in (*defaults, override):
+                picked[index] = True
         else:
-            fused[override] = unit  # both run, at the override's turn, only if what it reads has changed
+            fused[override] = unit  # all of them run, at the override's turn, only if what it reads has changed
     return [(fused.get(i, module[i]), picked[i]) for i in sorted(picked)]
 
 
-def _defaults_of_overrides(module: list[ast.stmt], picked: list[int]) -> list[tuple[int, int]]:
-    """(override, default) for each plain assignment that gives a default to what a picked `if` may bind
-    (`batch_size = 8` before `if args.batch_size is not None: batch_size = args.batch_size`): both run, the default
-    first, so an override that no longer fires leaves the file's default, as a fresh start does, not the value it
-    bound last time."""
-    found: list[tuple[int, int]] = []
+def _defaults_of_overrides(module: list[ast.stmt], picked: list[int]) -> dict[int, list[int]]:
+    """For each picked `if`, the plain assignments that give a default to what it may bind (`batch_size = 8` before
+    `if args.batch_size is not None: batch_size = args.batch_size`), in file order: an override that no longer fires
+    must leave the file's defaults, as a fresh start does, not the values it bound last time."""
+    found: dict[int, list[int]] = {}
     for i in picked:
         if not isinstance(module[i], ast.If):
             continue
+        defaults = set()
         for name in bound_names(module[i]):
             default = _latest_binding(module, i, name)
             if default is not None and not calls_code(module[default]) and not isinstance(module[default], ast.If):
-                found.append((i, default))
+                defaults.add(default)
+        if defaults:
+            found[i] = sorted(defaults)
     return found
 
 
-def _override_with_default(override: ast.stmt, default: ast.stmt) -> ast.stmt | None:
-    """`if C: B else: E` as `if C: default; B else: default; E`, at the override's place: one statement that gives the
-    file's default and lets the override change it, run only where what it reads changed. Picked only because it reads
-    a changed value (`args`), the pair was run whatever happened, and with it what such an `if` does beside binding
-    (llm.c's `if args.output_dir:` opens its log with "w": x of an unrelated flag wiped the log). None where the test
-    reads the default's own name: the fused form would read it before the default is given."""
+def _override_with_defaults(override: ast.stmt, defaults: list[ast.stmt]) -> ast.stmt | None:
+    """`if C: B else: E` as `if C: defaults; B else: defaults; E`, at the override's place: one statement that gives
+    the file's defaults and lets the override change them, run only where what it reads changed. Picked only because
+    it reads a changed value (`args`), the override and its defaults were run whatever happened, and with them what
+    such an `if` does beside binding (llm.c's `if args.output_dir:` opens its log with "w": x of an unrelated flag
+    wiped the log). None where the test reads a default's own name: the fused form would read it before it is given."""
     assert isinstance(override, ast.If)
-    if {n.id for n in ast.walk(override.test) if isinstance(n, ast.Name)} & bound_names(default):
+    given = set().union(*(bound_names(default) for default in defaults))
+    if {n.id for n in ast.walk(override.test) if isinstance(n, ast.Name)} & given:
         return None
-    unit = OverrideWithDefault(test=override.test, body=[default, *override.body], orelse=[default, *override.orelse])
-    unit.default = default
+    unit = OverrideWithDefault(test=override.test, body=[*defaults, *override.body], orelse=[*defaults, *override.orelse])
+    unit.defaults = defaults
     return ast.copy_location(unit, override)
 
 
 class OverrideWithDefault(ast.If):
-    """An override run with the default it overrides (`_override_with_default`): its label names both lines."""
+    """An override run with the defaults it overrides (`_override_with_defaults`): its label names their lines."""
 
-    default: ast.stmt
+    defaults: list[ast.stmt]
 
 
 def _latest_binding(module: list[ast.stmt], before: int, name: str) -> int | None:
