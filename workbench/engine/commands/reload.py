@@ -346,8 +346,14 @@ def _reasons_with_live_instances(
 
 def _worker_notes(worker: TrainingWorker, changed: Iterable[str], module: types.ModuleType, change: str) -> list[str]:
     """What the loaders' worker processes keep of the old code; the globals made at import that hold them are R's to
-    make again from then on."""
-    found = worker_notes(_loader_roots(worker), changed, module, change)
+    make again from then on. Runs on the training thread after the change is applied, through whatever the project
+    keeps in its globals: a walk that fails (an object that raises when looked at) costs this note, never the session
+    or the reload's event."""
+    try:
+        found = worker_notes(_loader_roots(worker), changed, module, change)
+    except Exception as exc:  # noqa: BLE001 - the change is applied: its event must still be published
+        return [f"could not tell whether DataLoader workers still run the code before {change} "
+                f"({type(exc).__name__}: {exc}); a worker process started earlier keeps the code it started with"]
     worker.loaders_to_rebuild.update(found.rebuild)
     return found.notes
 

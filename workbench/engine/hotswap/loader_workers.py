@@ -93,8 +93,8 @@ def _walk(root: Any, path: str) -> Iterator[tuple[str, Any]]:
             if frame is not None:
                 stack.extend((value, f"{at}.<locals>.{key}", depth + 1) for key, value in frame.f_locals.items())
         elif isinstance(obj, dict):
-            stack.extend((v, f"{at}[{k!r}]", depth + 1) for k, v in itertools.islice(obj.items(), _MAX_ITEMS)
-                         if not (isinstance(k, str) and k.startswith("__")))
+            items = list(itertools.islice(obj.items(), _MAX_ITEMS))  # taken at once: another thread may change it
+            stack.extend((v, f"{at}[{k!r}]", depth + 1) for k, v in items if not (isinstance(k, str) and k.startswith("__")))
         elif isinstance(obj, (list, tuple)):
             stack.extend((v, f"{at}[{i}]", depth + 1) for i, v in enumerate(itertools.islice(obj, _MAX_ITEMS)))
         elif isinstance(obj, (type, types.ModuleType, types.FunctionType, str, bytes, int, float)):
@@ -170,7 +170,7 @@ def _iterates(iterator: _MultiProcessingDataLoaderIter, loader: DataLoader) -> b
 def _epoch_left(iterator: _MultiProcessingDataLoaderIter, live: str) -> str:
     try:
         total = len(iterator)
-    except TypeError:  # an IterableDataset without __len__: its end cannot be told
+    except Exception:  # noqa: BLE001 - no __len__ (an IterableDataset), or a sampler's that raises: the end is unknown
         return "until its epoch ends"
     left = max(total - iterator._num_yielded, 0)
     if left > _ENDLESS_BATCHES:
@@ -225,12 +225,14 @@ def worker_notes(
         root = entry.held_at_import
         if not entry.remade_by_rebuild and root is not None and root.builder is not None and root.global_name:
             rebuild.append(root.global_name)
-        workers = f"{len(iterator._workers)} worker processes forked before {change}"
+        count = len(iterator._workers)
+        workers = f"{count} worker process{'' if count == 1 else 'es'} forked before {change}"
+        they, are, keep = ("it", "is", "keeps") if count == 1 else ("they", "are", "keep")
         if iterator._persistent_workers:
-            notes.append(f"{name} runs {shown} in {workers}: they are persistent, so they keep it for the rest of "
-                         f"the session: {_new_workers(entry, live)}")
+            notes.append(f"{name} runs {shown} in {workers}: {they} {are} persistent, so {they} {keep} it for the rest "
+                         f"of the session: {_new_workers(entry, live)}")
         else:
-            notes.append(f"{name} runs {shown} in {workers}, when its epoch began: they keep {kept} "
+            notes.append(f"{name} runs {shown} in {workers}, when its epoch began: {they} {keep} {kept} "
                          f"{_epoch_left(iterator, live)}; {_new_workers(entry, live)}")
     for entry in loaders:
         loader = entry.obj
