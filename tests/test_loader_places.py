@@ -349,6 +349,39 @@ def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own
         alone.close()
 
 
+def test_a_trainer_of_the_projects_that_checkpoints_everything_is_walked_into_not_taken_for_a_loader() -> None:
+    """A project `Trainer` with its own state_dict() holds the model, the optimizer and the loader: taken for a loader,
+    it was refused as a model's state and the loader inside it was never found, so a resume started the data over."""
+    model = torch.nn.Linear(1, 1)
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.model, self.opt = model, torch.optim.SGD(model.parameters(), lr=0.1)
+            self.loaders = {"train": loader_of(list(range(4)))}
+
+        def state_dict(self) -> dict:
+            return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.model.load_state_dict(state["model"])
+
+    class Place:
+        """A loader of the project's own: it holds data, not a model, and says where it is."""
+
+        def __init__(self) -> None:
+            self.tokens, self.position = torch.arange(10), 0
+
+        def state_dict(self) -> dict:
+            return {"position": self.position}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.position = state["position"]
+
+    Trainer.__module__ = Place.__module__ = "train"  # classes of the project
+    found = find_loaders({}, [("train", {"trainer": Trainer(), "feed": Place()})])
+    assert list(found) == ["train.trainer.loaders.train", "train.feed"], list(found)
+
+
 OWN_LOADER = """\
 import torch
 

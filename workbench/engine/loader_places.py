@@ -11,7 +11,8 @@ before the first step asks it for a batch; one that cannot take it (another numb
 lacks, an iterator setup() already made from it) starts over, and the `resume` event says which and why.
 
 A trainer's own loader can take part the same way (torch.distributed.checkpoint's `Stateful` protocol): an object of
-a class of the project, not a model or optimizer, with `state_dict()` and `load_state_dict()`. llm.c's
+a class of the project, not a model or optimizer and holding none (a `Trainer` that checkpoints them all is walked
+into, for the loaders it holds), with `state_dict()` and `load_state_dict()`. llm.c's
 `DistributedDataLoader` (ported) walks its shards in order from a `current_position`; without this a resume read
 the first batches again. Such a state must be small, plain data: a place, not a model (more than 1 MiB of tensors
 is refused and said).
@@ -45,8 +46,24 @@ def is_stateful_loader(obj: Any, project_modules: frozenset[str] = frozenset()) 
         return True
     from torch.optim.lr_scheduler import LRScheduler
 
-    return (type(obj).__module__ in project_modules
-            and not isinstance(obj, (type, types.ModuleType, torch.nn.Module, torch.optim.Optimizer, LRScheduler)))
+    training = (torch.nn.Module, torch.optim.Optimizer, LRScheduler, DataLoader)
+    return (type(obj).__module__ in project_modules and not isinstance(obj, (type, types.ModuleType, *training))
+            and not _holds_any(obj, training))
+
+
+def _holds_any(obj: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether an attribute of `obj` (or an item of a dict or list there) is a model, optimizer, scheduler or loader:
+    then `obj` is a trainer that checkpoints them all, not a place in the data, and the walk goes on into it to find
+    the loaders it holds."""
+    try:
+        values = list(vars(obj).values())
+    except TypeError:  # no __dict__ (slots)
+        return False
+    for value in values:
+        inner = list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, (list, tuple)) else []
+        if any(isinstance(item, kinds) for item in (value, *inner[:256])):
+            return True
+    return False
 
 
 def find_loaders(state: Any, namespaces: Namespaces = ()) -> dict[str, Any]:
