@@ -272,3 +272,20 @@ def test_a_global_that_raises_when_looked_at_costs_the_note_not_the_session(sess
     assert said(reload, "could not tell whether DataLoader workers still run the code before this save",
                 "RuntimeError: the handle is closed"), reload.notes
     assert next_steps(live, 2)[-1].scalars["data_version"] == 2.0, "the session trains on, with the new code"
+
+
+def test_a_rollback_says_nothing_of_workers_forked_before_the_save_it_undoes(session_of) -> None:
+    """makemore's endless loader, forked at import: a save of its dataset's code, then u with no R between. The
+    workers have the code the rollback makes live again, yet the note said they kept the rolled-back code for the
+    rest of the session, and the next R restarted them for it (found reviewing)."""
+    root, live = session_of(MADE_AT_IMPORT)
+    live.wait_running(2)
+    workers = worker_pids(session_of.others)
+    edit(root / "train.py", DATASET_EDIT)
+    assert said(reload_of(live, "train.py"), "1 worker process forked before this save")
+    rolled = rollback(live, "train.py")
+    assert not said(rolled, "worker process"), rolled.notes
+    assert all(step.scalars["data_version"] == 1.0 for step in next_steps(live, 3)), "the live code, as the workers have"
+    rebuilt = rebuild(live)
+    assert not said(rebuilt, "batch_loader"), rebuilt.notes
+    assert worker_pids(session_of.others) == workers, "R had no reason to restart them"

@@ -224,6 +224,9 @@ class TrainingWorker(threading.Thread):
         # (module, global) made at import holding a DataLoader whose workers run code a save changed since: R runs the
         # statement that made it again (workbench/engine/hotswap/loader_workers.py).
         self.loaders_to_rebuild: set[tuple[str, str]] = set()
+        # code version -> the loader iterators running when that save was applied (weakly), and the globals it added
+        # above: its rollback says nothing of those (they have the code that is live again) and takes those back.
+        self.workers_at_version: dict[int, tuple[Any, set[tuple[str, str]]]] = {}
         self.lockstep: Lockstep | None = None  # under torchrun: every rank runs the same commands at the same boundary
         self.last_loss: float | None = None
         self.last_step_time: float | None = None  # when the last step ended (Unix seconds)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 import types
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ from workbench.engine.state_walk import NOT_STATE, find_instances, top_values
 
 if TYPE_CHECKING:
     from workbench.engine.worker import TrainingWorker
+
+MAX_VERSIONS_REMEMBERED = 256  # saves whose running loader iterators are kept (weakly) for their rollback
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
         if reset_compiled_code():
             notes.append("torch.compile caches were reset: compiled code recompiles on its next call")
         if changeset.module is not None:
-            notes.extend(_worker_notes(worker, changeset.changed, changeset.module, "this save"))
+            notes.extend(_worker_notes(worker, changeset.changed, changeset.module, version))
         notes.extend(_reasons_with_live_instances(worker, (), changeset.note_if_live.items(), "live instances"))
         notes.extend(changeset.built_from_notes())
     worker.bus.publish(
@@ -264,7 +267,7 @@ def rollback(worker: TrainingWorker, command: Rollback) -> None:
     module = worker.project.modules().get(undone.path)
     if module is not None:
         worker.setup_rebinds.rolled_back(undone.version, module.__name__, names_bound_by(undone.patches))
-        notes.extend(_worker_notes(worker, undone.changed, module, "this rollback"))
+        notes.extend(_worker_notes(worker, undone.changed, module, undone.version, rollback=True))
     if undone.version <= worker._state_built_at:  # setup() ran since this version: it built with its values
         notes.extend(built_from_note(name, chains, rolled_back=True) for name, chains in undone.built_from)
         notes.extend(called_by_setup_note(name, chain, rolled_back=True) for name, chain in undone.setup_calls)
@@ -344,16 +347,25 @@ def _reasons_with_live_instances(
     return reasons
 
 
-def _worker_notes(worker: TrainingWorker, changed: Iterable[str], module: types.ModuleType, change: str) -> list[str]:
+def _worker_notes(worker: TrainingWorker, changed: Iterable[str], module: types.ModuleType, version: int,
+                  rollback: bool = False) -> list[str]:
     """What the loaders' worker processes keep of the old code; the globals made at import that hold them are R's to
-    make again from then on. Runs on the training thread after the change is applied, through whatever the project
-    keeps in its globals: a walk that fails (an object that raises when looked at) costs this note, never the session
-    or the reload's event."""
+    make again from then on. A save records the iterators already running (their workers have the code before it);
+    its rollback leaves them out, since that code is live again, and takes back what it asked R to make again.
+    Runs on the training thread after the change is applied, through whatever the project keeps in its globals: a walk
+    that fails (an object that raises when looked at) costs this note, never the session or the reload's event."""
+    change = "this rollback" if rollback else "this save"
+    before, asked = worker.workers_at_version.pop(version, ((), set())) if rollback else ((), set())
     try:
-        found = worker_notes(_loader_roots(worker), changed, module, change)
+        found = worker_notes(_loader_roots(worker), changed, module, change, running_before=before)
     except Exception as exc:  # noqa: BLE001 - the change is applied: its event must still be published
         return [f"could not tell whether DataLoader workers still run the code before {change} "
                 f"({type(exc).__name__}: {exc}); a worker process started earlier keeps the code it started with"]
+    worker.loaders_to_rebuild.difference_update(asked)
+    if not rollback:
+        worker.workers_at_version[version] = (weakref.WeakSet(found.running), set(found.rebuild) - worker.loaders_to_rebuild)
+        for old in sorted(worker.workers_at_version)[:-MAX_VERSIONS_REMEMBERED]:
+            del worker.workers_at_version[old]
     worker.loaders_to_rebuild.update(found.rebuild)
     return found.notes
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import itertools
 import types
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Container, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -63,6 +63,7 @@ class WorkerNotes:
 
     notes: list[str]
     rebuild: list[tuple[str, str]]
+    running: list[Any] = field(default_factory=list)  # every multi-process iterator with live workers found
 
 
 def _walk(root: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -194,9 +195,12 @@ def _new_workers(entry: _Found, live: str) -> str:
 
 
 def worker_notes(
-    roots: Iterable[LoaderRoot], changed: Iterable[str], module: types.ModuleType, change: str = "this save"
+    roots: Iterable[LoaderRoot], changed: Iterable[str], module: types.ModuleType, change: str = "this save",
+    running_before: Container[Any] = (),
 ) -> WorkerNotes:
-    """One note per loader (or iterator) whose workers run changed code (`changed`: the reload's qualified names)."""
+    """One note per loader (or iterator) whose workers run changed code (`changed`: the reload's qualified names).
+    `running_before`: for a rollback, the iterators already running when the undone save was applied; their workers
+    were forked with the code before it, which is live again, so nothing is said of them."""
     changed = list(changed)
     found = _find(roots)
     iterators = [f for f in found if isinstance(f.obj, _MultiProcessingDataLoaderIter)]
@@ -212,11 +216,19 @@ def worker_notes(
         return ", ".join(stale[:5])
 
     told: set[int] = set()
+    running = []
     for entry in iterators:
         iterator = entry.obj
-        if iterator._shutdown or not iterator._workers or not (shown := stale_in(iterator)):
+        if iterator._shutdown or not iterator._workers:
             continue
+        running.append(iterator)
         loader = next((each for each in loaders if _iterates(iterator, each.obj)), None)
+        if iterator in running_before:
+            if loader is not None:
+                told.add(id(loader.obj))  # its running epoch's workers are the ones just left out
+            continue
+        if not (shown := stale_in(iterator)):
+            continue
         if loader is not None:
             told.add(id(loader.obj))
             entry.remade_by_rebuild = entry.remade_by_rebuild and loader.remade_by_rebuild
@@ -242,4 +254,4 @@ def worker_notes(
         # either way rather than claim workers that may not be running.
         notes.append(f"{entry.path} runs {shown} in worker processes: those of an epoch running now were forked "
                      f"before {change} and keep {kept} until it ends; the next epoch's workers start with {live}")
-    return WorkerNotes(notes, rebuild)
+    return WorkerNotes(notes, rebuild, running)
