@@ -12,10 +12,11 @@ import ast
 import gc
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 from workbench.engine.hotswap import syntax_trees
-from workbench.engine.hotswap.syntax_trees import parse
+from workbench.engine.hotswap.syntax_trees import format_traceback, parse
 
 SOURCE = "\n".join(f"def f{i}(a, b):\n    return [x * (a + b) for x in range({i}) if x % 3]\n" for i in range(60))
 
@@ -88,6 +89,27 @@ def test_parses_on_two_threads_take_turns(monkeypatch):
     counting = _CountingAst()
     monkeypatch.setattr(syntax_trees, "ast", counting)
     assert _errors_converting_on_two_threads(_parsing, _parsing) == ([], [])
+    assert counting.met == 0
+
+
+def _formatting_a_traceback() -> Callable[[], object]:
+    def fails() -> int:
+        values = {"a": [1]}
+        return values["a"][0] + values["b"][0] * len(values) - sum(x for x in range(3))
+
+    try:
+        fails()
+    except KeyError as exc:
+        caught = traceback.TracebackException.from_exception(exc)
+    return lambda: [format_traceback(caught) for _ in range(20)]
+
+
+def test_a_parse_and_a_traceback_formatted_on_another_thread_take_turns(monkeypatch):
+    """CPython 3.11 parses a traceback's line to underline its expression: the training thread formatting the user's
+    traceback made the reload thread's parse fail."""
+    counting = _CountingAst()
+    monkeypatch.setattr(syntax_trees, "ast", counting)
+    assert _errors_converting_on_two_threads(_parsing, _formatting_a_traceback()) == ([], [])
     assert counting.met == 0
 
 

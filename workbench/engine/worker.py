@@ -67,6 +67,7 @@ from workbench.protocol.events import (
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.hotswap.reloader import Reloader
+from workbench.engine.hotswap.syntax_trees import format_traceback
 from workbench.engine.init_skipping import InitLog, skipping_init
 from workbench.engine.ddp_diagnosis import is_unused_parameter_error, unused_parameter_sentence
 from workbench.engine.distributed import broadcast_replicated_state, is_dead_group_error, setup_error_hint
@@ -291,7 +292,8 @@ class TrainingWorker(threading.Thread):
             # and wait forever. This rank just ends; torchrun stops the others, which end as for a rank that died.
             self._left_alone = True
             self.bus.publish(
-                Error(where="worker", message=f"vram-bench internal error: {exc!r}", traceback=traceback.format_exc())
+                Error(where="worker", message=f"vram-bench internal error: {exc!r}",
+                      traceback=format_traceback(traceback.TracebackException.from_exception(exc)))
             )
         finally:
             self._settle_values_at_exit()
@@ -1146,7 +1148,7 @@ class TrainingWorker(threading.Thread):
         package = os.path.dirname(workbench.__file__)
         tb = true_stack(exc, self.reloader.history, self._live_source)  # the lines of the code that runs
         tb.stack = traceback.StackSummary.from_list([f for f in tb.stack if not f.filename.startswith(package)])
-        return "".join(tb.format())
+        return format_traceback(tb)
 
 
 def _initialized_note(initialized: list[str]) -> tuple[str, ...]:
