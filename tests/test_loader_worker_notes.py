@@ -125,6 +125,9 @@ def session_of(tmp_path: Path, one_torch_thread: None) -> Iterator:
             feed = vars(module).get("batch_loader")
             if feed is not None:
                 feed.data_iter._shutdown_workers()
+            persistent = getattr(vars(module).get("train_loader"), "_iterator", None)
+            if persistent is not None:
+                persistent._shutdown_workers()  # a persistent loader in a reference cycle (PERSISTENT_AT_IMPORT)
         state = live.session.worker.user_state
         if isinstance(state, dict):
             batches = state.pop("batches", None)
@@ -289,3 +292,36 @@ def test_a_rollback_says_nothing_of_workers_forked_before_the_save_it_undoes(ses
     rebuilt = rebuild(live)
     assert not said(rebuilt, "batch_loader"), rebuilt.notes
     assert worker_pids(session_of.others) == workers, "R had no reason to restart them"
+
+
+PERSISTENT_AT_IMPORT = DATASET + '''
+train_loader = DataLoader(Words(), batch_size=8, num_workers=1, persistent_workers=True)
+train_loader.me = train_loader  # a reference cycle: only a collection would free the old loader and its workers
+
+
+def batches():
+    while True:
+        yield from train_loader
+
+
+def setup(bench):
+    return {"model": model, "optimizer": optimizer, "batches": batches()}
+
+
+def next_batch(state):
+    return next(state["batches"])
+''' + STEP
+
+
+def test_r_shuts_down_the_old_persistent_workers_of_a_loader_made_at_import_now(session_of) -> None:
+    """`train_loader = DataLoader(..., persistent_workers=True)` at import: R runs its line again, and the old loader's
+    workers (its private `_iterator`) were left to whenever a collection freed it (found reviewing)."""
+    root, live = session_of(PERSISTENT_AT_IMPORT)
+    live.wait_running(2)
+    first_workers = worker_pids(session_of.others)
+    assert len(first_workers) == 1, first_workers
+    edit(root / "train.py", DATASET_EDIT)
+    assert said(reload_of(live, "train.py"), "train.train_loader", "persistent")
+    rebuild(live)
+    assert all(step.scalars["data_version"] == 2.0 for step in next_steps(live, 3))
+    assert not wait_gone(first_workers, timeout=5.0), "the old workers were shut down by R, not left to a collection"

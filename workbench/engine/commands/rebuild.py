@@ -20,6 +20,7 @@ from workbench.engine.dispatch import handles
 from workbench.protocol.events import Error, Rebuild, Rebuilt
 from workbench.engine.hotswap.compiled import reset_compiled_code
 from workbench.engine.hotswap.kept_objects import ran, run_slice
+from workbench.engine.hotswap.loader_workers import running_iterators
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.import_builders import built_again_note, built_by_old_code, plan_import_builders
@@ -199,7 +200,14 @@ def _release_rebuilt_loaders(worker: TrainingWorker, before: list[tuple[str, dic
         for name in [name for m, name in worker.loaders_to_rebuild if m == module_name]:
             old, new = old_globals.get(name), now.get(module_name, {}).get(name)
             if old is not None and old is not new:
-                notes.extend(release_iterators(old, new))
+                notes.extend(release_iterators(old, new))  # generators closed, iterators among its values shut down
+                kept = {id(each) for each in running_iterators(new, name)}
+                for iterator in running_iterators(old, name):  # and those deeper or private (`loader._iterator`)
+                    if id(iterator) not in kept:
+                        try:
+                            iterator._shutdown_workers()
+                        except Exception as exc:  # noqa: BLE001 - the new state is in place already
+                            notes.append(f"shutting down the old {name}'s workers raised {type(exc).__name__}: {exc}")
     worker.loaders_to_rebuild.clear()
     return notes
 

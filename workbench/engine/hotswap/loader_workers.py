@@ -105,6 +105,13 @@ def _walk(root: Any, path: str) -> Iterator[tuple[str, Any]]:
             stack.extend((v, f"{at}.{k}", depth + 1) for k, v in list(vars(obj).items()))
 
 
+def running_iterators(root: Any, name: str) -> list[_MultiProcessingDataLoaderIter]:
+    """The multi-process iterators under `root` whose workers are running, private attributes included (a plain
+    DataLoader's persistent `_iterator`, a wrapper's `self._it`)."""
+    return [obj for _, obj in _walk(root, name)
+            if isinstance(obj, _MultiProcessingDataLoaderIter) and not obj._shutdown and obj._workers]
+
+
 def _find(roots: Iterable[LoaderRoot]) -> list[_Found]:
     """Every loader with workers and multi-process iterator, by the first path that reaches it, and whether R makes
     it again: only if no root made at import reaches it."""
