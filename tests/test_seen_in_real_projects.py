@@ -629,7 +629,7 @@ def _check_loader_notes(live, source: str, persistent: bool) -> None:
     save(live.entry, source.replace("float(i) * 1.0", "float(i) * 2.0"))
     reload = live.wait_for(is_event("reload", file="train.py"))
     assert reload.ok and reload.changed == ("scale",), reload
-    said = [n for n in reload.notes if "worker processes" in n]
+    said = [n for n in reload.notes if "worker process" in n]
     assert len(said) == 1 and "state['loader']" in said[0] and "scale" in said[0], reload.notes
     assert "R (command `rebuild`)" in said[0], said  # setup() makes the loader: R starts new workers either way
     assert ("next epoch" in said[0]) is not persistent, said
