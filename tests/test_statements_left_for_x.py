@@ -316,3 +316,48 @@ def test_an_edited_default_under_an_override_that_still_fires_keeps_the_override
     _saved(live, TWO_DEFAULTS_PY.replace("lr = 1e-3", "lr = 2e-3"))
     _x(live)
     assert _step(live) == {"lr": 3e-3, "wd": 0.0}
+
+
+CONFIG_PY = """\
+import torch
+
+init_scale = 1.0
+init_weight = torch.full((2,), init_scale)
+"""
+USES_CONFIG_PY = """\
+import torch
+
+import config
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(2, 1)}
+
+
+def offset():
+    return 0.0
+
+
+def step(state, bench):
+    return {"loss": 0.0, "init": float(config.init_weight.sum()), "offset": offset()}
+"""
+
+
+def test_a_rollback_leaves_another_files_save_that_only_left_a_line_for_x(start_session) -> None:
+    """A function changed in train.py (a version), then a save of config.py that only left a line for x, then u: the
+    rollback undid config.py's save too, and its line was no longer x's to run (found reviewing)."""
+    live = start_session({"train.py": USES_CONFIG_PY, "config.py": CONFIG_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    assert _step(live) == {"init": 2.0, "offset": 0.0}
+    _saved(live, USES_CONFIG_PY.replace("return 0.0", "return 1.0"))
+    save(live.root / "config.py", CONFIG_PY.replace("init_scale)", "init_scale * 2)"))
+    left = live.wait_for(is_event("reload", file="config.py"))
+    assert left.ok and not left.changed, left
+    live.send(Rollback())
+    rolled = live.wait_for(is_event("reload", file="train.py", ms=0.0))
+    assert rolled.ok and not any("config" in note or "line 4" in note for note in rolled.notes), rolled.notes
+    assert _step(live) == {"init": 2.0, "offset": 0.0}
+    live.send(RunStatements())
+    ran = live.wait_for(is_event("reload", file="config.py", ms=0.0))
+    assert "init_weight" in ran.changed, ran
+    assert _step(live) == {"init": 4.0, "offset": 0.0}, "as a fresh start of the files on disk, less the undone save"

@@ -285,14 +285,20 @@ class Reloader:
             if not any(version.changed for version in self._history):
                 # Checked before folding: "nothing to roll back" must leave the line numbers as they are too.
                 raise ReloadError("nothing to roll back: no applied reload is left in the history")
-            while self._history and not self._history[-1].changed:
-                # Line-number-only updates are folded into the rollback of what came before them.
-                folded = self._history.pop()
+            target = max(i for i, version in enumerate(self._history) if version.changed)
+            path = self._history[target].path
+            # The saves of the same file after it that changed no code (line numbers only, or lines left for x) are
+            # folded into its rollback: the file goes back past them. Another file's stay as they are.
+            for i in range(len(self._history) - 1, target, -1):
+                if self._history[i].path != path:
+                    continue
+                folded = self._history[i]
+                del self._history[i]  # a deque: no pop(i)
                 self._undo_patches(folded, roots)
                 folded_notes.extend(folded.notes)
                 folded_binds.append((folded.path, folded.named_binds, folded.commit))
                 self._applied[folded.path] = self._prepared[folded.path] = folded.previous_source
-        last = self._undo_last(roots)
+        last = self._undo_at(target, roots)
         last.notes[:0] = folded_notes
         if folded_binds:
             last = dataclasses.replace(last, folded=tuple(folded_binds))
@@ -308,8 +314,12 @@ class Reloader:
                 self.version = last.version - 1
 
     def _undo_last(self, roots: list[Any] | None = None) -> AppliedVersion:
+        return self._undo_at(-1, roots)
+
+    def _undo_at(self, index: int, roots: list[Any] | None = None) -> AppliedVersion:
         with self._lock:
-            last = self._history.pop()
+            last = self._history[index]
+            del self._history[index]
         self._undo_patches(last, roots)
         with self._lock:
             self._applied[last.path] = last.previous_source
