@@ -325,3 +325,19 @@ def test_r_shuts_down_the_old_persistent_workers_of_a_loader_made_at_import_now(
     rebuild(live)
     assert all(step.scalars["data_version"] == 2.0 for step in next_steps(live, 3))
     assert not wait_gone(first_workers, timeout=5.0), "the old workers were shut down by R, not left to a collection"
+
+
+def test_a_save_whose_loaders_have_no_workers_parses_no_file_on_the_training_thread(session_of, monkeypatch) -> None:
+    """Which statement made a global (for R's note) is found by parsing its file, at a step boundary: only a global
+    that holds workers needs it, and every code-changing save of a project without any paid for all its files."""
+    from workbench.engine.commands import reload as reload_command
+
+    parsed: list[Path] = []
+    real = reload_command.builders_by_name
+    monkeypatch.setattr(reload_command, "builders_by_name", lambda source, path: parsed.append(path) or real(source, path))
+    root, live = session_of(LOOKED_AT_BADLY.replace("handle = Touchy()", "handle = None"))
+    live.wait_running(2)
+    edit(root / "train.py", DATASET_EDIT)
+    reload = reload_of(live, "train.py")
+    assert reload.ok and not said(reload, "worker"), reload.notes
+    assert parsed == []  # a global that holds workers still gets its line named (the tests above)

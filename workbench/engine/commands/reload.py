@@ -6,11 +6,12 @@ failed setup() runs again or a pause for an error ends.
 
 from __future__ import annotations
 
+import functools
 import time
 import traceback
 import types
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -370,18 +371,34 @@ def _worker_notes(worker: TrainingWorker, changed: Iterable[str], module: types.
     return found.notes
 
 
+def _builders_when_asked(source: str | None, path: Path) -> Callable[[], dict[str, str]]:
+    """The file's `builders_by_name`, parsed the first time it is asked for (a save whose loaders have no workers
+    never is), then kept."""
+    found: list[dict[str, str]] = []
+
+    def builders() -> dict[str, str]:
+        if not found:
+            found.append(builders_by_name(source, path) if source is not None else {})
+        return found[0]
+
+    return builders
+
+
+def _builder_named(builders: Callable[[], dict[str, str]], name: str) -> str | None:
+    return builders().get(name)
+
+
 def _loader_roots(worker: TrainingWorker) -> list[LoaderRoot]:
     """Where DataLoaders live: the state, and module globals of script-style trainers (`train_loader = ...`, an
     object holding one); each says whether a rebuild's setup() makes it again, or which statement made it at import."""
     roots = [LoaderRoot(path, value, remade_by_rebuild=True) for path, value in top_values(worker.user_state)]
     for path, module in worker.project.modules().items():
-        source = worker.reloader.applied_source(path)
-        builders = builders_by_name(source, path) if source is not None else {}
+        builders = _builders_when_asked(worker.reloader.applied_source(path), path)
         module_name, namespace = module.__name__, vars(module)
         for name, value in list(namespace.items()):
             if name.startswith("__") or isinstance(value, NOT_STATE):
                 continue
             by_setup = worker.setup_rebinds.bound_by_setup(module_name, name)
             roots.append(LoaderRoot(f"{module_name}.{name}", value, by_setup, (module_name, name),
-                                    None if by_setup else builders.get(name)))
+                                    None if by_setup else functools.partial(_builder_named, builders, name)))
     return roots

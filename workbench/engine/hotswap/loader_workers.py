@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import types
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,13 +40,18 @@ class LoaderRoot:
     """Where loaders are looked for: the state, a module global. `remade_by_rebuild`: R's setup() makes what this
     root holds again (setup()'s state, a global that setup() binds); not so for a global the file binds at import.
     For such a global: `global_name` (module, name), and `builder`, the label of the statement that made it, which R
-    can run again (None: no statement at the top of the file makes it)."""
+    can run again (None: no statement at the top of the file makes it). `builder_of` gives it when asked: finding it
+    parses the file, on the training thread, which only a root that holds workers needs."""
 
     name: str
     value: Any
     remade_by_rebuild: bool
     global_name: tuple[str, str] | None = None
-    builder: str | None = None
+    builder_of: Callable[[], str | None] | None = None
+
+    @property
+    def builder(self) -> str | None:
+        return self.builder_of() if self.builder_of is not None else None
 
 
 @dataclass
