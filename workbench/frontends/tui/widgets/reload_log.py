@@ -114,7 +114,8 @@ class ReloadLog(RichLog, can_focus=True):
             self._trim()
 
     def redraw_all(self) -> None:
-        """Draw every kept entry again (after a theme change, so old lines take the new colours)."""
+        """Draw every kept entry again: after a theme change (old lines take the new colours), and when `l` hides or
+        shows what the code prints."""
         if not self._size_known:
             return
         self.clear()
