@@ -21,6 +21,7 @@ is refused and said).
 from __future__ import annotations
 
 import io
+import itertools
 import types
 from dataclasses import dataclass, field
 from types import GeneratorType
@@ -60,8 +61,8 @@ def _holds_any(obj: Any, kinds: tuple[type, ...]) -> bool:
     except TypeError:  # no __dict__ (slots)
         return False
     for value in values:
-        inner = list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, (list, tuple)) else []
-        if any(isinstance(item, kinds) for item in (value, *inner[:256])):
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        if isinstance(value, kinds) or any(isinstance(item, kinds) for item in list(itertools.islice(inner, 256))):
             return True
     return False
 

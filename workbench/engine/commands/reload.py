@@ -371,19 +371,6 @@ def _worker_notes(worker: TrainingWorker, changed: Iterable[str], module: types.
     return found.notes
 
 
-def _builders_when_asked(source: str | None, path: Path) -> Callable[[], dict[str, str]]:
-    """The file's `builders_by_name`, parsed the first time it is asked for (a save whose loaders have no workers
-    never is), then kept."""
-    found: list[dict[str, str]] = []
-
-    def builders() -> dict[str, str]:
-        if not found:
-            found.append(builders_by_name(source, path) if source is not None else {})
-        return found[0]
-
-    return builders
-
-
 def _builder_named(builders: Callable[[], dict[str, str]], name: str) -> str | None:
     return builders().get(name)
 
@@ -393,7 +380,9 @@ def _loader_roots(worker: TrainingWorker) -> list[LoaderRoot]:
     object holding one); each says whether a rebuild's setup() makes it again, or which statement made it at import."""
     roots = [LoaderRoot(path, value, remade_by_rebuild=True) for path, value in top_values(worker.user_state)]
     for path, module in worker.project.modules().items():
-        builders = _builders_when_asked(worker.reloader.applied_source(path), path)
+        source = worker.reloader.applied_source(path)
+        # Parsed the first time a global of this file holds loader workers (most saves: never), then kept.
+        builders = functools.cache(functools.partial(builders_by_name, source, path) if source is not None else dict)
         module_name, namespace = module.__name__, vars(module)
         for name, value in list(namespace.items()):
             if name.startswith("__") or isinstance(value, NOT_STATE):
