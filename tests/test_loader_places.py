@@ -16,7 +16,7 @@ import torch
 from tests.conftest import is_event, make_project, open_session, snapshot_after
 from tests.test_distributed import rank_log, steps_of
 from tests.test_headless import Headless
-from workbench.engine.loader_places import find_loaders, loaders_read_by, put_back, record
+from workbench.engine.loader_places import find_loaders, loaders_read_by, places, put_back, record
 
 pytest.importorskip("torchdata.stateful_dataloader")
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
@@ -186,7 +186,7 @@ def test_a_loader_never_iterated_is_not_asked_for_its_state_and_needs_no_place()
 
     idle = Watched(list(range(4)), batch_size=2)
     kept = record(find_loaders({"test_loader": idle}))
-    assert Watched.asked == 0 and kept == {"states": {"test_loader": None}, "errors": {}, "epochs": {}}
+    assert Watched.asked == 0 and kept == {"states": {"test_loader": None}, "errors": {}, "epochs": {}, "large": {}}
     done = put_back({"test_loader": Watched(list(range(4)), batch_size=2)}, {"world_size": 1, "ranks": {0: kept}}, 0, 1, 3)
     assert done.placed == {} and done.notes == []
 
@@ -264,7 +264,8 @@ def rank_batches(run: Headless) -> dict[int, dict[int, tuple[float, float]]]:
     both = {}
     for rank, events in ((0, run.events), (1, rank_log(run))):
         steps = steps_of(events, rank)
-        both[rank] = {k: (e["scalars"]["a"], e["scalars"]["b"]) for k, e in steps.items() if "a" in e.get("scalars", {})}
+        both[rank] = {k: tuple(e["scalars"][name] for name in ("a", "b", "c") if name in e["scalars"])
+                      for k, e in steps.items() if "a" in e.get("scalars", {})}
     return both
 
 
@@ -299,17 +300,50 @@ def snapshot_a_few_steps_in(tmp_path: Path, source: str) -> dict[str, Any]:
     return taken
 
 
+# An EMA of the weights with a model's worth of state (over 1 MiB): replicated under DDP, as the weights are.
+EMA_CLASS = textwrap.dedent("""
+    class WeightEMA:
+        def __init__(self, model):
+            self.shadow = {"w": model.weight.detach().clone(), "pad": torch.zeros(1 << 19)}
+
+        @torch.no_grad()
+        def update(self, model):
+            self.shadow["w"].mul_(0.5).add_(model.weight.detach(), alpha=0.5)
+
+        def state_dict(self):
+            return self.shadow
+
+        def load_state_dict(self, state):
+            self.shadow = {k: v.clone() for k, v in state.items()}
+
+
+""")
+DDP_EMA_PROJECT = DDP_PROJECT.replace("def setup(bench):", EMA_CLASS.lstrip("\n") + "def setup(bench):").replace(
+    '"batches": batches(loader, sampler)}', '"batches": batches(loader, sampler),\n            "ema": WeightEMA(model.module)}'
+).replace(
+    "    bench.log(a=float(batch[0]), b=float(batch[1]))",
+    '    state["ema"].update(state["model"].module)\n    bench.log(a=float(batch[0]), b=float(batch[1]), c=float(state["ema"].shadow["w"]))',
+)
+assert "WeightEMA(model.module)" in DDP_EMA_PROJECT and "c=float" in DDP_EMA_PROJECT
+
+
 def test_under_torchrun_each_rank_resumes_its_own_loader_from_rank_0s_snapshot(tmp_path: Path) -> None:
-    straight, _ = two_rank_batches(tmp_path, DDP_PROJECT, "--max-steps", "30", folder="straight")
+    """Each rank's loader place is its own; a project object's model-sized state (an EMA of the weights) is rank 0's,
+    as the weights are."""
+    straight, _ = two_rank_batches(tmp_path, DDP_EMA_PROJECT, "--max-steps", "30", folder="straight")
     assert straight[0][5] != straight[1][5], "each rank reads its own share"
-    taken = snapshot_a_few_steps_in(tmp_path, DDP_PROJECT)
+    taken = snapshot_a_few_steps_in(tmp_path, DDP_EMA_PROJECT)
     saved = torch.load(taken["path"], weights_only=True)["loader_places"]
     assert saved["world_size"] == 2 and set(saved["ranks"]) == {0, 1}, saved
+    assert list(saved["large"]) == ["ema"] and all("ema" not in r["states"] for r in saved["ranks"].values()), saved
     at = taken["step"]
 
-    after, again = two_rank_batches(tmp_path, DDP_PROJECT, "--resume", taken["path"], "--max-steps", "30", folder="first")
+    after, again = two_rank_batches(tmp_path, DDP_EMA_PROJECT, "--resume", taken["path"], "--max-steps", "30",
+                                    folder="first")
     resumed = next(e for e in again.events if e["event"] == "resume")
     assert resumed["ok"] and resumed["notes"][1].startswith("batches(loader): given back the place"), resumed
+    assert resumed["notes"][2] == ("ema (WeightEMA, 2.0 MiB of tensors): load_state_dict() given what state_dict() "
+                                   f"held at step {at} (rank 0's, as the models)"), resumed
     assert resumed["notes"][0] == ("put back from the snapshot (module globals that training changed, not "
                                    f"setup()): train.epoch = {(at - 1) // 6}"), resumed
     assert not any("sets it again when it starts" in n for n in resumed["notes"]), "it reads it first"
@@ -431,14 +465,137 @@ def test_a_loader_of_the_projects_own_with_state_dict_goes_on_from_its_place(tmp
     state_dict() and load_state_dict() (torch.distributed.checkpoint's Stateful protocol), it goes on from its place."""
     straight = straight_run(tmp_path, OWN_LOADER, 10)
     resumed, after = resumed_after(tmp_path, OWN_LOADER, 6, 10)
-    assert resumed.notes[0].startswith("train.train_loader: given back the place step 6 had left it at"), resumed.notes
+    assert resumed.notes[0] == ("train.train_loader (DistributedDataLoader): load_state_dict() given what "
+                                "state_dict() held at step 6"), resumed.notes
     assert after == {k: straight[k] for k in range(7, 11)}, "the batches after the snapshot's"
 
 
-def test_a_project_objects_state_that_holds_a_models_worth_of_tensors_is_not_kept_and_said(tmp_path: Path) -> None:
+def test_a_project_objects_state_that_holds_a_models_worth_of_tensors_is_kept_as_tensors(tmp_path: Path) -> None:
+    """More than 1 MiB of tensors is written beside the records (`large`), not serialized into them: kept all the same."""
     source = OWN_LOADER.replace("WIDE = 4", "WIDE = 1 << 19").replace("STATE_HOLDS_CACHE = False", "STATE_HOLDS_CACHE = True")
-    resumed, after = resumed_after(tmp_path, source, 4, 6)
-    assert any("train.train_loader (DistributedDataLoader) starts from its beginning: its place could not be kept at "
-               "step 4 (its state_dict() holds 2.0 MiB of tensors: a model's state, not a place in the data)" in n
-               for n in resumed.notes), resumed.notes
-    assert after[5] == (0.0, 1.0), "it started over, as said"
+    straight = straight_run(tmp_path, source, 6)
+    snapshot = snapshot_after(tmp_path, source, 4)
+    kept = torch.load(snapshot, weights_only=True)["loader_places"]
+    assert set(kept["large"]) == {"train.train_loader"} and kept["large"]["train.train_loader"]["cache"].numel() == 1 << 19
+    assert "train.train_loader" not in kept["ranks"][0]["states"], "never serialized into the rank's record"
+    root = make_project(tmp_path, {"train.py": source}, folder="second")
+    with open_session(root / "train.py", resume=snapshot, max_steps=6, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=60)
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        after = batches_read(live)
+    assert resumed.notes[0] == ("train.train_loader (DistributedDataLoader, 2.0 MiB of tensors): load_state_dict() given "
+                                "what state_dict() held at step 4"), resumed.notes
+    assert after == {k: straight[k] for k in (5, 6)}, "it went on from its place"
+
+
+EMA = """\
+import torch
+
+WIDTH = 1024
+
+
+class EMA:
+    \"\"\"A hand-written EMA: shadow copies of the weights, no nn.Module.\"\"\"
+
+    def __init__(self, model, decay=0.9):
+        self.decay = decay
+        self.shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    @torch.no_grad()
+    def update(self, model):
+        for n, p in model.named_parameters():
+            self.shadow[n].mul_(self.decay).add_(p.detach(), alpha=1 - self.decay)
+
+    def state_dict(self):
+        return {"decay": self.decay, "shadow": self.shadow}
+
+    def load_state_dict(self, state):
+        self.decay = state["decay"]
+        self.shadow = {n: t.clone() for n, t in state["shadow"].items()}
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 8))
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=1e-3), "ema": EMA(model)}
+
+
+def step(state, bench):
+    x = torch.randn(4, 8)
+    loss = (state["model"](x) - x).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    state["ema"].update(state["model"])
+    return {"loss": loss, "a": float(state["ema"].shadow["0.weight"].sum()), "b": float(state["ema"].shadow["2.bias"][0])}
+"""
+
+
+@pytest.mark.parametrize("width", [16, 1 << 15], ids=["small", "over 1 MiB"])
+def test_an_ema_of_the_projects_own_goes_on_from_its_value_not_from_setups(tmp_path: Path, width: int) -> None:
+    """An EMA's shadow weights in a project object (state_dict()/load_state_dict(), no nn.Module): a resume gives it
+    back what it held, so it averages on as a run that never stopped did. Its note says what was done, not that a
+    batch comes next (nothing tells an EMA from a loader)."""
+    source = EMA.replace("WIDTH = 1024", f"WIDTH = {width}")
+    straight = straight_run(tmp_path, source, 8)
+    resumed, after = resumed_after(tmp_path, source, 5, 8)
+    assert after == {k: straight[k] for k in (6, 7, 8)}, "the EMA averaged on from its value at the snapshot"
+    size = f", {(8 * width * 2 + width + 8) * 4 / 2**20:.1f} MiB of tensors" if width > 1000 else ""
+    assert resumed.notes[0] == f"ema (EMA{size}): load_state_dict() given what state_dict() held at step 5", resumed.notes
+    assert not any("comes next" in n or "beginning" in n for n in resumed.notes), resumed.notes
+
+
+class _Opaque:
+    """Not plain data: a weights_only load refuses it."""
+
+
+class _Holder:
+    __module__ = "train"
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"big": torch.zeros(1 << 19), "other": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = state["other"]
+
+
+def test_a_large_state_that_is_not_plain_data_is_not_kept_and_the_object_is_said_to_be_as_setup_made_it() -> None:
+    """Serializing a model's worth at every snapshot to check it would cost a copy: a walk of its types does. A state a
+    weights_only load would refuse is named, and left out, so the resume itself never fails on it."""
+    holder = _Holder(_Opaque())
+    taken = record({"train.holder": holder})
+    opaque = f"{_Opaque.__module__}._Opaque"
+    assert not taken["large"] and taken["errors"] == {"train.holder": f"its state_dict() holds a {opaque}, not plain data"}
+    done = put_back({"train.holder": _Holder(1)}, places({0: taken}, 1), rank=0, world_size=1, step=3)
+    assert done.notes == ["train.holder (_Holder) is as setup() made it: its state could not be kept at step 3 (its "
+                          f"state_dict() holds a {opaque}, not plain data)"], done.notes
+    fine = record({"train.holder": _Holder(7)})
+    assert list(fine["large"]) == ["train.holder"] and not fine["errors"], fine
+
+
+class _MetaEMA:
+    """Shadow weights on another device than the snapshot's tensors (the CPU): `meta` stands in for a GPU here."""
+
+    __module__ = "train"
+
+    def __init__(self) -> None:
+        self.shadow = {"w": torch.empty(1 << 19, device="meta"), "steps": 3}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"shadow": self.shadow}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.shadow = state["shadow"]  # keeps what it is given, as many hand-written EMAs do
+
+
+def test_a_project_objects_tensors_are_handed_over_on_the_devices_its_own_are_on() -> None:
+    """A one-file snapshot loads onto the CPU; an EMA on a GPU that keeps what load_state_dict() is given would fail its
+    next update on a device mismatch."""
+    saved = places({0: {"states": {}, "errors": {}}}, 1, {"train.ema": {"shadow": {"w": torch.ones(1 << 19), "steps": 9}}})
+    ema = _MetaEMA()
+    done = put_back({"train.ema": ema}, saved, rank=0, world_size=1, step=9)
+    assert done.placed == {id(ema): "train.ema"}, done.notes
+    assert ema.shadow["w"].device.type == "meta" and ema.shadow["steps"] == 9

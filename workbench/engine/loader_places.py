@@ -14,8 +14,11 @@ A trainer's own loader can take part the same way (torch.distributed.checkpoint'
 a class of the project, not a model or optimizer and holding none (a `Trainer` that checkpoints them all is walked
 into, for the loaders it holds), with `state_dict()` and `load_state_dict()`. llm.c's
 `DistributedDataLoader` (ported) walks its shards in order from a `current_position`; without this a resume read
-the first batches again. Such a state must be small, plain data: a place, not a model (more than 1 MiB of tensors
-is refused and said).
+the first batches again. The same protocol keeps what is no loader at all: a hand-written EMA whose `state_dict()`
+holds shadow copies of the weights. Nothing here can tell the two apart, so a project object's notes say what was
+done (`load_state_dict()` given its state), not that a batch comes next. A state of more than 1 MiB of tensors is a
+model's worth, not a place: it is written as tensors beside the records (`large`), never serialized into them, and a
+one-file snapshot keeps rank 0's, as it keeps rank 0's models (under DDP every rank's EMA is the same).
 """
 
 from __future__ import annotations
@@ -92,8 +95,9 @@ def _has_begun(loader: Any) -> bool:
     return not isinstance(loader, DataLoader) or getattr(loader, "_iterator", True) is not None
 
 
-def _too_big(state: Any) -> str | None:
-    """Why a project object's state is no place in the data (it holds a model's worth of tensors), or None."""
+def _tensor_bytes(state: Any) -> int:
+    """The bytes of the tensors in a state (dicts, lists and tuples walked): more than MAX_PLACE_TENSOR_BYTES is a
+    model's worth (an EMA's shadow weights), written as tensors rather than serialized into the record."""
     held = 0
     stack = [state]
     while stack:
@@ -104,18 +108,37 @@ def _too_big(state: Any) -> str | None:
             stack.extend(value.values())
         elif isinstance(value, (list, tuple)):
             stack.extend(value)
-    if held > MAX_PLACE_TENSOR_BYTES:
-        return f"its state_dict() holds {held / 2**20:.1f} MiB of tensors: a model's state, not a place in the data"
+    return held
+
+
+_PLAIN = (torch.Tensor, int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _not_plain(state: Any) -> str | None:
+    """What in a large state a weights_only load would refuse (then the whole resume would fail), or None. A walk,
+    not a serialization round trip: that would copy a model's worth of tensors at every snapshot."""
+    stack = [state]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if any(not isinstance(key, (str, int)) for key in value):
+                return "a dict key that is not a str or int"
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+            stack.extend(value)
+        elif not isinstance(value, _PLAIN):
+            return f"a {type(value).__module__}.{type(value).__qualname__}, not plain data"
     return None
 
 
 def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
-    """This rank's places: `states` by path (None: not begun, nothing to put back), and `errors` for a state that
-    could not be taken or is not plain data (a snapshot is read with weights_only=True: anything else would cost the
-    whole resume)."""
+    """This rank's places: `states` by path (None: not begun, nothing to put back), `errors` for a state that could
+    not be taken or is not plain data (a snapshot is read with weights_only=True: anything else would cost the
+    whole resume), and `large` for a project object's state of a model's worth of tensors (module docstring)."""
     states: dict[str, Any] = {}
     errors: dict[str, str] = {}
     epochs: dict[str, int] = {}
+    large: dict[str, Any] = {}
     for path, loader in loaders.items():
         if not _has_begun(loader):
             states[path] = None
@@ -125,15 +148,18 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
             epochs[path] = epoch
         try:
             state = loader.state_dict()
-            if not isinstance(loader, DataLoader) and (why := _too_big(state)) is not None:
-                errors[path] = why
+            if not isinstance(loader, DataLoader) and _tensor_bytes(state) > MAX_PLACE_TENSOR_BYTES:
+                if (why := _not_plain(state)) is not None:
+                    errors[path] = f"its state_dict() holds {why}"
+                else:
+                    large[path] = state
                 continue
             unpack(pack(state))
         except Exception as exc:  # noqa: BLE001 - a loader or dataset whose state is not plain data
             errors[path] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             continue
         states[path] = state
-    return {"states": states, "errors": errors, "epochs": epochs}
+    return {"states": states, "errors": errors, "epochs": epochs, "large": large}
 
 
 def sampler_epoch(loader: DataLoader) -> int | None:
@@ -153,9 +179,10 @@ def unpack(raw: bytes) -> Any:
     return torch.load(io.BytesIO(raw), weights_only=True)
 
 
-def places(records: dict[int, dict[str, Any]], world_size: int) -> dict[str, Any]:
-    """What a one-file snapshot keeps: each rank's record, and for how many ranks they were taken."""
-    return {"world_size": world_size, "ranks": records}
+def places(records: dict[int, dict[str, Any]], world_size: int, large: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a one-file snapshot keeps: each rank's record, for how many ranks they were taken, and rank 0's `large`
+    states (taken out of the records before any crossed between ranks: replicated, as the models are)."""
+    return {"world_size": world_size, "ranks": records, "large": large or {}}
 
 
 @dataclass
@@ -190,11 +217,10 @@ class PutBack:
 
 def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank: int, world_size: int,
              step: int) -> PutBack:
-    """Give each fresh loader its place from the snapshot: which ones, and the resume's notes (those that go on,
-    and those that start over and why)."""
+    """Give each fresh loader its place from the snapshot (and each project object its state): which ones, and the
+    resume's notes (those that go on, and those that start over and why)."""
     if not loaders and not saved:
         return PutBack()
-    notes: list[str] = []
     if saved is None:
         return PutBack(notes=[f"{_names(loaders)}: the snapshot keeps no loader's place (it was written before "
                               "vram-bench kept them), so they start from their beginning"])
@@ -202,49 +228,94 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
         return PutBack(notes=[f"{_names(loaders)}: the snapshot's loader places could not be read ({saved['error']}), "
                               "so they start from their beginning"] if loaders else [])
     ranks = saved.get("ranks") or {}
-    mine = ranks.get(rank) if saved.get("world_size") == world_size else None
-    if saved.get("world_size") != world_size:
-        if loaders:
-            notes.append(f"{_names(loaders)}: the snapshot's loader places are for {saved.get('world_size')} ranks' "
+    same_ranks = saved.get("world_size") == world_size
+    mine = (ranks.get(rank) if same_ranks else None) or {"states": {}, "errors": {}}
+    # A one-file snapshot's large states are rank 0's, for every rank and any number of ranks; a sharded one's are in
+    # each rank's own record, for the same number of ranks only.
+    large: dict[str, Any] = saved.get("large") or mine.get("large") or {}
+    placed: dict[int, str] = {}
+    notes: list[str] = []
+    given: list[str] = []
+    for path, loader in loaders.items():
+        if path in large:
+            if (note := _give(loader, path, large[path], step)) is None:
+                placed[id(loader)] = path
+                given.append(f"{path} ({type(loader).__name__}, {_tensor_bytes(large[path]) / 2**20:.1f} MiB of tensors)")
+            else:
+                notes.append(note)
+    rest = {path: loader for path, loader in loaders.items() if path not in large}
+    if not same_ranks:
+        if rest:
+            notes.append(f"{_names(rest)}: the snapshot's loader places are for {saved.get('world_size')} ranks' "
                          f"shares of the data, and this run has {world_size}, so they start from their beginning")
-        return PutBack(notes=notes)
-    if mine is None:
-        mine = {"states": {}, "errors": {}}
+        rest = {}
     states: dict[str, Any] = mine.get("states") or {}
     errors: dict[str, str] = mine.get("errors") or {}
     epochs: dict[str, int] = mine.get("epochs") or {}
-    placed: dict[int, str] = {}
     expected: list[tuple[str, DataLoader, int]] = []
-    for path, loader in loaders.items():
-        kind = type(loader).__name__
+    for path, loader in rest.items():
         if path in errors:
-            notes.append(f"{path} ({kind}) starts from its beginning: its place could not be kept at step {step} "
-                         f"({errors[path]})")
+            notes.append(_starts_over(path, loader, f"its state could not be kept at step {step} ({errors[path]})"))
         elif path not in states:
-            notes.append(f"{path} ({kind}) starts from its beginning: the snapshot holds no place for it")
+            notes.append(_starts_over(path, loader, f"the snapshot holds no {'place' if isinstance(loader, DataLoader) else 'state'} for it"))
         elif states[path] is None:
             continue  # not begun at the snapshot's step: it starts at its beginning, as it would have
         elif isinstance(loader, DataLoader) and _has_begun(loader):
-            notes.append(f"{path} ({kind}) starts from its beginning: setup() already made an iterator of it, which "
-                         "the snapshot's place cannot go into; iterate the loader in a generator or in step() instead")
+            notes.append(_starts_over(path, loader, "setup() already made an iterator of it, which the snapshot's "
+                                      "place cannot go into; iterate the loader in a generator or in step() instead"))
+        elif (note := _give(loader, path, states[path], step)) is not None:
+            notes.append(note)
         else:
-            try:
-                loader.load_state_dict(states[path])
-            except Exception as exc:  # noqa: BLE001 - a state that does not fit (another dataset, other workers)
-                notes.append(f"{path} ({kind}) starts from its beginning: the snapshot's place did not fit it "
-                             f"({type(exc).__name__}: {exc})")
-                continue
             placed[id(loader)] = path
-            if path in epochs:
+            if not isinstance(loader, DataLoader):
+                given.append(f"{path} ({type(loader).__name__})")
+            elif path in epochs:
                 expected.append((path, loader, int(epochs[path])))
-    if placed:
-        notes.insert(0, f"{', '.join(placed.values())}: given back the place step {step} had left "
-                        f"{'them' if len(placed) > 1 else 'it'} at (state_dict()), so the batch after the snapshot's "
-                        "comes next")
+    data_loaders = [path for path, loader in rest.items() if id(loader) in placed and isinstance(loader, DataLoader)]
+    if given:
+        whose = " (rank 0's, as the models)" if saved.get("large") and world_size > 1 else ""
+        notes.insert(0, f"{', '.join(given)}: load_state_dict() given what state_dict() held at step {step}{whose}")
+    if data_loaders:
+        notes.insert(0, f"{', '.join(data_loaders)}: given back the place step {step} had left "
+                        f"{'them' if len(data_loaders) > 1 else 'it'} at (state_dict()), so the batch after the "
+                        "snapshot's comes next")
     unclaimed = sorted(path for path, state in states.items() if path not in loaders and state is not None)
     if unclaimed:
         notes.append(f"the snapshot holds the place of loader(s) setup() did not make: {', '.join(unclaimed)} (not used)")
     return PutBack(placed, notes, EpochCheck(expected, step) if expected else None)
+
+
+def _give(loader: Any, path: str, state: Any, step: int) -> str | None:
+    """`load_state_dict(state)`; None when it took it, else the note saying it did not. A project object's tensors
+    are handed over on the devices its own are on: a one-file snapshot loads onto the CPU, and an EMA on a GPU whose
+    `load_state_dict()` keeps what it is given would then fail its next update on a device mismatch."""
+    try:
+        if not isinstance(loader, DataLoader):
+            state = _on_devices_of(state, loader.state_dict())
+        loader.load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001 - a state that does not fit (another dataset, other workers)
+        return _starts_over(path, loader, f"the snapshot's state of step {step} did not fit it ({type(exc).__name__}: {exc})")
+    return None
+
+
+def _on_devices_of(saved: Any, live: Any) -> Any:
+    """`saved`, each tensor moved to the device of the tensor at the same place in `live` (a dict's key, a list's
+    index) where that is another; the rest as it is."""
+    if isinstance(saved, torch.Tensor):
+        return saved.to(live.device) if isinstance(live, torch.Tensor) and live.device != saved.device else saved
+    if isinstance(saved, dict) and isinstance(live, dict):
+        return {key: _on_devices_of(value, live[key]) if key in live else value for key, value in saved.items()}
+    if type(saved) in (list, tuple) and isinstance(live, (list, tuple)):
+        return type(saved)(_on_devices_of(value, live[i]) if i < len(live) else value for i, value in enumerate(saved))
+    return saved
+
+
+def _starts_over(path: str, loader: Any, why: str) -> str:
+    """A DataLoader starts from its beginning; a project object (a loader, or an EMA: which, nothing here can tell)
+    is left as setup() made it."""
+    if isinstance(loader, DataLoader):
+        return f"{path} ({type(loader).__name__}) starts from its beginning: {why}"
+    return f"{path} ({type(loader).__name__}) is as setup() made it: {why}"
 
 
 def _names(loaders: dict[str, DataLoader]) -> str:
@@ -259,6 +330,7 @@ def carry_places(old_state: Any, new_state: Any) -> list[str]:
     except Exception as exc:  # noqa: BLE001 - the rebuild stands; the data starting over is said
         return [f"the data loaders' places were not carried over ({type(exc).__name__}: {exc})"]
     carried: list[str] = []
+    given: list[str] = []  # project objects: loaders or not (an EMA), nothing here can tell
     notes: list[str] = []
     for path, loader in new.items():
         before = old.get(path)
@@ -267,10 +339,12 @@ def carry_places(old_state: Any, new_state: Any) -> list[str]:
         try:
             loader.load_state_dict(before.state_dict())
         except Exception as exc:  # noqa: BLE001 - another dataset or worker count: the new loader starts over
-            notes.append(f"{path} ({type(loader).__name__}) starts from its beginning: the old loader's place did not "
-                         f"fit the new one ({type(exc).__name__}: {exc})")
+            notes.append(_starts_over(path, loader, f"the old one's state did not fit the new one ({type(exc).__name__}: "
+                                      f"{exc})"))
             continue
-        carried.append(path)
+        (carried if isinstance(loader, DataLoader) else given).append(path)
+    if given:
+        notes.insert(0, f"{', '.join(given)}: load_state_dict() given what the old one's state_dict() held")
     if carried:
         notes.insert(0, f"{', '.join(carried)}: carried over the place the old loader had reached, so the batch after "
                         "the last step's comes next (a generator reading it starts over with its own variables)")

@@ -930,6 +930,9 @@ class TrainingWorker(threading.Thread):
         can hold every rank's loader places (a gather); otherwise it holds its own."""
         sharded = self.lockstep is not None and is_sharded(self.user_state, self._namespaces())
         loaders = self._loader_record()
+        # A one-file snapshot keeps rank 0's large states (an EMA's shadow weights), as it keeps rank 0's models: they
+        # never cross between ranks. A sharded one keeps each rank's in its own record.
+        large = {} if sharded else loaders.pop("large", {})
         ranks_places = self._every_ranks_places(loaders) if together and self.lockstep is not None and not sharded else None
         if self.lockstep is not None and self.lockstep.rank != 0 and not sharded:
             # Replicated state (DDP, or the same model on every rank): rank 0's snapshot holds it all.
@@ -947,7 +950,7 @@ class TrainingWorker(threading.Thread):
                 rank, world_size = (self.lockstep.rank, self.lockstep.world_size) if self.lockstep else (0, 1)
                 event = write_snapshot(
                     self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces(),
-                    self._changed_globals(), loader_places=places(ranks_places or {rank: loaders}, world_size),
+                    self._changed_globals(), loader_places=places(ranks_places or {rank: loaders}, world_size, large),
                 )
         except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
             self.last_snapshot_error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
