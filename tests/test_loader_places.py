@@ -599,3 +599,51 @@ def test_a_project_objects_tensors_are_handed_over_on_the_devices_its_own_are_on
     done = put_back({"train.ema": ema}, saved, rank=0, world_size=1, step=9)
     assert done.placed == {id(ema): "train.ema"}, done.notes
     assert ema.shadow["w"].device.type == "meta" and ema.shadow["steps"] == 9
+
+
+OPAQUE_STATE = """\
+import torch
+
+
+class Opaque:
+    pass
+
+
+class Holder:
+    def state_dict(self):
+        return {"big": torch.zeros(1 << 19), "other": Opaque()}
+
+    def load_state_dict(self, state):
+        pass
+
+
+holder = Holder()
+model = torch.nn.Linear(1, 1)
+
+
+def setup(bench):
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}
+
+
+def step(state, bench):
+    loss = state["model"](torch.ones(1, 1)).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return loss
+"""
+
+
+def test_the_snapshot_event_names_what_it_does_not_keep(tmp_path: Path) -> None:
+    """Not only the resume: the snapshot itself says a state was left out, so it never reads as keeping it all."""
+    from workbench.frontends.tui.widgets.reload_log import render_entry
+    from workbench.protocol.events import TakeSnapshot
+
+    root = make_project(tmp_path, {"train.py": OPAQUE_STATE})
+    with open_session(root / "train.py", max_steps=2, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        live.send(TakeSnapshot())
+        taken = live.wait_for(is_event("snapshot"), timeout=20)
+    assert taken.left_out == ("train.holder: its state_dict() holds a train.Opaque, not plain data",), taken
+    shown = render_entry(taken, root, timestamps=False).plain
+    assert shown.endswith("at step 2; not kept: train.holder: its state_dict() holds a train.Opaque, not plain data"), shown

@@ -162,6 +162,13 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
     return {"states": states, "errors": errors, "epochs": epochs, "large": large}
 
 
+def left_out(records: dict[int, dict[str, Any]]) -> tuple[str, ...]:
+    """What a snapshot does not keep of the places and states it found, for its event: `path: why`, another rank's
+    prefixed `rank N: `, so the snapshot never reads as keeping what it does not."""
+    return tuple(f"{f'rank {rank}: ' if rank else ''}{path}: {why}"
+                 for rank, kept in sorted(records.items()) for path, why in (kept.get("errors") or {}).items())
+
+
 def sampler_epoch(loader: DataLoader) -> int | None:
     """The epoch a DistributedSampler (or any sampler with an int `epoch`) was last set to: it decides the order of
     the data, and the loader's state says only where in that order it is."""

@@ -41,7 +41,7 @@ from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.fresh_iterators import fresh_iterator_notes
 from workbench.engine.loader_places import LOADER, EpochCheck, PutBack, find_loaders, places
-from workbench.engine.loader_places import pack as pack_places, put_back as put_back_places, record as loader_record
+from workbench.engine.loader_places import left_out, pack as pack_places, put_back as put_back_places, record as loader_record
 from workbench.engine.loader_places import unpack as unpack_places
 from workbench.engine.generator_end import ended_by_error, ended_in_state, ended_sentence, generators_ended
 from workbench.engine.dispatch import dispatch
@@ -963,7 +963,8 @@ class TrainingWorker(threading.Thread):
         self.last_snapshot_step, self.last_snapshot_path, self.last_snapshot_error = self.step, event.path, None
         self._snapshot_seconds = event.seconds
         self._update_run_record()
-        self.bus.publish(dataclasses.replace(event, reason=reason))
+        records = ranks_places or {self.lockstep.rank if self.lockstep is not None else 0: loaders}
+        self.bus.publish(dataclasses.replace(event, reason=reason, left_out=left_out(records)))
         return True
 
     def _loader_record(self) -> dict[str, Any]:

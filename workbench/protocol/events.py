@@ -256,6 +256,9 @@ class Snapshot(Event):
     step: int = 0
     seconds: float = 0.0
     reason: str = "requested"  # or "final" (on quit or a signal)
+    # What the snapshot does not keep although it was found: a loader's or project object's state that could not be
+    # taken or is not plain data ("train.ema: its state_dict() holds ..."; "rank 1: ..." for another rank's).
+    left_out: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
