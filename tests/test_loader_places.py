@@ -647,3 +647,43 @@ def test_the_snapshot_event_names_what_it_does_not_keep(tmp_path: Path) -> None:
     assert taken.left_out == ("train.holder: its state_dict() holds a train.Opaque, not plain data",), taken
     shown = render_entry(taken, root, timestamps=False).plain
     assert shown.endswith("at step 2; not kept: train.holder: its state_dict() holds a train.Opaque, not plain data"), shown
+
+
+GENERATOR_OVER_OWN_LOADER = OWN_LOADER.replace('''def setup(bench):
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}''', '''def batches(loader):
+    while True:
+        yield loader.next_batch()
+
+
+def setup(bench):
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "batches": batches(train_loader)}''').replace(
+    "    x = train_loader.next_batch()", '    x = next(state["batches"])')
+assert 'next(state["batches"])' in GENERATOR_OVER_OWN_LOADER
+
+
+def test_a_generator_given_a_loader_of_the_projects_own_is_said_to_read_one_that_goes_on(tmp_path: Path) -> None:
+    """`batches(train_loader)` with llm.c's loader: the resume gave the loader its state, so the note must not say the
+    generator starts the data from its beginning (it said so: only DataLoaders were looked for among its inputs)."""
+    straight = straight_run(tmp_path, GENERATOR_OVER_OWN_LOADER, 8)
+    resumed, after = resumed_after(tmp_path, GENERATOR_OVER_OWN_LOADER, 5, 8)
+    assert after == {k: straight[k] for k in (6, 7, 8)}
+    assert any(n.startswith("state['batches'] (the generator batches(), train.py:") and
+               n.endswith("while the loader it reads, batches(loader), goes on from where step 5 left it")
+               for n in resumed.notes), resumed.notes
+    assert not any("starts from its beginning" in n for n in resumed.notes), resumed.notes
+
+
+def test_a_project_object_only_reached_through_a_generators_argument_is_not_a_loader_it_reads() -> None:
+    """imagenet's `epochs(state)`: an EMA in that state was given its state too, but the generator reads no EMA."""
+    ema = _MetaEMA()
+    state = {"ema": ema}
+
+    def epochs(state):  # noqa: ANN001, ANN202
+        yield state
+
+    assert loaders_read_by(epochs(state), frozenset({id(ema)})) == []
+
+    def batches(loader):  # noqa: ANN001, ANN202
+        yield loader
+
+    assert loaders_read_by(batches(ema), frozenset({id(ema)})) == [ema]

@@ -33,7 +33,8 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
              if isinstance(value, Iterator) and not isinstance(value, io.IOBase)]  # an open file is no data's place
     if not found:
         return ()
-    reading = {label: [placed[id(loader)] for loader in loaders_read_by(value) if id(loader) in placed]
+    given = frozenset(placed)
+    reading = {label: [placed[id(loader)] for loader in loaders_read_by(value, given) if id(loader) in placed]
                for label, value in found if isinstance(value, GeneratorType)}
     fresh = [(label, value) for label, value in found if not reading.get(label)]
     notes = []

@@ -79,13 +79,18 @@ def find_loaders(state: Any, namespaces: Namespaces = ()) -> dict[str, Any]:
                           stop_at=(DataLoader,), into_generators=True)
 
 
-def loaders_read_by(generator: GeneratorType) -> list[DataLoader]:
+def loaders_read_by(generator: GeneratorType, given: frozenset[int] = frozenset()) -> list[Any]:
     """The stateful loaders a generator was given or closes over, or that what it was given holds (imagenet's
-    `epochs(state)` reads `state["train_loader"]`)."""
+    `epochs(state)` reads `state["train_loader"]`); and each object in `given` (by id: the project objects a resume
+    gave their state) that it was given or closes over itself, a project's own loader (`batches(train_loader)`).
+    A project object only reached through what it was given is not taken for one it reads: an EMA in the
+    `state` that `epochs(state)` is given is no loader."""
     seen: set[int] = {id(generator)}
-    return [loader for path, value in generator_inputs(generator, "")
-            for _, loader in reachable(value, path, matches=is_stateful_loader, seen=seen, depth=1,
-                                       stop_at=(DataLoader,), into_generators=True)]
+    inputs = generator_inputs(generator, "")
+    direct = [value for _, value in inputs if id(value) in given and not isinstance(value, DataLoader)]
+    return direct + [loader for path, value in inputs
+                     for _, loader in reachable(value, path, matches=is_stateful_loader, seen=seen, depth=1,
+                                                stop_at=(DataLoader,), into_generators=True)]
 
 
 def _has_begun(loader: Any) -> bool:
