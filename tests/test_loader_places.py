@@ -687,3 +687,36 @@ def test_a_project_object_only_reached_through_a_generators_argument_is_not_a_lo
         yield loader
 
     assert loaders_read_by(batches(ema), frozenset({id(ema)})) == [ema]
+
+
+GRAD_SCALER = """\
+import torch
+
+model = torch.nn.Linear(2, 1)
+scaler = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=2)  # script-style, a module global
+unused = torch.amp.GradScaler("cpu", enabled=False)  # `enabled=use_amp` with AMP off: nothing to keep
+
+
+def setup(bench):
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}
+
+
+def step(state, bench):
+    loss = state["model"](torch.ones(1, 2)).pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(state["opt"])
+    scaler.update()
+    state["opt"].zero_grad()
+    return {"loss": loss, "a": scaler.get_scale(), "b": float(scaler._growth_tracker)}
+"""
+
+
+def test_an_amp_grad_scaler_goes_on_from_its_scale(tmp_path: Path) -> None:
+    """A fresh GradScaler starts at its initial scale, so a resumed AMP run skipped steps to find the scale again (and
+    its weights left the run that never stopped). Its state is in the snapshot now, and a resume gives it back."""
+    straight = straight_run(tmp_path, GRAD_SCALER, 9)
+    resumed, after = resumed_after(tmp_path, GRAD_SCALER, 5, 9)
+    assert after == {k: straight[k] for k in (6, 7, 8, 9)}, (after, straight)
+    assert straight[6][0] == 2 ** 5, "the scale grew from 4 every second step"
+    assert resumed.notes[0] == "train.scaler (GradScaler): load_state_dict() given what state_dict() held at step 5"
+    assert not any("unused" in n for n in resumed.notes), resumed.notes

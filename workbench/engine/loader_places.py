@@ -42,12 +42,16 @@ SHARDED_KEY = "loader_places/rank{rank}"  # each rank's record in a sharded (DCP
 MAX_PLACE_TENSOR_BYTES = 1 << 20  # a project object's state above this is a model's, not a place in the data
 
 
-def is_stateful_loader(obj: Any, project_modules: frozenset[str] = frozenset()) -> bool:
-    """A DataLoader that can say where it is, or an object of a project class (in `project_modules`) that can."""
+def is_stateful(obj: Any, project_modules: frozenset[str] = frozenset()) -> bool:
+    """What a snapshot keeps beside the models and optimizers through `state_dict()`/`load_state_dict()`: a
+    DataLoader that can say where it is, an AMP GradScaler in use (its loss scale, which a fresh one starts over at
+    2**16 and then skips steps to find again), or an object of a project class (in `project_modules`)."""
     if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
         return False
     if isinstance(obj, DataLoader):
         return True
+    if isinstance(obj, torch.amp.GradScaler):
+        return obj.is_enabled()  # a disabled one (`enabled=use_amp`) has no state
     from torch.optim.lr_scheduler import LRScheduler
 
     training = (torch.nn.Module, torch.optim.Optimizer, LRScheduler, DataLoader)
@@ -75,7 +79,7 @@ def find_loaders(state: Any, namespaces: Namespaces = ()) -> dict[str, Any]:
     same way in the run that snapshots and the run that resumes (`batches(loader)`: the generator's argument)."""
     namespaces = list(namespaces)
     project_modules = frozenset(name for name, _ in namespaces)
-    return find_reachable(state, namespaces, lambda obj: is_stateful_loader(obj, project_modules), "loader",
+    return find_reachable(state, namespaces, lambda obj: is_stateful(obj, project_modules), "loader",
                           stop_at=(DataLoader,), into_generators=True)
 
 
@@ -87,10 +91,15 @@ def loaders_read_by(generator: GeneratorType, given: frozenset[int] = frozenset(
     `state` that `epochs(state)` is given is no loader."""
     seen: set[int] = {id(generator)}
     inputs = generator_inputs(generator, "")
-    direct = [value for _, value in inputs if id(value) in given and not isinstance(value, DataLoader)]
+    direct = [value for _, value in inputs
+              if id(value) in given and not isinstance(value, (DataLoader, torch.amp.GradScaler))]
     return direct + [loader for path, value in inputs
-                     for _, loader in reachable(value, path, matches=is_stateful_loader, seen=seen, depth=1,
+                     for _, loader in reachable(value, path, matches=_is_stateful_data_loader, seen=seen, depth=1,
                                                 stop_at=(DataLoader,), into_generators=True)]
+
+
+def _is_stateful_data_loader(obj: Any) -> bool:
+    return isinstance(obj, DataLoader) and is_stateful(obj)
 
 
 def _has_begun(loader: Any) -> bool:

@@ -48,7 +48,7 @@ ACTIONS: tuple[KeyAction, ...] = (
               "leak finder: every live tensor by owner; the largest unowned ones and what keeps them alive"),
     KeyAction("memory_snapshot", "m", "memory_snapshot", "CUDA memory snapshot",
               "CUDA memory snapshot for pytorch.org/memory_viz (to the run folder's memory/; --record-memory for stacks)"),
-    KeyAction("snapshot", "s", "snapshot", "Snapshot", "snapshot: checkpoint of every module and optimizer to .vram-bench/runs/<start>/snapshots/", footer=True),
+    KeyAction("snapshot", "s", "snapshot", "Snapshot", "snapshot: models, optimizers, schedulers, GradScaler, loader places, RNG to .vram-bench/runs/<start>/snapshots/", footer=True),
     KeyAction("profile", "p", "profile", "Profile",
               f"profile the next {PROFILE_STEPS} steps with torch.profiler (trace to the run folder's traces/)", footer=True),
     KeyAction("interrupt", "i", "interrupt", "Interrupt step", "interrupt a running step (raises KeyboardInterrupt in it; the model stays)"),
