@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import is_event, make_project, open_session, snapshot_after
+from tests.conftest import is_event, make_project, open_session, save, snapshot_after
 from tests.test_distributed import rank_log, steps_of
 from tests.test_headless import Headless
 from workbench.engine.loader_places import find_loaders, loaders_read_by, places, put_back, record
@@ -720,3 +720,32 @@ def test_an_amp_grad_scaler_goes_on_from_its_scale(tmp_path: Path) -> None:
     assert straight[6][0] == 2 ** 5, "the scale grew from 4 every second step"
     assert resumed.notes[0] == "train.scaler (GradScaler): load_state_dict() given what state_dict() held at step 5"
     assert not any("unused" in n for n in resumed.notes), resumed.notes
+
+
+def test_a_rebuild_gives_an_ema_of_the_projects_own_its_old_state_when_it_still_fits(tmp_path: Path) -> None:
+    """R made the EMA again from the current weights, and its average started over. Now it is given the old one's state;
+    after a change of the model's shapes that state no longer fits (its next update would fail on it), and the notes
+    say it was not given."""
+    from workbench.protocol.events import Rebuild, StepOnce
+
+    source = EMA.replace("WIDTH = 1024", "WIDTH = 16").replace("x = torch.randn(4, 8)", "x = torch.full((4, 8), bench.step % 3 / 3)")
+    straight = straight_run(tmp_path, source, 8)
+    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
+    with open_session(root / "train.py", max_steps=5, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+        assert rebuilt.ok and "ema: load_state_dict() given what the old one's state_dict() held" in rebuilt.notes, rebuilt
+        for k in (6, 7, 8):
+            live.send(StepOnce())
+            live.wait_for(is_event("step", step=k), timeout=30)
+        read = batches_read(live)
+        assert read == {k: straight[k] for k in read}, "the EMA averaged on as in a run without the rebuild"
+
+        save(root / "train.py", source.replace("WIDTH = 16", "WIDTH = 32"))
+        live.wait_for(is_event("reload"), timeout=30)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(lambda e: is_event("rebuild")(e) and e is not rebuilt, timeout=60)
+    assert rebuilt.ok and ("ema (EMA) is as setup() made it: the old one's state does not fit the new one's "
+                           "(['shadow']['0.weight'] is (16, 8) torch.float32 then (32, 8) torch.float32: the model "
+                           "changed?), so it was not given") in rebuilt.notes, rebuilt.notes

@@ -74,11 +74,13 @@ def _holds_any(obj: Any, kinds: tuple[type, ...]) -> bool:
     return False
 
 
-def find_loaders(state: Any, namespaces: Namespaces = ()) -> dict[str, Any]:
+def find_loaders(state: Any, namespaces: Namespaces = (), project_modules: frozenset[str] | None = None) -> dict[str, Any]:
     """Every stateful loader in the state and the project's module globals, each once, by a path that names it the
-    same way in the run that snapshots and the run that resumes (`batches(loader)`: the generator's argument)."""
+    same way in the run that snapshots and the run that resumes (`batches(loader)`: the generator's argument).
+    `project_modules`: whose classes' objects are kept too, when not the modules of `namespaces`."""
     namespaces = list(namespaces)
-    project_modules = frozenset(name for name, _ in namespaces)
+    if project_modules is None:
+        project_modules = frozenset(name for name, _ in namespaces)
     return find_reachable(state, namespaces, lambda obj: is_stateful(obj, project_modules), "loader",
                           stop_at=(DataLoader,), into_generators=True)
 
@@ -339,15 +341,40 @@ def _starts_over(path: str, loader: Any, why: str) -> str:
     return f"{path} ({type(loader).__name__}) is as setup() made it: {why}"
 
 
+def _layout_change(old: Any, new: Any, where: str = "") -> str | None:
+    """Where two states differ in layout (a dict's keys, a list's length, a tensor's shape or dtype), or None. An EMA
+    of a model that gained a layer, given the old shadow weights, would fail its next update on the missing key."""
+    if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
+        if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
+            return f"{where or 'it'} is a tensor in one and not the other"
+        if old.shape != new.shape or old.dtype != new.dtype:
+            return f"{where or 'it'} is {tuple(old.shape)} {old.dtype} then {tuple(new.shape)} {new.dtype}"
+        return None
+    if isinstance(old, dict) and isinstance(new, dict):
+        if old.keys() != new.keys():
+            added, gone = sorted(map(str, new.keys() - old.keys())), sorted(map(str, old.keys() - new.keys()))
+            shown = "; ".join(f"{label} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+                              for label, keys in (("new", added), ("gone", gone)) if keys)
+            return f"{where + ' has' if where else 'it has'} other keys ({shown})"
+        return next((d for key in old if (d := _layout_change(old[key], new[key], f"{where}[{key!r}]"))), None)
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
+        if len(old) != len(new):
+            return f"{where or 'it'} has {len(old)} items then {len(new)}"
+        return next((d for i, (a, b) in enumerate(zip(old, new)) if (d := _layout_change(a, b, f"{where}[{i}]"))), None)
+    return None
+
+
 def _names(loaders: dict[str, DataLoader]) -> str:
     return ", ".join(f"{path} ({type(loader).__name__})" for path, loader in loaders.items())
 
 
-def carry_places(old_state: Any, new_state: Any) -> list[str]:
+def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str] = frozenset()) -> list[str]:
     """For a rebuild: each loader setup() made again takes the place its old one had reached (the same path in the
-    old state), so the data goes on rather than starting its epoch over. The rebuild's notes."""
+    old state), so the data goes on rather than starting its epoch over; a project object (`project_modules`' classes:
+    a loader, an EMA) its old one's state, when it has the same layout. The rebuild's notes."""
     try:
-        old, new = find_loaders(old_state), find_loaders(new_state)
+        old = find_loaders(old_state, project_modules=project_modules)
+        new = find_loaders(new_state, project_modules=project_modules)
     except Exception as exc:  # noqa: BLE001 - the rebuild stands; the data starting over is said
         return [f"the data loaders' places were not carried over ({type(exc).__name__}: {exc})"]
     carried: list[str] = []
@@ -355,10 +382,17 @@ def carry_places(old_state: Any, new_state: Any) -> list[str]:
     notes: list[str] = []
     for path, loader in new.items():
         before = old.get(path)
-        if before is None or before is loader or not _has_begun(before) or _has_begun(loader):
+        if before is None or before is loader or not _has_begun(before):
+            continue
+        if isinstance(loader, DataLoader) and _has_begun(loader):  # setup() made an iterator of it: no place to take
             continue
         try:
-            loader.load_state_dict(before.state_dict())
+            state = before.state_dict()
+            if not isinstance(loader, DataLoader) and (differs := _layout_change(state, loader.state_dict())):
+                notes.append(_starts_over(path, loader, f"the old one's state does not fit the new one's ({differs}: "
+                                          "the model changed?), so it was not given"))
+                continue
+            loader.load_state_dict(state)
         except Exception as exc:  # noqa: BLE001 - another dataset or worker count: the new loader starts over
             notes.append(_starts_over(path, loader, f"the old one's state did not fit the new one ({type(exc).__name__}: "
                                       f"{exc})"))

@@ -143,7 +143,8 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         worker.probe.empty_cache()
         worker.bus.publish(Rebuilt(ok=False, error=message, code_version=worker.reloader.version))
         return
-    notes.extend(carry_places(worker.user_state, new_state))  # before the old loaders are shut down
+    project_modules = frozenset(name for name, _ in worker._namespaces())
+    notes.extend(carry_places(worker.user_state, new_state, project_modules))  # before the old loaders are shut down
     notes.extend(release_iterators(worker.user_state, new_state))
     notes.extend(_release_rebuilt_loaders(worker, before))
     worker.user_state = new_state
