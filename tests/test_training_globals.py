@@ -107,3 +107,72 @@ def test_a_global_that_starts_as_none_is_put_back_as_training_left_it() -> None:
     done, left = put_back({**saved, "train.model": 1.0}, [("train", fresh)])
     assert done == ["train.best_val_loss = 5.97"] and fresh["best_val_loss"] == 5.97
     assert left == ["train.model (now a Linear, not a float)"], "a global holding an object is never overwritten"
+
+
+STATE_COUNTER = """\
+import torch
+
+
+def setup(bench):
+    model = torch.nn.Linear(2, 1)
+    return dict(optimizer=torch.optim.SGD(model.parameters(), lr=0.1), model=model, step=0, warmup=3, phase="warm")
+
+
+def step(state, bench):
+    state["step"] += 1  # score_sde_pytorch's run_lib: its LR warm-up reads state['step']
+    if state["step"] > state["warmup"]:
+        state["phase"] = "main"
+    loss = state["model"](torch.ones(4, 2)).pow(2).mean()
+    loss.backward()
+    state["optimizer"].step()
+    state["optimizer"].zero_grad()
+    return {"loss": loss, "count": float(state["step"])}
+"""
+
+
+def test_a_plain_value_of_setups_state_dict_that_training_changed_is_kept_and_put_back(tmp_path: Path) -> None:
+    """score_sde_pytorch returns `state = dict(optimizer, model, ema, step=0)` and counts state['step']: a resume
+    began it at 0 again, so its warm-up started over. A value setup() made and training left alone is not kept."""
+    from conftest import snapshot_after
+
+    snapshot = snapshot_after(tmp_path, STATE_COUNTER, 5)
+    assert load_snapshot(snapshot)["globals"] == {"setup().step": 5, "setup().phase": "main"}
+    root = make_project(tmp_path, {"train.py": STATE_COUNTER}, folder="resumed")
+    with open_session(root / "train.py", resume=snapshot) as resumed:
+        loaded = resumed.wait_for(is_event("resume"), timeout=30)
+        assert ("put back from the snapshot (plain values of setup()'s state that training changed): state['step'] = 5, "
+                "state['phase'] = 'main'") in loaded.notes, loaded.notes
+        first = resumed.events.steps(1)[0]
+        assert first.step == 6 and first.scalars["count"] == 6, "the count goes on"
+
+
+def test_a_rebuild_gives_setups_state_the_plain_values_training_reached_unless_setup_now_starts_them_elsewhere(
+        start_session) -> None:
+    from workbench.protocol.events import Rebuild
+
+    live = start_session({"train.py": STATE_COUNTER})
+    live.wait_running(3)
+    live.send(Pause())
+    paused = live.wait_for(is_event("paused"))
+    save(live.entry, STATE_COUNTER.replace("warmup=3", "warmup=2"))  # an edited start value is the new code's
+    live.wait_for(is_event("reload", file="train.py"))
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+    assert rebuilt.ok and (f"carried over (plain values of the state that training changed, which setup() made again "
+                           f"as they began): state['step'] = {paused.step}, state['phase'] = 'main'") in rebuilt.notes, rebuilt
+    assert not any("warmup" in n for n in rebuilt.notes), rebuilt.notes
+
+
+def test_state_values_are_one_more_namespace_that_no_module_can_be_named() -> None:
+    from workbench.engine.training_globals import STATE, carry_state, state_namespace
+
+    state = {"step": 0, "model": torch.nn.Linear(1, 1), 3: 1, "a.b": 2}
+    globals_ = TrainingGlobals()
+    globals_.mark([("train", {"n": 0}), *state_namespace(state)])
+    state.update({"step": 7, 3: 4, "a.b": 5})
+    assert globals_.changed([("train", {"n": 0}), *state_namespace(state)], {}) == {f"{STATE}.step": 7}, "keys that are names"
+    assert state_namespace([1, 2]) == [], "a state that is no dict has no values by name"
+    again = {"step": 0, "model": torch.nn.Linear(1, 1)}
+    assert carry_state(state, again, globals_) == [
+        "carried over (plain values of the state that training changed, which setup() made again as they began): "
+        "state['step'] = 7"] and again["step"] == 7

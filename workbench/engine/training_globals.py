@@ -7,6 +7,12 @@ schedule warmed up again from the start while the resume said it had loaded ever
 (bool, int, float, short str) that have changed since setup() left them, other than by a saved statement of the
 file (an edited constant is the file's, read again at the next start), go into the snapshot by
 `module.name`, and a resume puts them back once setup() has run.
+
+The plain values of setup()'s own state dict are training state too: score_sde_pytorch's trainer returns
+`state = dict(optimizer=..., model=..., ema=..., step=0)` and step() counts `state['step'] += 1`, which its
+learning-rate warm-up reads; a resume began it at 0 again. They take part as one more namespace, `STATE`, whose
+name no module can have, shown as `state['step']`; and a rebuild's setup(), which makes them again as they were,
+is given the values training reached (`carry_state`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,24 @@ from typing import Any
 Namespaces = list[tuple[str, dict[str, Any]]]
 
 MAX_STR = 256  # a longer string is more likely a log or a path than a counter or a phase name
+
+
+STATE = "setup()"  # the namespace of setup()'s state dict's plain values; a module's name never has parentheses
+
+
+def state_namespace(state: Any) -> Namespaces:
+    """setup()'s state as a namespace when it is a dict (its keys that are names), else none."""
+    return [(STATE, state)] if isinstance(state, dict) else []
+
+
+def shown(qualified: str) -> str:
+    """`train.iter_num` as it is; `setup().step` as `state['step']`."""
+    module, _, name = qualified.rpartition(".")
+    return f"state[{name!r}]" if module == STATE else qualified
+
+
+def _named(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not name.startswith("__")
 
 
 def _plain(value: Any) -> bool:
@@ -37,7 +61,8 @@ class TrainingGlobals:
 
     def mark(self, namespaces: Namespaces) -> None:
         """After setup() (the first, a rebuild's) and a resume's loading: the values training starts from."""
-        self._after_setup = {module: {k: v for k, v in namespace.items() if _plain(v)} for module, namespace in namespaces}
+        self._after_setup = {module: {k: v for k, v in namespace.items() if _named(k) and _plain(v)}
+                             for module, namespace in namespaces}
 
     def changed(self, namespaces: Namespaces, file_bound: dict[str, set[str]]) -> dict[str, Any]:
         """{"module.name": value} for the plain globals changed since `mark`, but those `file_bound` names (bound
@@ -45,8 +70,8 @@ class TrainingGlobals:
         found: dict[str, Any] = {}
         for module, namespace in namespaces:
             before, bound = self._after_setup.get(module, {}), file_bound.get(module, set())
-            for name, value in namespace.items():
-                if name.startswith("__") or name in bound or not _plain(value):
+            for name, value in list(namespace.items()):
+                if not _named(name) or name in bound or not _plain(value):
                     continue
                 if name not in before or not _same(before[name], value):
                     found[f"{module}.{name}"] = value
@@ -64,10 +89,27 @@ def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], 
         module, _, name = qualified.rpartition(".")
         namespace = by_module.get(module)
         if namespace is None:
-            left.append(f"{qualified} (module {module} is not loaded)")
+            why = "setup() returned no dict" if module == STATE else f"module {module} is not loaded"
+            left.append(f"{shown(qualified)} ({why})")
         elif name in namespace and not (_plain(namespace[name]) or namespace[name] is None):  # None: not set yet
-            left.append(f"{qualified} (now a {type(namespace[name]).__name__}, not a {type(value).__name__})")
+            left.append(f"{shown(qualified)} (now a {type(namespace[name]).__name__}, not a {type(value).__name__})")
         else:
             namespace[name] = value
-            done.append(f"{qualified} = {value!r}")
+            done.append(f"{shown(qualified)} = {value!r}")
     return done, left
+
+
+def carry_state(before_rebuild: Any, rebuilt: Any, marked: TrainingGlobals) -> list[str]:
+    """A rebuild: each plain value of the old state that training changed, into the new state where its setup() made
+    the value the old setup() made (an edited start value is the new code's). The rebuild's notes."""
+    after_setup = marked._after_setup.get(STATE, {})
+    if not (isinstance(before_rebuild, dict) and isinstance(rebuilt, dict)):
+        return []
+    carried = []
+    for name, first in after_setup.items():
+        old, new = before_rebuild.get(name, first), rebuilt.get(name)
+        if name in rebuilt and _same(new, first) and _plain(old) and not _same(old, first):
+            rebuilt[name] = old
+            carried.append(f"state[{name!r}] = {old!r}")
+    return [f"carried over (plain values of the state that training changed, which setup() made again as they "
+            f"began): {', '.join(carried)}"] if carried else []

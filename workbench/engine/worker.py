@@ -88,7 +88,7 @@ from workbench.engine.output import OutputRouter
 from workbench.engine.project import Project, deepest_frame_in
 from workbench.engine.rebuild import restore_globals
 from workbench.engine.setup_rebinds import SetupRebinds, copies
-from workbench.engine.training_globals import TrainingGlobals, put_back
+from workbench.engine.training_globals import TrainingGlobals, put_back, state_namespace
 from workbench.engine.run_state import AUTO_RESUME_REASONS, DATA_EXHAUSTED, ENDS_RUN_WITHOUT_INPUT, RunState
 from workbench.engine.runs import RunRecord
 from workbench.engine.saved_bytes import SavedBytes
@@ -346,7 +346,7 @@ class TrainingWorker(threading.Thread):
                 self.user_state = setup(self.bench)
             self._state_built_at = self.reloader.version
             self.setup_rebinds.record(found, self._namespaces())
-            self.training_globals.mark(self._namespaces())
+            self.training_globals.mark(self._training_namespaces())
         except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
             seconds = time.monotonic() - self.setup_started
             file, line = self._where(exc)
@@ -449,8 +449,13 @@ class TrainingWorker(threading.Thread):
         """The counters step() kept in module globals, as the snapshot has them (training_globals.py), the places of
         the stateful data loaders (loader_places.py), and what the iterators setup() made start from
         (fresh_iterators.py): the resume's notes."""
-        done, left = put_back(saved, self._namespaces())
+        done, left = put_back(saved, self._training_namespaces())
+        in_state = [entry for entry in done if entry.startswith("state[")]
+        done = [entry for entry in done if not entry.startswith("state[")]
         notes = (f"put back from the snapshot (module globals that training changed, not setup()): {', '.join(done)}",) if done else ()
+        if in_state:
+            notes += (f"put back from the snapshot (plain values of setup()'s state that training changed): "
+                      f"{', '.join(in_state)}",)
         notes += ((f"not put back: {', '.join(left)}",) if left else ())
         rank, world_size = (self.lockstep.rank, self.lockstep.world_size) if self.lockstep is not None else (0, 1)
         try:
@@ -501,6 +506,10 @@ class TrainingWorker(threading.Thread):
     def _namespaces(self) -> list[tuple[str, dict[str, Any]]]:
         """The project's module globals: where script-style trainers keep an optimizer (`global OPT_G`)."""
         return [(m.__name__, vars(m)) for m in self.project.modules().values()]
+
+    def _training_namespaces(self) -> list[tuple[str, dict[str, Any]]]:
+        """Where plain training values live (training_globals.py): the module globals, and setup()'s state dict."""
+        return self._namespaces() + state_namespace(self.user_state)
 
     def _load_pending_optimizers(self) -> None:
         """After a step: load snapshot state into optimizers step() has made since the resume."""
@@ -983,7 +992,7 @@ class TrainingWorker(threading.Thread):
         return {rank: unpack_places(raw) for rank, raw in enumerate(every) if raw}
 
     def _changed_globals(self) -> dict[str, Any]:
-        return self.training_globals.changed(self._namespaces(), self.setup_rebinds.bound_since_setup())
+        return self.training_globals.changed(self._training_namespaces(), self.setup_rebinds.bound_since_setup())
 
     def _update_run_record(self, **extra: Any) -> None:
         if self.run_record is not None:

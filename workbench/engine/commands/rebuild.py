@@ -27,6 +27,7 @@ from workbench.engine.import_builders import built_again_note, built_by_old_code
 from workbench.engine.init_skipping import skipping_init
 from workbench.engine.memory.gc_freeze import collect_all
 from workbench.engine.loader_places import carry_places
+from workbench.engine.training_globals import carry_state
 from workbench.engine.released_iterators import release_iterators
 from workbench.engine.rebuild import (
     carry_optimizers_setup_did_not_make,
@@ -145,6 +146,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         return
     project_modules = frozenset(name for name, _ in worker._namespaces())
     notes.extend(carry_places(worker.user_state, new_state, project_modules))  # before the old loaders are shut down
+    notes.extend(carry_state(worker.user_state, new_state, worker.training_globals))
     notes.extend(release_iterators(worker.user_state, new_state))
     notes.extend(_release_rebuilt_loaders(worker, before))
     worker.user_state = new_state
@@ -154,7 +156,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     for version, module, names in bound_by_held:
         worker.setup_rebinds.saved(version, module, names)
     worker.setup_rebinds.record(found, worker._namespaces())
-    worker.training_globals.mark(worker._namespaces())
+    worker.training_globals.mark(worker._training_namespaces())
     worker._state_bytes_estimate = None  # the new state's size, when next asked
     worker.eval_watch.refresh(new_state)
     del new_state
