@@ -749,3 +749,127 @@ def test_a_rebuild_gives_an_ema_of_the_projects_own_its_old_state_when_it_still_
     assert rebuilt.ok and ("ema (EMA) is as setup() made it: the old one's state does not fit the new one's "
                            "(['shadow']['0.weight'] is (16, 8) torch.float32 then (32, 8) torch.float32: the model "
                            "changed?), so it was not given") in rebuilt.notes, rebuilt.notes
+
+
+LIBRARY_EMA = '''\
+import torch
+
+
+class ExponentialMovingAverage:
+    """torch_ema's, in short: a library's class, not the project's."""
+
+    def __init__(self, parameters, decay):
+        self.decay = decay
+        self.shadow_params = [p.clone().detach() for p in parameters]
+
+    def update(self, parameters):
+        with torch.no_grad():
+            for s, p in zip(self.shadow_params, parameters):
+                s.sub_((1 - self.decay) * (s - p))
+
+    def state_dict(self):
+        return {"decay": self.decay, "shadow_params": self.shadow_params}
+
+    def load_state_dict(self, state):
+        self.decay, self.shadow_params = state["decay"], state["shadow_params"]
+
+
+class CosineLRScheduler:
+    """timm's scheduler, in short: holds its optimizer, steps by epoch or update, not a torch LRScheduler."""
+
+    def __init__(self, optimizer, t_initial):
+        self.optimizer, self.t_initial, self.updates = optimizer, t_initial, 0
+
+    def step_update(self):
+        self.updates += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = 0.1 * (1 + __import__("math").cos(__import__("math").pi * self.updates / self.t_initial)) / 2
+
+    def state_dict(self):
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state):
+        self.__dict__.update(state)
+'''
+
+WITH_LIBRARY_OBJECTS = """\
+import sys
+
+sys.path.insert(0, LIBRARY)
+import torch
+from emalib import CosineLRScheduler, ExponentialMovingAverage
+
+
+class Warmup:
+    \"\"\"The project's own schedule: it holds the optimizer (a model or loader would make it a trainer).\"\"\"
+
+    def __init__(self, optimizer, steps):
+        self.optimizer, self.steps, self.done = optimizer, steps, 0
+
+    def step(self):
+        self.done += 1
+        for group in self.optimizer.param_groups:
+            group["momentum"] = min(0.9, self.done / self.steps)
+
+    def state_dict(self):
+        return {"steps": self.steps, "done": self.done}
+
+    def load_state_dict(self, state):
+        self.steps, self.done = state["steps"], state["done"]
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0)
+    return {"model": model, "opt": opt, "ema": ExponentialMovingAverage(model.parameters(), 0.9),
+            "sched": CosineLRScheduler(opt, 50), "warmup": Warmup(opt, 20)}
+
+
+def step(state, bench):
+    loss = state["model"](torch.ones(2, 4)).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    state["sched"].step_update()
+    state["warmup"].step()
+    state["ema"].update(state["model"].parameters())
+    group = state["opt"].param_groups[0]
+    return {"loss": loss, "a": float(state["ema"].shadow_params[0].sum()), "b": group["lr"] + group["momentum"]}
+"""
+
+
+def test_a_librarys_ema_and_scheduler_and_a_projects_schedule_holding_the_optimizer_go_on(tmp_path: Path) -> None:
+    """torch_ema's EMA and timm's scheduler are no class of the project: a resume left both as setup() made them
+    (the EMA began again from the weights, the cosine schedule from its start). A schedule of the project's that
+    holds the optimizer was taken for a trainer and walked into. All are kept now."""
+    library = tmp_path / "site"
+    library.mkdir()
+    (library / "emalib.py").write_text(LIBRARY_EMA)
+    source = WITH_LIBRARY_OBJECTS.replace("sys.path.insert(0, LIBRARY)", f"sys.path.insert(0, {str(library)!r})")
+    straight = straight_run(tmp_path, source, 9)
+    resumed, after = resumed_after(tmp_path, source, 5, 9)
+    assert after == {k: straight[k] for k in (6, 7, 8, 9)}, (after, straight)
+    assert resumed.notes[0] == ("ema (ExponentialMovingAverage), sched (CosineLRScheduler), warmup (Warmup): "
+                                "load_state_dict() given what state_dict() held at step 5"), resumed.notes
+
+
+def test_a_librarys_sampler_or_dataset_is_left_to_its_loader_and_torch_objects_to_their_own_keeping() -> None:
+    class Sampler(torch.utils.data.Sampler):
+        __module__ = "torchdata.samplers"
+
+        def __iter__(self):  # noqa: ANN204
+            return iter(())
+
+        def state_dict(self) -> dict[str, Any]:
+            return {}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            pass
+
+    from workbench.engine.loader_places import is_stateful
+
+    assert not is_stateful(Sampler()) and not is_stateful(torch.nn.Linear(1, 1))
+    assert not is_stateful(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
+    Sampler.__module__ = "train"
+    assert is_stateful(Sampler(), frozenset({"train"})), "the project's own sampler says where it is"

@@ -43,9 +43,13 @@ MAX_PLACE_TENSOR_BYTES = 1 << 20  # a project object's state above this is a mod
 
 
 def is_stateful(obj: Any, project_modules: frozenset[str] = frozenset()) -> bool:
-    """What a snapshot keeps beside the models and optimizers through `state_dict()`/`load_state_dict()`: a
-    DataLoader that can say where it is, an AMP GradScaler in use (its loss scale, which a fresh one starts over at
-    2**16 and then skips steps to find again), or an object of a project class (in `project_modules`)."""
+    """What a snapshot keeps beside the models, optimizers and LR schedulers through `state_dict()` and
+    `load_state_dict()` (torch.distributed.checkpoint's `Stateful` protocol): a DataLoader that can say where it is;
+    an AMP GradScaler in use (its loss scale, which a fresh one starts over at 2**16 and then skips steps to find
+    again); an object of a project class (in `project_modules`: its own loader, an EMA, a warm-up schedule); and
+    one of a library's class that is not torch's (torch_ema's ExponentialMovingAverage, timm's schedulers). Not a
+    library's sampler or dataset: its place is its loader's. Not an object that holds a model or a loader: a
+    `Trainer` that checkpoints them all is walked into instead."""
     if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
         return False
     if isinstance(obj, DataLoader):
@@ -54,15 +58,21 @@ def is_stateful(obj: Any, project_modules: frozenset[str] = frozenset()) -> bool
         return obj.is_enabled()  # a disabled one (`enabled=use_amp`) has no state
     from torch.optim.lr_scheduler import LRScheduler
 
-    training = (torch.nn.Module, torch.optim.Optimizer, LRScheduler, DataLoader)
-    return (type(obj).__module__ in project_modules and not isinstance(obj, (type, types.ModuleType, *training))
-            and not _holds_any(obj, training))
+    if isinstance(obj, (type, types.ModuleType, torch.nn.Module, torch.optim.Optimizer, LRScheduler)):
+        return False  # each kept on its own (snapshot.py, schedulers.py)
+    module = type(obj).__module__
+    if module not in project_modules:
+        if module == "builtins" or module == "torch" or module.startswith("torch."):
+            return False
+        if isinstance(obj, (torch.utils.data.Sampler, torch.utils.data.Dataset)):
+            return False
+    return not _holds_any(obj, (torch.nn.Module, DataLoader))
 
 
 def _holds_any(obj: Any, kinds: tuple[type, ...]) -> bool:
-    """Whether an attribute of `obj` (or an item of a dict or list there) is a model, optimizer, scheduler or loader:
-    then `obj` is a trainer that checkpoints them all, not a place in the data, and the walk goes on into it to find
-    the loaders it holds."""
+    """Whether an attribute of `obj` (or an item of a dict or list there) is a model or a loader: then `obj` is a
+    trainer that checkpoints them all, not a place in the data, and the walk goes on into it to find the loaders it
+    holds. One that holds only an optimizer is a schedule of its own (timm's), kept."""
     try:
         values = list(vars(obj).values())
     except TypeError:  # no __dict__ (slots)
