@@ -351,12 +351,15 @@ def test_under_torchrun_each_rank_resumes_its_own_loader_from_rank_0s_snapshot(t
         assert after[rank] == {k: straight[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], straight[rank])
 
 
-SHARDED_PROJECT = DDP_PROJECT.replace(
+# The EMA's shadow weight is a DTensor (this rank's shard); its state, over 1 MiB, is each rank's in a sharded snapshot.
+SHARDED_PROJECT = DDP_EMA_PROJECT.replace(
     "from torch.nn.parallel import DistributedDataParallel as DDP", "from torch.distributed.fsdp import fully_shard"
 ).replace(
     "    model = DDP(torch.nn.Linear(1, 1))", "    model = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Linear(4, 1))\n    fully_shard(model)"
-)
-assert "fully_shard(model)" in SHARDED_PROJECT
+).replace("WeightEMA(model.module)", "WeightEMA(model[0])").replace('state["ema"].update(state["model"].module)',
+                                                                    'state["ema"].update(state["model"][0])').replace(
+    'c=float(state["ema"].shadow["w"])', 'c=float(state["ema"].shadow["w"].full_tensor().sum())')
+assert "fully_shard(model)" in SHARDED_PROJECT and "model[0]" in SHARDED_PROJECT and "full_tensor" in SHARDED_PROJECT
 
 
 def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own(tmp_path: Path) -> None:
@@ -369,6 +372,8 @@ def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own
                                     folder="first")
     resumed = next(e for e in again.events if e["event"] == "resume")
     assert resumed["ok"] and any(n.startswith("batches(loader): given back the place") for n in resumed["notes"]), resumed
+    assert ("ema (WeightEMA, 2.0 MiB of tensors): load_state_dict() given what state_dict() held at step "
+            f"{at}") in resumed["notes"], resumed
     for rank in (0, 1):
         assert after[rank] == {k: straight[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], straight[rank])
 
