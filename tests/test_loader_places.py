@@ -878,3 +878,36 @@ def test_a_librarys_sampler_or_dataset_is_left_to_its_loader_and_torch_objects_t
     assert not is_stateful(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
     Sampler.__module__ = "train"
     assert is_stateful(Sampler(), frozenset({"train"})), "the project's own sampler says where it is"
+
+
+OWN_GENERATORS = """\
+import torch
+
+noise = torch.Generator().manual_seed(1)  # a random stream of its own, in a module global
+model = torch.nn.Linear(4, 1)
+
+
+def setup(bench):
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01),
+            "order": torch.Generator().manual_seed(2)}
+
+
+def step(state, bench):
+    x = torch.randn(2, 4, generator=noise)
+    pick = torch.randint(0, 100, (1,), generator=state["order"])
+    loss = state["model"](x).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return {"loss": loss, "a": float(x[0, 0]), "b": float(pick)}
+"""
+
+
+def test_a_torch_generator_of_the_trainers_own_goes_on_from_its_random_state(tmp_path: Path) -> None:
+    """A resume put back the global random states only: a `torch.Generator` the trainer draws its noise or its data
+    order from began again from its seed, and the resumed run read other data than the one that never stopped."""
+    straight = straight_run(tmp_path, OWN_GENERATORS, 8)
+    resumed, after = resumed_after(tmp_path, OWN_GENERATORS, 5, 8)
+    assert after == {k: straight[k] for k in (6, 7, 8)}, (after, straight)
+    assert resumed.notes[0] == ("order, train.noise (torch.Generator): the random state step 5 had left them in, put "
+                                "back (set_state())"), resumed.notes

@@ -50,6 +50,8 @@ def is_stateful(obj: Any, project_modules: frozenset[str] = frozenset()) -> bool
     one of a library's class that is not torch's (torch_ema's ExponentialMovingAverage, timm's schedulers). Not a
     library's sampler or dataset: its place is its loader's. Not an object that holds a model or a loader: a
     `Trainer` that checkpoints them all is walked into instead."""
+    if isinstance(obj, torch.Generator):
+        return True  # a random stream of its own (`generator=g` for a sampler, `torch.randn(..., generator=g)`)
     if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
         return False
     if isinstance(obj, DataLoader):
@@ -104,7 +106,7 @@ def loaders_read_by(generator: GeneratorType, given: frozenset[int] = frozenset(
     seen: set[int] = {id(generator)}
     inputs = generator_inputs(generator, "")
     direct = [value for _, value in inputs
-              if id(value) in given and not isinstance(value, (DataLoader, torch.amp.GradScaler))]
+              if id(value) in given and not isinstance(value, (DataLoader, torch.amp.GradScaler, torch.Generator))]
     return direct + [loader for path, value in inputs
                      for _, loader in reachable(value, path, matches=_is_stateful_data_loader, seen=seen, depth=1,
                                                 stop_at=(DataLoader,), into_generators=True)]
@@ -173,7 +175,7 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
         if epoch is not None:
             epochs[path] = epoch
         try:
-            state = loader.state_dict()
+            state = state_of(loader)
             if not isinstance(loader, DataLoader) and _tensor_bytes(state) > MAX_PLACE_TENSOR_BYTES:
                 if (why := _not_plain(state)) is not None:
                     errors[path] = f"its state_dict() holds {why}"
@@ -269,6 +271,7 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     placed: dict[int, str] = {}
     notes: list[str] = []
     given: list[str] = []
+    streams: list[str] = []  # torch.Generators
     for path, loader in loaders.items():
         if path in large:
             if (note := _give(loader, path, large[path], step)) is None:
@@ -300,11 +303,16 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
             notes.append(note)
         else:
             placed[id(loader)] = path
-            if not isinstance(loader, DataLoader):
+            if isinstance(loader, torch.Generator):
+                streams.append(path)
+            elif not isinstance(loader, DataLoader):
                 given.append(f"{path} ({type(loader).__name__})")
             elif path in epochs:
                 expected.append((path, loader, int(epochs[path])))
     data_loaders = [path for path, loader in rest.items() if id(loader) in placed and isinstance(loader, DataLoader)]
+    if streams:
+        notes.insert(0, f"{', '.join(streams)} (torch.Generator): the random state step {step} had left "
+                        f"{'them' if len(streams) > 1 else 'it'} in, put back (set_state())")
     if given:
         whose = " (rank 0's, as the models)" if saved.get("large") and world_size > 1 else ""
         notes.insert(0, f"{', '.join(given)}: load_state_dict() given what state_dict() held at step {step}{whose}")
@@ -318,14 +326,26 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     return PutBack(placed, notes, EpochCheck(expected, step) if expected else None)
 
 
+def state_of(obj: Any) -> Any:
+    """`state_dict()`; a torch.Generator's `get_state()`, which its `set_state()` takes back."""
+    return {"rng_state": obj.get_state()} if isinstance(obj, torch.Generator) else obj.state_dict()
+
+
+def _load(obj: Any, state: Any) -> None:
+    if isinstance(obj, torch.Generator):
+        obj.set_state(state["rng_state"])
+    else:
+        obj.load_state_dict(state)
+
+
 def _give(loader: Any, path: str, state: Any, step: int) -> str | None:
     """`load_state_dict(state)`; None when it took it, else the note saying it did not. A project object's tensors
     are handed over on the devices its own are on: a one-file snapshot loads onto the CPU, and an EMA on a GPU whose
     `load_state_dict()` keeps what it is given would then fail its next update on a device mismatch."""
     try:
         if not isinstance(loader, DataLoader):
-            state = _on_devices_of(state, loader.state_dict())
-        loader.load_state_dict(state)
+            state = _on_devices_of(state, state_of(loader))
+        _load(loader, state)
     except Exception as exc:  # noqa: BLE001 - a state that does not fit (another dataset, other workers)
         return _starts_over(path, loader, f"the snapshot's state of step {step} did not fit it ({type(exc).__name__}: {exc})")
     return None
@@ -396,6 +416,8 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
             continue
         if isinstance(loader, DataLoader) and _has_begun(loader):  # setup() made an iterator of it: no place to take
             continue
+        if isinstance(loader, torch.Generator):
+            continue  # setup() seeded it again, as it seeds the global random state: a rebuild keeps neither
         try:
             state = before.state_dict()
             if not isinstance(loader, DataLoader) and (differs := _layout_change(state, loader.state_dict())):
