@@ -16,7 +16,7 @@ import torch
 from tests.conftest import is_event, make_project, open_session, save, snapshot_after
 from tests.test_distributed import rank_log, steps_of
 from tests.test_headless import Headless
-from workbench.engine.loader_places import find_loaders, loaders_read_by, places, put_back, record
+from workbench.engine.loader_places import find_loaders, loaders_read_by, pack, places, put_back, record, unpack
 
 pytest.importorskip("torchdata.stateful_dataloader")
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
@@ -572,11 +572,10 @@ def test_a_large_state_that_is_not_plain_data_is_not_kept_and_the_object_is_said
     weights_only load would refuse is named, and left out, so the resume itself never fails on it."""
     holder = _Holder(_Opaque())
     taken = record({"train.holder": holder})
-    opaque = f"{_Opaque.__module__}._Opaque"
-    assert not taken["large"] and taken["errors"] == {"train.holder": f"its state_dict() holds a {opaque}, not plain data"}
+    opaque = f"its state_dict() is not plain data: it holds a {_Opaque.__module__}._Opaque, which a weights_only load refuses"
+    assert not taken["large"] and taken["errors"] == {"train.holder": opaque}
     done = put_back({"train.holder": _Holder(1)}, places({0: taken}, 1), rank=0, world_size=1, step=3)
-    assert done.notes == ["train.holder (_Holder) is as setup() made it: its state could not be kept at step 3 (its "
-                          f"state_dict() holds a {opaque}, not plain data)"], done.notes
+    assert done.notes == [f"train.holder (_Holder) is as setup() made it: its state could not be kept at step 3 ({opaque})"]
     fine = record({"train.holder": _Holder(7)})
     assert list(fine["large"]) == ["train.holder"] and not fine["errors"], fine
 
@@ -649,9 +648,10 @@ def test_the_snapshot_event_names_what_it_does_not_keep(tmp_path: Path) -> None:
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
         live.send(TakeSnapshot())
         taken = live.wait_for(is_event("snapshot"), timeout=20)
-    assert taken.left_out == ("train.holder: its state_dict() holds a train.Opaque, not plain data",), taken
+    why = "its state_dict() is not plain data: it holds a train.Opaque, which a weights_only load refuses"
+    assert taken.left_out == (f"train.holder: {why}",), taken
     shown = render_entry(taken, root, timestamps=False).plain
-    assert shown.endswith("at step 2; not kept: train.holder: its state_dict() holds a train.Opaque, not plain data"), shown
+    assert shown.endswith(f"at step 2; not kept: train.holder: {why}"), shown
 
 
 GENERATOR_OVER_OWN_LOADER = OWN_LOADER.replace('''def setup(bench):
@@ -691,7 +691,14 @@ def test_a_project_object_only_reached_through_a_generators_argument_is_not_a_lo
     def batches(loader):  # noqa: ANN001, ANN202
         yield loader
 
-    assert loaders_read_by(batches(ema), frozenset({id(ema)})) == [ema]
+    assert loaders_read_by(batches(ema), frozenset({id(ema)})) == [], "an EMA given to it is not a loader it reads"
+
+    class OwnLoader:  # llm.c's DistributedDataLoader: no __iter__, a next_batch()
+        def next_batch(self) -> int:
+            return 0
+
+    own = OwnLoader()
+    assert loaders_read_by(batches(own), frozenset({id(own)})) == [own]
 
 
 GRAD_SCALER = """\
@@ -911,3 +918,126 @@ def test_a_torch_generator_of_the_trainers_own_goes_on_from_its_random_state(tmp
     assert after == {k: straight[k] for k in (6, 7, 8)}, (after, straight)
     assert resumed.notes[0] == ("order, train.noise (torch.Generator): the random state step 5 had left them in, put "
                                 "back (set_state())"), resumed.notes
+
+
+NODES_LOADER = """\
+import torch
+from torchdata.nodes import Batcher, IterableWrapper, Loader
+
+model = torch.nn.Linear(1, 1)
+
+
+def batches(loader):
+    while True:
+        yield from loader
+
+
+def setup(bench):
+    loader = Loader(Batcher(IterableWrapper(range(10)), batch_size=2))
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "batches": batches(loader),
+            "val": Loader(Batcher(IterableWrapper(range(4)), batch_size=2))}
+
+
+def step(state, bench):
+    batch = torch.tensor(next(state["batches"]))
+    loss = state["model"](batch.float()[:, None] / 10).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return {"loss": loss, "a": float(batch[0]), "b": float(batch[1])}
+"""
+
+
+def test_a_torchdata_nodes_loader_goes_on_from_its_place_and_is_not_asked_for_its_state_before_taking_one(
+        tmp_path: Path) -> None:
+    """torchdata.nodes.Loader's state_dict() makes the iterator its next iter() hands out, the loaded state ignored:
+    asked for its state (to learn its devices) before load_state_dict(), it read its first batches again while the
+    note said it had been given its place. A loader never iterated (`val`) is not asked at all."""
+    pytest.importorskip("torchdata.nodes")
+    straight = straight_run(tmp_path, NODES_LOADER, 9)
+    snapshot = snapshot_after(tmp_path, NODES_LOADER, 6)
+    assert load_places(snapshot)["ranks"][0]["states"]["val"] is None, "never iterated: no state asked"
+    root = make_project(tmp_path, {"train.py": NODES_LOADER}, folder="second")
+    with open_session(root / "train.py", resume=snapshot, max_steps=9, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=60)
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        after = batches_read(live)
+    assert after == {k: straight[k] for k in (7, 8, 9)}, (after, straight)
+    assert any(n.startswith("batches(loader) (Loader): load_state_dict() given") for n in resumed.notes), resumed.notes
+
+
+def load_places(snapshot: Path) -> dict[str, Any]:
+    return torch.load(snapshot, weights_only=True)["loader_places"]
+
+
+class _NumpyDecay:
+    """An EMA whose decay is a numpy float: an isinstance check takes it for a float; a weights_only load refuses it."""
+
+    __module__ = "train"
+
+    def __init__(self) -> None:
+        import numpy
+
+        self.decay, self.shadow = numpy.float64(0.9), [torch.zeros(1 << 19)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decay": self.decay, "shadow": self.shadow}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.decay, self.shadow = state["decay"], state["shadow"]
+
+
+def test_a_large_state_a_weights_only_load_refuses_is_left_out_and_the_snapshot_still_loads() -> None:
+    """Otherwise the one value made the whole snapshot unloadable, the model's weights included."""
+    taken = record({"train.ema": _NumpyDecay()})
+    assert not taken["large"] and taken["errors"]["train.ema"].startswith(
+        "its state_dict() is not plain data: it holds a numpy."), taken["errors"]
+    assert unpack(pack(places({0: taken}, 1, taken.pop("large"))))["ranks"][0]["errors"], "loads with weights_only"
+
+
+def test_what_a_state_costs_to_write_is_its_storages_not_its_views() -> None:
+    tokens = torch.zeros(1 << 20, dtype=torch.int32)  # 4 MiB
+    big = record({"train.place": _Holder(tokens[7])})  # torch.save writes a view's whole storage
+    assert "train.place" in big["large"], "a 0-d view of 4 MiB is 4 MiB to write, not 4 bytes"
+
+
+class _WrappedOptimizer:
+    """fairseq's optimizer wrapper, in short: its state is the optimizer's, which the snapshot keeps on its own."""
+
+    __module__ = "train"
+
+    def __init__(self) -> None:
+        model = torch.nn.Linear(2, 2)
+        self.optimizer = torch.optim.Adam(model.parameters())
+        model(torch.ones(1, 2)).sum().backward()
+        self.optimizer.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def test_a_wrapper_whose_state_is_its_optimizers_is_not_kept_twice_and_left_out_is_true_for_every_rank() -> None:
+    taken = record({"train.wrapped": _WrappedOptimizer()})
+    assert taken["errors"] == {"train.wrapped": "its state_dict() holds the tensors of the optimizer it wraps, which "
+                                                "the snapshot keeps"}, taken
+    from workbench.engine.loader_places import left_out
+
+    rank1 = {"states": {}, "errors": {"ema": "its state_dict() is not plain data: ..."}}
+    assert left_out({0: {"errors": {}}, 1: rank1}, {"ema": {}}) == (), "rank 0's large state is every rank's"
+    assert left_out({0: {"errors": {}}, 1: rank1}) == ("rank 1: ema: its state_dict() is not plain data: ...",)
+
+
+def test_a_resume_leaves_an_ema_whose_model_changed_shape_as_setup_made_it() -> None:
+    """A rebuild checked the layout; a resume (into a model with a layer resized) gave the old shadows, and the next
+    update failed on them. Now both check."""
+    ema = _MetaEMA()
+    ema.shadow = {"w": torch.zeros(4), "steps": 0}
+    saved = places({0: {"states": {}, "errors": {}}}, 1, {"train.ema": {"shadow": {"w": torch.ones(2), "steps": 9}}})
+    done = put_back({"train.ema": ema}, saved, rank=0, world_size=1, step=9)
+    assert done.placed == {} and ema.shadow["steps"] == 0
+    assert done.notes == ["train.ema (_MetaEMA) is as setup() made it: the snapshot's state of step 9 does not fit its "
+                          "own (['shadow']['w'] is (2,) torch.float32 then (4,) torch.float32: the model changed?), so "
+                          "it was not given"], done.notes

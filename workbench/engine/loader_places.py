@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 import types
 from dataclasses import dataclass, field
 from types import GeneratorType
@@ -106,7 +107,7 @@ def loaders_read_by(generator: GeneratorType, given: frozenset[int] = frozenset(
     seen: set[int] = {id(generator)}
     inputs = generator_inputs(generator, "")
     direct = [value for _, value in inputs
-              if id(value) in given and not isinstance(value, (DataLoader, torch.amp.GradScaler, torch.Generator))]
+              if id(value) in given and _hands_out_batches(value) and not isinstance(value, DataLoader)]
     return direct + [loader for path, value in inputs
                      for _, loader in reachable(value, path, matches=_is_stateful_data_loader, seen=seen, depth=1,
                                                 stop_at=(DataLoader,), into_generators=True)]
@@ -116,47 +117,83 @@ def _is_stateful_data_loader(obj: Any) -> bool:
     return isinstance(obj, DataLoader) and is_stateful(obj)
 
 
+_ITERATOR_ATTRIBUTES = ("_iterator", "_it")  # torch's DataLoader (and torchdata's StatefulDataLoader); torchdata.nodes.Loader
+
+
 def _has_begun(loader: Any) -> bool:
     """Whether iter() was ever called on it. A StatefulDataLoader's `state_dict()` makes an iterator when there is
-    none (with workers, it starts them): a loader never iterated (a test loader) is not asked. A project's own
-    loader always says where it is."""
-    return not isinstance(loader, DataLoader) or getattr(loader, "_iterator", True) is not None
+    none (with workers, it starts them), and so does torchdata.nodes.Loader's (whose next iter() then hands out that
+    iterator, the loaded state ignored): a loader never iterated (a test loader) is not asked. Anything else, with
+    no iterator attribute left None, always says where it is."""
+    if isinstance(loader, torch.Generator):
+        return True
+    return all(getattr(loader, name, True) is not None for name in _ITERATOR_ATTRIBUTES)
+
+
+def _iterable(obj: Any) -> bool:
+    """A loader-like object (it hands out items): asking it for its state may make an iterator (`_has_begun`)."""
+    return hasattr(type(obj), "__iter__") or hasattr(type(obj), "__next__")
+
+
+def _hands_out_batches(obj: Any) -> bool:
+    """An iterable, or an object with a `...batch...` or `...next...` method (llm.c's `next_batch()`): a loader of the
+    trainer's own, as an EMA (`update`, `copy_to`) or a schedule (`step`) is not."""
+    return _iterable(obj) or any(("batch" in name or "next" in name) and callable(getattr(type(obj), name, None))
+                                 for name in dir(type(obj)) if not name.startswith("_"))
 
 
 def _tensor_bytes(state: Any) -> int:
     """The bytes of the tensors in a state (dicts, lists and tuples walked): more than MAX_PLACE_TENSOR_BYTES is a
     model's worth (an EMA's shadow weights), written as tensors rather than serialized into the record."""
-    held = 0
+    storages: dict[int, int] = {}  # what torch.save writes: a view's whole storage, each storage once
     stack = [state]
     while stack:
         value = stack.pop()
         if isinstance(value, torch.Tensor):
-            held += value.numel() * value.element_size()
+            local = getattr(value, "to_local", None)  # a DTensor: this rank's shard
+            tensor = local() if callable(local) else value
+            try:
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr() or id(storage)] = storage.nbytes()
+            except RuntimeError:  # a tensor subclass without a plain storage
+                storages[id(tensor)] = tensor.numel() * tensor.element_size()
         elif isinstance(value, dict):
             stack.extend(value.values())
         elif isinstance(value, (list, tuple)):
             stack.extend(value)
-    return held
-
-
-_PLAIN = (torch.Tensor, int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+    return sum(storages.values())
 
 
 def _not_plain(state: Any) -> str | None:
-    """What in a large state a weights_only load would refuse (then the whole resume would fail), or None. A walk,
-    not a serialization round trip: that would copy a model's worth of tensors at every snapshot."""
-    stack = [state]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            if any(not isinstance(key, (str, int)) for key in value):
-                return "a dict key that is not a str or int"
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-            stack.extend(value)
-        elif not isinstance(value, _PLAIN):
-            return f"a {type(value).__module__}.{type(value).__qualname__}, not plain data"
+    """Why a weights_only load would refuse a large state (then the whole snapshot would not load), or None. Its
+    skeleton, every plain tensor an empty one, goes through the same round trip as a small state: the exact check
+    of torch's allow-list (a numpy float, a defaultdict or an IntEnum pass an isinstance test and are refused),
+    without copying a model's worth of tensors at every snapshot."""
+    try:
+        unpack(pack(_skeleton(state)))
+    except Exception as exc:  # noqa: BLE001 - whatever torch refuses, said in its words
+        return refusal(exc)
     return None
+
+
+def refusal(exc: Exception) -> str:
+    """Why a state could not be taken, in a line: what a weights_only load refuses is named (torch's own message
+    starts with a paragraph on how to load it anyway, which a snapshot never does)."""
+    text = str(exc)
+    if (found := re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)) is not None:
+        return f"it holds a {found.group(1)}, which a weights_only load refuses"
+    first = re.sub(r"\x1b\[[0-9;]*m", "", text.splitlines()[0]) if text else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def _skeleton(value: Any) -> Any:
+    if type(value) in (torch.Tensor, torch.nn.Parameter):
+        return torch.empty(0, dtype=value.dtype)
+    if type(value) is dict:
+        return {key: _skeleton(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_skeleton(item) for item in value)
+    return value  # anything else as it is: a dict subclass, a tensor subclass, a numpy value, checked whole
 
 
 def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
@@ -176,25 +213,34 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
             epochs[path] = epoch
         try:
             state = state_of(loader)
+            if not isinstance(loader, DataLoader) and _tensor_bytes(state) > 0 and _holds_any(loader, (torch.optim.Optimizer,)):
+                # A wrapper of its optimizer (fairseq's, a ScheduledOptim): its tensors are the optimizer's state,
+                # which the snapshot keeps on its own (and --resume-partial leaves out); a second copy would be
+                # loaded over it.
+                errors[path] = "its state_dict() holds the tensors of the optimizer it wraps, which the snapshot keeps"
+                continue
             if not isinstance(loader, DataLoader) and _tensor_bytes(state) > MAX_PLACE_TENSOR_BYTES:
                 if (why := _not_plain(state)) is not None:
-                    errors[path] = f"its state_dict() holds {why}"
+                    errors[path] = f"its state_dict() is not plain data: {why}"
                 else:
                     large[path] = state
                 continue
             unpack(pack(state))
         except Exception as exc:  # noqa: BLE001 - a loader or dataset whose state is not plain data
-            errors[path] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            errors[path] = refusal(exc)
             continue
         states[path] = state
     return {"states": states, "errors": errors, "epochs": epochs, "large": large}
 
 
-def left_out(records: dict[int, dict[str, Any]]) -> tuple[str, ...]:
+def left_out(records: dict[int, dict[str, Any]], large: dict[str, Any] | None = None) -> tuple[str, ...]:
     """What a snapshot does not keep of the places and states it found, for its event: `path: why`, another rank's
-    prefixed `rank N: `, so the snapshot never reads as keeping what it does not."""
+    prefixed `rank N: `, so the snapshot never reads as keeping what it does not (a path kept as rank 0's `large`
+    state is kept for every rank)."""
+    kept_whole = large or {}
     return tuple(f"{f'rank {rank}: ' if rank else ''}{path}: {why}"
-                 for rank, kept in sorted(records.items()) for path, why in (kept.get("errors") or {}).items())
+                 for rank, kept in sorted(records.items()) for path, why in (kept.get("errors") or {}).items()
+                 if path not in kept_whole)
 
 
 def sampler_epoch(loader: DataLoader) -> int | None:
@@ -339,12 +385,20 @@ def _load(obj: Any, state: Any) -> None:
 
 
 def _give(loader: Any, path: str, state: Any, step: int) -> str | None:
-    """`load_state_dict(state)`; None when it took it, else the note saying it did not. A project object's tensors
-    are handed over on the devices its own are on: a one-file snapshot loads onto the CPU, and an EMA on a GPU whose
-    `load_state_dict()` keeps what it is given would then fail its next update on a device mismatch."""
+    """`load_state_dict(state)`; None when it took it, else the note saying it did not. An object that hands out no
+    items (an EMA, a schedule) and whose state holds tensors is compared with its own state first: an EMA of a model
+    whose shapes changed since the snapshot would fail its next update on the old shadow weights. Its tensors are
+    handed over on the devices its own are on: a one-file snapshot loads onto the CPU, and an EMA on a GPU whose
+    `load_state_dict()` keeps what it is given would fail on a device mismatch. A loader is not asked for its state
+    first: torchdata.nodes.Loader's `state_dict()` makes the iterator its next iter() hands out, the loaded state
+    ignored."""
     try:
-        if not isinstance(loader, DataLoader):
-            state = _on_devices_of(state, state_of(loader))
+        if not isinstance(loader, DataLoader) and not _iterable(loader) and _tensor_bytes(state) > 0:
+            live = state_of(loader)
+            if (differs := _layout_change(state, live)) is not None:
+                return _starts_over(path, loader, f"the snapshot's state of step {step} does not fit its own "
+                                                  f"({differs}: the model changed?), so it was not given")
+            state = _on_devices_of(state, live)
         _load(loader, state)
     except Exception as exc:  # noqa: BLE001 - a state that does not fit (another dataset, other workers)
         return _starts_over(path, loader, f"the snapshot's state of step {step} did not fit it ({type(exc).__name__}: {exc})")
@@ -391,6 +445,9 @@ def _layout_change(old: Any, new: Any, where: str = "") -> str | None:
         if len(old) != len(new):
             return f"{where or 'it'} has {len(old)} items then {len(new)}"
         return next((d for i, (a, b) in enumerate(zip(old, new)) if (d := _layout_change(a, b, f"{where}[{i}]"))), None)
+    containers = (dict, list, tuple)
+    if isinstance(old, containers) != isinstance(new, containers) and _tensor_bytes(old) + _tensor_bytes(new) > 0:
+        return f"{where or 'it'} is a {type(old).__name__} then a {type(new).__name__}"  # an EMA made lazily: None
     return None
 
 
@@ -420,7 +477,8 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
             continue  # setup() seeded it again, as it seeds the global random state: a rebuild keeps neither
         try:
             state = before.state_dict()
-            if not isinstance(loader, DataLoader) and (differs := _layout_change(state, loader.state_dict())):
+            if (not isinstance(loader, DataLoader) and not _iterable(loader) and _tensor_bytes(state) > 0
+                    and (differs := _layout_change(state, loader.state_dict()))):
                 notes.append(_starts_over(path, loader, f"the old one's state does not fit the new one's ({differs}: "
                                           "the model changed?), so it was not given"))
                 continue
