@@ -170,9 +170,32 @@ def test_state_values_are_one_more_namespace_that_no_module_can_be_named() -> No
     globals_ = TrainingGlobals()
     globals_.mark([("train", {"n": 0}), *state_namespace(state)])
     state.update({"step": 7, 3: 4, "a.b": 5})
-    assert globals_.changed([("train", {"n": 0}), *state_namespace(state)], {}) == {f"{STATE}.step": 7}, "keys that are names"
+    assert globals_.changed([("train", {"n": 0}), *state_namespace(state)], {}) == {f"{STATE}.step": 7, f"{STATE}.a.b": 5}, "str keys"
     assert state_namespace([1, 2]) == [], "a state that is no dict has no values by name"
     again = {"step": 0, "model": torch.nn.Linear(1, 1)}
     assert carry_state(state, again, globals_) == [
         "carried over (plain values of the state that training changed, which setup() made again as they began): "
         "state['step'] = 7"] and again["step"] == 7
+
+
+def test_after_a_rebuild_the_carried_values_are_still_training_state_for_snapshots_and_the_next_rebuild() -> None:
+    """The baseline stays what setup() made: a snapshot right after a rebuild kept no count (the carried value was
+    taken for setup()'s), and a second rebuild dropped it silently."""
+    from workbench.engine.training_globals import STATE, carry_state, state_namespace
+
+    globals_ = TrainingGlobals()
+    state = {"step": 0, "epoch": 0, "global-step": 0}
+    globals_.mark(state_namespace(state))
+    state.update({"step": 1500, "epoch": 3, "global-step": 1500})
+    for _ in range(2):  # two rebuilds in a row
+        again = {"step": 0, "epoch": 0, "global-step": 0}
+        made = globals_.state_values(again)
+        assert carry_state(state, again, globals_) == [
+            "carried over (plain values of the state that training changed, which setup() made again as they began): "
+            "state['step'] = 1500, state['epoch'] = 3, state['global-step'] = 1500"]
+        globals_.mark(state_namespace(again), made)
+        assert globals_.changed(state_namespace(again), {}) == {
+            f"{STATE}.step": 1500, f"{STATE}.epoch": 3, f"{STATE}.global-step": 1500}, "kept by the next snapshot"
+        state = again
+    done, _ = put_back({f"{STATE}.global-step": 7}, state_namespace(state))
+    assert done == ["state['global-step'] = 7"] and state["global-step"] == 7, "a key that is no name, by its own name"

@@ -35,12 +35,22 @@ def state_namespace(state: Any) -> Namespaces:
 
 def shown(qualified: str) -> str:
     """`train.iter_num` as it is; `setup().step` as `state['step']`."""
-    module, _, name = qualified.rpartition(".")
+    module, name = _split(qualified)
     return f"state[{name!r}]" if module == STATE else qualified
 
 
 def _named(name: Any) -> bool:
-    return isinstance(name, str) and name.isidentifier() and not name.startswith("__")
+    """A name a value can be kept by: a module global's (not a dunder, which are the interpreter's), or any str key
+    of setup()'s dict (`state['global-step']`: `STATE` has no dot, so the key after it may)."""
+    return isinstance(name, str) and not name.startswith("__")
+
+
+def _split(qualified: str) -> tuple[str, str]:
+    """`train.iter_num` -> (`train`, `iter_num`); `setup().val/loss.best` -> (`setup()`, `val/loss.best`)."""
+    if qualified.startswith(STATE + "."):
+        return STATE, qualified[len(STATE) + 1:]
+    module, _, name = qualified.rpartition(".")
+    return module, name
 
 
 def _plain(value: Any) -> bool:
@@ -59,10 +69,19 @@ class TrainingGlobals:
     def __init__(self) -> None:
         self._after_setup: dict[str, dict[str, Any]] = {}
 
-    def mark(self, namespaces: Namespaces) -> None:
-        """After setup() (the first, a rebuild's) and a resume's loading: the values training starts from."""
+    def mark(self, namespaces: Namespaces, made_by_setup: dict[str, Any] | None = None) -> None:
+        """After setup() (the first, a rebuild's): the values training starts from. `made_by_setup`: what a
+        rebuild's setup() made of the state's values before `carry_state` gave it those training had reached, the
+        state's baseline still (else a snapshot right after the rebuild left out the carried count, and a second
+        rebuild took it for a start value setup() had changed and dropped it)."""
         self._after_setup = {module: {k: v for k, v in namespace.items() if _named(k) and _plain(v)}
                              for module, namespace in namespaces}
+        if made_by_setup is not None and STATE in self._after_setup:
+            self._after_setup[STATE] = made_by_setup
+
+    def state_values(self, state: Any) -> dict[str, Any]:
+        """setup()'s plain values as it made them (before any carrying): a rebuild's baseline for `mark`."""
+        return {k: v for k, v in state.items() if _named(k) and _plain(v)} if isinstance(state, dict) else {}
 
     def changed(self, namespaces: Namespaces, file_bound: dict[str, set[str]]) -> dict[str, Any]:
         """{"module.name": value} for the plain globals changed since `mark`, but those `file_bound` names (bound
@@ -86,7 +105,7 @@ def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], 
     done: list[str] = []
     left: list[str] = []
     for qualified, value in saved.items():
-        module, _, name = qualified.rpartition(".")
+        module, name = _split(qualified)
         namespace = by_module.get(module)
         if namespace is None:
             why = "setup() returned no dict" if module == STATE else f"module {module} is not loaded"

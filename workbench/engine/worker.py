@@ -449,7 +449,10 @@ class TrainingWorker(threading.Thread):
         """The counters step() kept in module globals, as the snapshot has them (training_globals.py), the places of
         the stateful data loaders (loader_places.py), and what the iterators setup() made start from
         (fresh_iterators.py): the resume's notes."""
-        done, left = put_back(saved, self._training_namespaces())
+        try:
+            done, left = put_back(saved, self._training_namespaces())
+        except Exception as exc:  # noqa: BLE001 - the model is loaded: the counters starting over is said, not fatal
+            done, left = [], [f"the snapshot's plain values ({type(exc).__name__}: {exc})"]
         in_state = [entry for entry in done if entry.startswith("state[")]
         done = [entry for entry in done if not entry.startswith("state[")]
         notes = (f"put back from the snapshot (module globals that training changed, not setup()): {', '.join(done)}",) if done else ()

@@ -146,7 +146,11 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         return
     project_modules = frozenset(name for name, _ in worker._namespaces())
     notes.extend(carry_places(worker.user_state, new_state, project_modules))  # before the old loaders are shut down
-    notes.extend(carry_state(worker.user_state, new_state, worker.training_globals))
+    made_by_setup = worker.training_globals.state_values(new_state)
+    try:
+        notes.extend(carry_state(worker.user_state, new_state, worker.training_globals))
+    except Exception as exc:  # noqa: BLE001 - the rebuild stands; the values starting over is said
+        notes.append(f"the state's plain values were not carried over ({type(exc).__name__}: {exc})")
     notes.extend(release_iterators(worker.user_state, new_state))
     notes.extend(_release_rebuilt_loaders(worker, before))
     worker.user_state = new_state
@@ -156,7 +160,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     for version, module, names in bound_by_held:
         worker.setup_rebinds.saved(version, module, names)
     worker.setup_rebinds.record(found, worker._namespaces())
-    worker.training_globals.mark(worker._training_namespaces())
+    worker.training_globals.mark(worker._training_namespaces(), made_by_setup)
     worker._state_bytes_estimate = None  # the new state's size, when next asked
     worker.eval_watch.refresh(new_state)
     del new_state
