@@ -1041,3 +1041,35 @@ def test_a_resume_leaves_an_ema_whose_model_changed_shape_as_setup_made_it() -> 
     assert done.notes == ["train.ema (_MetaEMA) is as setup() made it: the snapshot's state of step 9 does not fit its "
                           "own (['shadow']['w'] is (2,) torch.float32 then (4,) torch.float32: the model changed?), so "
                           "it was not given"], done.notes
+
+
+def test_a_rank_whose_large_state_is_not_rank_0s_is_not_given_rank_0s_and_the_snapshot_says_so() -> None:
+    """A one-file snapshot keeps rank 0's large state for every rank, as it keeps the models: right for an EMA of DDP's
+    weights, wrong for a loader's order of its own share (1.5 MiB). Each rank's fingerprint says which."""
+    from workbench.engine.loader_places import differing, fingerprints, left_out
+
+    same, own = torch.arange(400_000.0), torch.arange(400_000.0).flip(0)
+    records = {0: {"states": {}, "errors": {}, "large_sums": fingerprints({"ema": [same], "order": [same]})},
+               1: {"states": {}, "errors": {}, "large_sums": fingerprints({"ema": [same.clone()], "order": [own]})}}
+    differing(records)
+    why = "its state differs from rank 0's, and a one-file snapshot keeps rank 0's only, as it keeps the models"
+    assert records[1]["differs"] == {"order": why} and "differs" not in records[0]
+    large = {"ema": {"shadow": torch.zeros(4)}, "order": {"perm": torch.zeros(4)}}
+    assert left_out(records, large) == (f"rank 1: order: {why}",)
+
+    class Holder:
+        __module__ = "train"
+
+        def __init__(self, own: dict[str, Any]) -> None:
+            self.own, self.got = own, None
+
+        def state_dict(self) -> dict[str, Any]:
+            return self.own
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.got = state
+
+    ema, order = Holder({"shadow": torch.ones(4)}), Holder({"perm": torch.ones(4)})
+    done = put_back({"ema": ema, "order": order}, places(records, 2, large), rank=1, world_size=2, step=4)
+    assert ema.got is not None and order.got is None, done.notes
+    assert f"order (Holder) is as setup() made it: {why} (step 4)" in done.notes, done.notes

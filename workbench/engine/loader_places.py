@@ -236,11 +236,59 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
 def left_out(records: dict[int, dict[str, Any]], large: dict[str, Any] | None = None) -> tuple[str, ...]:
     """What a snapshot does not keep of the places and states it found, for its event: `path: why`, another rank's
     prefixed `rank N: `, so the snapshot never reads as keeping what it does not (a path kept as rank 0's `large`
-    state is kept for every rank)."""
+    state is kept for every rank, unless that rank's own state differs from it: `differs`)."""
     kept_whole = large or {}
     return tuple(f"{f'rank {rank}: ' if rank else ''}{path}: {why}"
-                 for rank, kept in sorted(records.items()) for path, why in (kept.get("errors") or {}).items()
-                 if path not in kept_whole)
+                 for rank, kept in sorted(records.items())
+                 for path, why in [*((p, w) for p, w in (kept.get("errors") or {}).items() if p not in kept_whole),
+                                   *(kept.get("differs") or {}).items()])
+
+
+def fingerprints(large: dict[str, Any]) -> dict[str, list[float]]:
+    """Per large state, each tensor's shape and sum in order: equal on every rank when the state is replicated (an
+    EMA of DDP's weights), as a one-file snapshot, which keeps rank 0's only, assumes."""
+    found: dict[str, list[float]] = {}
+    for path, state in large.items():
+        sums: list[float] = []
+        stack = [state]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, torch.Tensor):
+                sums.extend([*map(float, value.shape), _checksum(value)])
+            elif isinstance(value, dict):
+                stack.extend(value[key] for key in sorted(value, key=str))
+            elif isinstance(value, (list, tuple)):
+                stack.extend(value)
+        found[path] = sums
+    return found
+
+
+def _checksum(tensor: torch.Tensor) -> float:
+    """A sum that depends on where each value is (a permutation of a loader's order sums alike), in pieces of 1M
+    values so that no copy of the whole tensor is made, on its own device."""
+    flat = tensor.detach().reshape(-1)
+    if flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=flat.device)
+    piece = 1 << 20
+    for start in range(0, flat.numel(), piece):
+        values = flat[start:start + piece].to(torch.float64)
+        weights = torch.arange(start, start + values.numel(), dtype=torch.float64, device=flat.device) % 1009 + 1
+        total += (values * weights).sum()
+    return float(total)
+
+
+def differing(records: dict[int, dict[str, Any]]) -> None:
+    """Rank 0, with every rank's record: a rank whose large state is not rank 0's (a loader's order of its own share,
+    over 1 MiB) is named in its record's `differs`; a resume does not give it rank 0's, and the snapshot says so."""
+    mine = records.get(0, {}).get("large_sums") or {}
+    for rank, kept in records.items():
+        theirs = kept.get("large_sums") or {}
+        differs = {path: ("its state differs from rank 0's, and a one-file snapshot keeps rank 0's only, as it keeps "
+                          "the models")
+                   for path, sums in theirs.items() if rank and mine.get(path) != sums}
+        if differs:
+            kept["differs"] = differs
 
 
 def sampler_epoch(loader: DataLoader) -> int | None:
@@ -311,21 +359,24 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     ranks = saved.get("ranks") or {}
     same_ranks = saved.get("world_size") == world_size
     mine = (ranks.get(rank) if same_ranks else None) or {"states": {}, "errors": {}}
-    # A one-file snapshot's large states are rank 0's, for every rank and any number of ranks; a sharded one's are in
-    # each rank's own record, for the same number of ranks only.
+    # A one-file snapshot's large states are rank 0's, for every rank and any number of ranks (but a rank whose own
+    # differed: `differing`); a sharded one's are in each rank's own record, for the same number of ranks only.
     large: dict[str, Any] = saved.get("large") or mine.get("large") or {}
+    own_differed: dict[str, str] = mine.get("differs") or {}
     placed: dict[int, str] = {}
     notes: list[str] = []
     given: list[str] = []
     streams: list[str] = []  # torch.Generators
     for path, loader in loaders.items():
-        if path in large:
+        if path in own_differed:
+            notes.append(_starts_over(path, loader, f"{own_differed[path]} (step {step})"))
+        elif path in large:
             if (note := _give(loader, path, large[path], step)) is None:
                 placed[id(loader)] = path
                 given.append(f"{path} ({type(loader).__name__}, {_tensor_bytes(large[path]) / 2**20:.1f} MiB of tensors)")
             else:
                 notes.append(note)
-    rest = {path: loader for path, loader in loaders.items() if path not in large}
+    rest = {path: loader for path, loader in loaders.items() if path not in large and path not in own_differed}
     if not same_ranks:
         if rest:
             notes.append(f"{_names(rest)}: the snapshot's loader places are for {saved.get('world_size')} ranks' "

@@ -41,7 +41,7 @@ from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.fresh_iterators import fresh_iterator_notes
 from workbench.engine.loader_places import LOADER, EpochCheck, PutBack, find_loaders, places
-from workbench.engine.loader_places import left_out, pack as pack_places, put_back as put_back_places, record as loader_record
+from workbench.engine.loader_places import differing, fingerprints, left_out, pack as pack_places, put_back as put_back_places, record as loader_record
 from workbench.engine.loader_places import unpack as unpack_places
 from workbench.engine.generator_end import ended_by_error, ended_in_state, ended_sentence, generators_ended
 from workbench.engine.dispatch import dispatch
@@ -945,7 +945,12 @@ class TrainingWorker(threading.Thread):
         # A one-file snapshot keeps rank 0's large states (an EMA's shadow weights), as it keeps rank 0's models: they
         # never cross between ranks. A sharded one keeps each rank's in its own record.
         large = {} if sharded else loaders.pop("large", {})
-        ranks_places = self._every_ranks_places(loaders) if together and self.lockstep is not None and not sharded else None
+        gathered = together and self.lockstep is not None and not sharded
+        if gathered and large:
+            loaders["large_sums"] = fingerprints(large)  # rank 0 checks every rank's against its own (`differing`)
+        ranks_places = self._every_ranks_places(loaders) if gathered else None
+        if ranks_places is not None:
+            differing(ranks_places)
         if self.lockstep is not None and self.lockstep.rank != 0 and not sharded:
             # Replicated state (DDP, or the same model on every rank): rank 0's snapshot holds it all.
             self.last_snapshot_step = self.step
@@ -976,7 +981,7 @@ class TrainingWorker(threading.Thread):
         self._snapshot_seconds = event.seconds
         self._update_run_record()
         records = ranks_places or {self.lockstep.rank if self.lockstep is not None else 0: loaders}
-        self.bus.publish(dataclasses.replace(event, reason=reason, left_out=left_out(records)))
+        self.bus.publish(dataclasses.replace(event, reason=reason, left_out=left_out(records, large)))
         return True
 
     def _loader_record(self) -> dict[str, Any]:
