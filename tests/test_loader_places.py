@@ -1073,3 +1073,24 @@ def test_a_rank_whose_large_state_is_not_rank_0s_is_not_given_rank_0s_and_the_sn
     done = put_back({"ema": ema, "order": order}, places(records, 2, large), rank=1, world_size=2, step=4)
     assert ema.got is not None and order.got is None, done.notes
     assert f"order (Holder) is as setup() made it: {why} (step 4)" in done.notes, done.notes
+
+
+def test_another_number_of_ranks_gives_what_hands_out_no_data_rank_0s_state() -> None:
+    """A 2-GPU snapshot resumed on 1 to debug: a loader's place is a share of the data that 1 rank divides otherwise,
+    but a GradScaler's scale is the same on every rank. It was dropped with the loaders, in their words."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    saved_scaler = {"scale": 64.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+                    "_growth_tracker": 5}
+    loader = loader_of(list(range(10)))
+    iter(loader)
+    records = {rank: {"states": {"train.scaler": saved_scaler, "loader": record({"loader": loader})["states"]["loader"]},
+                      "errors": {}} for rank in (0, 1)}
+    fresh_loader = loader_of(list(range(10)))
+    done = put_back({"train.scaler": scaler, "loader": fresh_loader}, places(records, 2), rank=0, world_size=1, step=8)
+    assert scaler.get_scale() == 64.0 and id(fresh_loader) not in done.placed
+    assert done.notes == [
+        "train.scaler (GradScaler): load_state_dict() given what rank 0's state_dict() held at step 8 (the snapshot "
+        "is of 2 ranks, this run has 1)",
+        "loader (StatefulDataLoader): the snapshot's loader places are for 2 ranks' shares of the data, and this run "
+        "has 1, so they start from their beginning"], done.notes

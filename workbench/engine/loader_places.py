@@ -378,8 +378,31 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
                 notes.append(note)
     rest = {path: loader for path, loader in loaders.items() if path not in large and path not in own_differed}
     if not same_ranks:
-        if rest:
-            notes.append(f"{_names(rest)}: the snapshot's loader places are for {saved.get('world_size')} ranks' "
+        # A place is a rank's share of the data, which another number of ranks divides otherwise; what hands out no
+        # data (a GradScaler, an EMA, a schedule) is the same on every rank: rank 0's.
+        shared = {path: loader for path, loader in rest.items()
+                  if not isinstance(loader, (DataLoader, torch.Generator)) and not _hands_out_batches(loader)}
+        first = ((ranks.get(0) or {}).get("states") or {})
+        sharded_large = (ranks.get(0) or {}).get("large") or {}
+        from_rank_0 = []
+        for path, loader in shared.items():
+            if path in sharded_large:
+                notes.append(_starts_over(path, loader, f"a sharded snapshot keeps each of its {saved.get('world_size')} "
+                                                        "ranks' own state, which another number of ranks cannot take"))
+            elif first.get(path) is None:
+                notes.append(_starts_over(path, loader, f"rank 0's snapshot of {saved.get('world_size')} ranks holds "
+                                                        "no state for it"))
+            elif (note := _give(loader, path, first[path], step)) is not None:
+                notes.append(note)
+            else:
+                placed[id(loader)] = path
+                from_rank_0.append(f"{path} ({type(loader).__name__})")
+        if from_rank_0:
+            notes.append(f"{', '.join(from_rank_0)}: load_state_dict() given what rank 0's state_dict() held at step "
+                         f"{step} (the snapshot is of {saved.get('world_size')} ranks, this run has {world_size})")
+        divided = {path: loader for path, loader in rest.items() if path not in shared}
+        if divided:
+            notes.append(f"{_names(divided)}: the snapshot's loader places are for {saved.get('world_size')} ranks' "
                          f"shares of the data, and this run has {world_size}, so they start from their beginning")
         rest = {}
     states: dict[str, Any] = mine.get("states") or {}
