@@ -1094,3 +1094,15 @@ def test_another_number_of_ranks_gives_what_hands_out_no_data_rank_0s_state() ->
         "is of 2 ranks, this run has 1)",
         "loader (StatefulDataLoader): the snapshot's loader places are for 2 ranks' shares of the data, and this run "
         "has 1, so they start from their beginning"], done.notes
+
+
+def test_the_first_snapshots_estimate_counts_an_emas_state_and_asks_no_loader() -> None:
+    from workbench.engine.loader_places import kept_state_bytes
+
+    class Asked(StatefulDataLoader):
+        def state_dict(self):  # noqa: ANN201
+            raise AssertionError("a loader asked for its state starts its workers")
+
+    found = {"ema": _Holder(1), "loader": Asked(list(range(4))), "g": torch.Generator()}
+    assert kept_state_bytes(lambda: found) == 4 * (1 << 19), "the EMA's 2 MiB, nothing else"
+    assert kept_state_bytes(lambda: 1 / 0) == 0, "a walk that fails counts nothing"

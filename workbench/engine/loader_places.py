@@ -17,8 +17,10 @@ into, for the loaders it holds), with `state_dict()` and `load_state_dict()`. ll
 the first batches again. The same protocol keeps what is no loader at all: a hand-written EMA whose `state_dict()`
 holds shadow copies of the weights. Nothing here can tell the two apart, so a project object's notes say what was
 done (`load_state_dict()` given its state), not that a batch comes next. A state of more than 1 MiB of tensors is a
-model's worth, not a place: it is written as tensors beside the records (`large`), never serialized into them, and a
-one-file snapshot keeps rank 0's, as it keeps rank 0's models (under DDP every rank's EMA is the same).
+model's worth, not a place: a one-file snapshot writes it as tensors beside the records (`large`), not serialized into
+them, and keeps rank 0's, as it keeps rank 0's models (under DDP every rank's EMA is the same; a rank whose own
+differs, by a checksum rank 0 gathers, is not given rank 0's); a sharded snapshot packs each rank's own into its
+record (a shard's worth, serialized once more at each snapshot).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import io
 import itertools
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import GeneratorType
 from typing import Any
@@ -162,6 +165,25 @@ def _tensor_bytes(state: Any) -> int:
         elif isinstance(value, (list, tuple)):
             stack.extend(value)
     return sum(storages.values())
+
+
+def kept_state_bytes(find: Callable[[], dict[str, Any]]) -> int:
+    """What the objects beside the models add to a snapshot (an EMA's shadow weights), for the estimate of its time
+    before one has been timed. A loader is not asked: its state_dict() may start its workers. `find`: the walk
+    that finds them (`find_loaders`), which failing counts nothing."""
+    try:
+        found = find()
+    except Exception:  # noqa: BLE001 - an estimate
+        return 0
+    total = 0
+    for obj in found.values():
+        if isinstance(obj, DataLoader) or _iterable(obj) or isinstance(obj, torch.Generator):
+            continue
+        try:
+            total += _tensor_bytes(obj.state_dict())
+        except Exception:  # noqa: BLE001 - an estimate: what cannot be asked counts nothing
+            continue
+    return total
 
 
 def _not_plain(state: Any) -> str | None:

@@ -41,7 +41,7 @@ from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.fresh_iterators import fresh_iterator_notes
 from workbench.engine.loader_places import LOADER, EpochCheck, PutBack, find_loaders, places
-from workbench.engine.loader_places import differing, fingerprints, left_out, pack as pack_places, put_back as put_back_places, record as loader_record
+from workbench.engine.loader_places import differing, fingerprints, kept_state_bytes, left_out, pack as pack_places, put_back as put_back_places, record as loader_record
 from workbench.engine.loader_places import unpack as unpack_places
 from workbench.engine.generator_end import ended_by_error, ended_in_state, ended_sentence, generators_ended
 from workbench.engine.dispatch import dispatch
@@ -913,7 +913,7 @@ class TrainingWorker(threading.Thread):
             # model's memory on each rank at once).
             self._state_bytes_estimate = payload_bytes(
                 [[*m.parameters(), *m.buffers()] for m in modules.values()] + [o.state_dict() for o in optimizers.values()]
-            )
+            ) + kept_state_bytes(lambda: find_loaders(self.user_state, self._namespaces()))  # an EMA: a model's worth
         return self._state_bytes_estimate
 
     def _final_snapshot(self, together: bool = False) -> None:
