@@ -1106,3 +1106,10 @@ def test_the_first_snapshots_estimate_counts_an_emas_state_and_asks_no_loader() 
     found = {"ema": _Holder(1), "loader": Asked(list(range(4))), "g": torch.Generator()}
     assert kept_state_bytes(lambda: found) == 4 * (1 << 19), "the EMA's 2 MiB, nothing else"
     assert kept_state_bytes(lambda: 1 / 0) == 0, "a walk that fails counts nothing"
+
+
+def test_a_large_state_no_checksum_can_read_is_not_compared_and_costs_the_snapshot_nothing() -> None:
+    from workbench.engine.loader_places import fingerprints
+
+    sparse = torch.eye(4).to_sparse()
+    assert fingerprints({"odd": [sparse], "ema": [torch.ones(3)]}) == {"ema": [3.0, 6.0]}
