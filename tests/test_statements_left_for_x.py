@@ -361,3 +361,49 @@ def test_a_rollback_leaves_another_files_save_that_only_left_a_line_for_x(start_
     ran = live.wait_for(is_event("reload", file="config.py", ms=0.0))
     assert "init_weight" in ran.changed, ran
     assert _step(live) == {"init": 4.0, "offset": 0.0}, "as a fresh start of the files on disk, less the undone save"
+
+
+ARG_DEFAULT = """\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=None)
+args = parser.parse_args()
+batch_size = 8
+if args.batch_size is not None:
+    batch_size = args.batch_size
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(2, 1)}
+
+
+def offset():
+    return 0.0
+
+
+def step(state, bench):
+    return {"loss": 0.0, "batch": float(batch_size), "offset": offset()}
+"""
+
+
+def test_a_rollback_past_an_edited_call_that_r_ran_leaves_what_the_call_changed_for_x(start_session) -> None:
+    """`parser.add_argument(..., default=6)` binds no name: the rollback that took the file back past it (with the
+    function changed before it) said nothing of `args` and `batch_size`, which R had set from it, and the step ran
+    with batch 6 where the code before has 8 (script seed 36100027, silent)."""
+    live = start_session({"train.py": ARG_DEFAULT}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    changed = ARG_DEFAULT.replace("return 0.0", "return 1.0")
+    _saved(live, changed)
+    _saved(live, changed.replace("default=None", "default=6"))
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild")).ok
+    assert _step(live) == {"batch": 6.0, "offset": 1.0}
+    live.send(Rollback())
+    rolled = live.wait_for(is_event("reload", file="train.py", ms=0.0))
+    assert any("line 7: `args = parser.parse_args()`" in n and "line 9: `if args.batch_size is not None:`" in n
+               and "ran with the rolled-back code since" in n for n in rolled.notes), rolled.notes
+    _x(live)
+    assert _step(live) == {"batch": 8.0, "offset": 0.0}

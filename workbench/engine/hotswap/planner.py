@@ -177,7 +177,12 @@ def plan_reload(
     plan.carry_not_rerun(module_nodes, not_rerun)
     changeset.statements = plan.statements_to_run(module_nodes)
     changeset.not_rerun = frozenset(statement_text(node) for node in plan.named_for_x())
+    # What a rollback must leave for x again when x or R ran it since: the names the edited statements bind, and
+    # those of every statement x runs for them (`parser.add_argument(default=6)` binds nothing; `args = ...` and the
+    # `batch_size` its override sets are what it changes).
     changeset.named_binds = frozenset(name for node in plan.edited_statements for name in bound_names(node))
+    if plan.edited_statements:
+        changeset.named_binds |= frozenset(name for _, run in changeset.statements for name in run.binds)
     if "setup" in plan.changed and required:
         changeset.needs_rebuild.append("setup() changed: the live state was built by the old setup()")
     return changeset
