@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.state_walk import Namespaces, find_reachable, generator_inputs, reachable
 
 LOADER = "loader"  # the `where` of the warning after the first resumed step (in events.WARNINGS)
@@ -146,25 +147,10 @@ def _hands_out_batches(obj: Any) -> bool:
 
 
 def _tensor_bytes(state: Any) -> int:
-    """The bytes of the tensors in a state (dicts, lists and tuples walked): more than MAX_PLACE_TENSOR_BYTES is a
-    model's worth (an EMA's shadow weights), written as tensors rather than serialized into the record."""
-    storages: dict[int, int] = {}  # what torch.save writes: a view's whole storage, each storage once
-    stack = [state]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, torch.Tensor):
-            local = getattr(value, "to_local", None)  # a DTensor: this rank's shard
-            tensor = local() if callable(local) else value
-            try:
-                storage = tensor.untyped_storage()
-                storages[storage.data_ptr() or id(storage)] = storage.nbytes()
-            except RuntimeError:  # a tensor subclass without a plain storage
-                storages[id(tensor)] = tensor.numel() * tensor.element_size()
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-    return sum(storages.values())
+    """What torch.save writes of a state's tensors (each storage once; a DTensor's shard): more than
+    MAX_PLACE_TENSOR_BYTES is a model's worth (an EMA's shadow weights), written as tensors rather than serialized
+    into the record."""
+    return payload_bytes(state)
 
 
 def kept_state_bytes(find: Callable[[], dict[str, Any]]) -> int:
@@ -177,7 +163,7 @@ def kept_state_bytes(find: Callable[[], dict[str, Any]]) -> int:
         return 0
     total = 0
     for obj in found.values():
-        if isinstance(obj, DataLoader) or _iterable(obj) or isinstance(obj, torch.Generator):
+        if _iterable(obj) or isinstance(obj, torch.Generator):  # a DataLoader is iterable
             continue
         try:
             total += _tensor_bytes(obj.state_dict())
@@ -235,13 +221,14 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
             epochs[path] = epoch
         try:
             state = state_of(loader)
-            if not isinstance(loader, DataLoader) and _tensor_bytes(state) > 0 and _holds_any(loader, (torch.optim.Optimizer,)):
+            held = 0 if isinstance(loader, DataLoader) else _tensor_bytes(state)
+            if held and _holds_any(loader, (torch.optim.Optimizer,)):
                 # A wrapper of its optimizer (fairseq's, a ScheduledOptim): its tensors are the optimizer's state,
                 # which the snapshot keeps on its own (and --resume-partial leaves out); a second copy would be
                 # loaded over it.
                 errors[path] = "its state_dict() holds the tensors of the optimizer it wraps, which the snapshot keeps"
                 continue
-            if not isinstance(loader, DataLoader) and _tensor_bytes(state) > MAX_PLACE_TENSOR_BYTES:
+            if held > MAX_PLACE_TENSOR_BYTES:
                 if (why := _not_plain(state)) is not None:
                     errors[path] = f"its state_dict() is not plain data: {why}"
                 else:
