@@ -53,6 +53,10 @@ def _split(qualified: str) -> tuple[str, str]:
     return module, name
 
 
+def _plain_values(namespace: dict[Any, Any]) -> dict[str, Any]:
+    return {k: v for k, v in namespace.items() if _named(k) and _plain(v)}
+
+
 def _plain(value: Any) -> bool:
     return type(value) in (bool, int, float) or (type(value) is str and len(value) <= MAX_STR)
 
@@ -74,14 +78,13 @@ class TrainingGlobals:
         rebuild's setup() made of the state's values before `carry_state` gave it those training had reached, the
         state's baseline still (else a snapshot right after the rebuild left out the carried count, and a second
         rebuild took it for a start value setup() had changed and dropped it)."""
-        self._after_setup = {module: {k: v for k, v in namespace.items() if _named(k) and _plain(v)}
-                             for module, namespace in namespaces}
+        self._after_setup = {module: _plain_values(namespace) for module, namespace in namespaces}
         if made_by_setup is not None and STATE in self._after_setup:
             self._after_setup[STATE] = made_by_setup
 
     def state_values(self, state: Any) -> dict[str, Any]:
         """setup()'s plain values as it made them (before any carrying): a rebuild's baseline for `mark`."""
-        return {k: v for k, v in state.items() if _named(k) and _plain(v)} if isinstance(state, dict) else {}
+        return _plain_values(state) if isinstance(state, dict) else {}
 
     def changed(self, namespaces: Namespaces, file_bound: dict[str, set[str]]) -> dict[str, Any]:
         """{"module.name": value} for the plain globals changed since `mark`, but those `file_bound` names (bound
