@@ -16,6 +16,8 @@ import torch
 from tests.conftest import is_event, make_project, open_session, save, snapshot_after
 from tests.test_distributed import rank_log, steps_of
 from tests.test_headless import Headless
+from workbench.engine.actions.plain_data_dcp import read_metadata
+from workbench.engine.actions.sharded_snapshot import read_loader_places
 from workbench.engine.loader_places import find_loaders, loaders_read_by, pack, places, put_back, record, unpack
 
 pytest.importorskip("torchdata.stateful_dataloader")
@@ -264,7 +266,7 @@ def rank_batches(run: Headless) -> dict[int, dict[int, tuple[float, float]]]:
     both = {}
     for rank, events in ((0, run.events), (1, rank_log(run))):
         steps = steps_of(events, rank)
-        both[rank] = {k: tuple(e["scalars"][name] for name in ("a", "b", "c") if name in e["scalars"])
+        both[rank] = {k: tuple(e["scalars"][name] for name in ("a", "b", "c", "d") if name in e["scalars"])
                       for k, e in steps.items() if "a" in e.get("scalars", {})}
     return both
 
@@ -358,22 +360,48 @@ SHARDED_PROJECT = DDP_EMA_PROJECT.replace(
     "    model = DDP(torch.nn.Linear(1, 1))", "    model = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Linear(4, 1))\n    fully_shard(model)"
 ).replace("WeightEMA(model.module)", "WeightEMA(model[0])").replace('state["ema"].update(state["model"].module)',
                                                                     'state["ema"].update(state["model"][0])').replace(
-    'c=float(state["ema"].shadow["w"])', 'c=float(state["ema"].shadow["w"].full_tensor().sum())')
+    'c=float(state["ema"].shadow["w"])',
+    'c=float(state["ema"].shadow["w"].full_tensor().sum()), w=float(state["model"][0].weight.full_tensor().sum())')
+# Beside it, a state of each rank's own (over 1 MiB, a plain tensor that differs by rank): written under a key of the
+# rank's own, which the same number of ranks takes back and another cannot.
+SHARDED_PROJECT = SHARDED_PROJECT.replace("def setup(bench):", textwrap.dedent('''\
+    class RankCounter:
+        def __init__(self, rank):
+            self.counts = {"x": torch.full(((1 << 18) + 1,), float(rank))}
+
+        def state_dict(self):
+            return self.counts
+
+        def load_state_dict(self, state):
+            self.counts = {k: v.clone() for k, v in state.items()}
+
+
+    def setup(bench):''')).replace('"ema": WeightEMA(model[0])', '"ema": WeightEMA(model[0]), "own": RankCounter(bench.rank)').replace(
+    "    bench.log(a=", '    state["own"].counts["x"].add_(1)\n    bench.log(d=float(state["own"].counts["x"][0]), a=')
 assert "fully_shard(model)" in SHARDED_PROJECT and "model[0]" in SHARDED_PROJECT and "full_tensor" in SHARDED_PROJECT
+assert "RankCounter(bench.rank)" in SHARDED_PROJECT and "bench.log(d=" in SHARDED_PROJECT
 
 
 def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own(tmp_path: Path) -> None:
+    """The EMA's state goes into DCP as tensors (a shard of its DTensor on each rank, its plain tensor once: the
+    ranks' are the same), not serialized into the ranks' records, so one rank can take it resharded."""
     straight, _ = two_rank_batches(tmp_path, SHARDED_PROJECT, "--max-steps", "30", folder="straight")
     taken = snapshot_a_few_steps_in(tmp_path, SHARDED_PROJECT)
     assert taken["path"].endswith(".dcp"), taken
     at = taken["step"]
+    saved = read_metadata(Path(taken["path"])).state_dict_metadata
+    assert tuple(saved["vram-bench/state/ema/0"].size) == (4, 1) and "vram-bench/state/ema/1" in saved, sorted(saved)
+    assert "vram-bench/state/rank0/own/0" in saved and "vram-bench/state/rank1/own/0" in saved, sorted(saved)
+    record = read_loader_places(Path(taken["path"]), 1, 2)["ranks"][1]
+    assert "large" not in record and record["large_layout"]["ema"]["key"] == "vram-bench/state/ema", record
+    assert straight[1][at][3] == 1 + at and straight[0][at][3] == at, "each rank's count is its own"
 
     after, again = two_rank_batches(tmp_path, SHARDED_PROJECT, "--resume", taken["path"], "--max-steps", "30",
                                     folder="first")
     resumed = next(e for e in again.events if e["event"] == "resume")
     assert resumed["ok"] and any(n.startswith("batches(loader): given back the place") for n in resumed["notes"]), resumed
-    assert ("ema (WeightEMA, 2.0 MiB of tensors): load_state_dict() given what state_dict() held at step "
-            f"{at}") in resumed["notes"], resumed
+    assert ("ema (WeightEMA, 2.0 MiB of tensors), own (RankCounter, 1.0 MiB of tensors): load_state_dict() given what "
+            f"state_dict() held at step {at}") in resumed["notes"], resumed
     for rank in (0, 1):
         assert after[rank] == {k: straight[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], straight[rank])
 
@@ -383,7 +411,15 @@ def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own
         resumed = alone.wait_event("resume", timeout=90)
         assert resumed["ok"] and any("the snapshot's loader places are for 2 ranks' shares of the data, and this run "
                                      "has 1, so they start from their beginning" in n for n in resumed["notes"]), resumed
+        assert (f"ema (WeightEMA, 2.0 MiB of tensors): load_state_dict() given what state_dict() held at step "
+                f"{at} (the snapshot is of 2 ranks, this run has 1: torch.distributed.checkpoint read each rank's part)"
+                ) in resumed["notes"], resumed
+        assert ("own (RankCounter) is as setup() made it: a sharded snapshot keeps each of its 2 ranks' own state where "
+                "the ranks' states differed, which another number of ranks cannot take") in resumed["notes"], resumed
         assert alone.finish(timeout=60) == 0, alone.explain()
+        first = next(e for e in alone.events if e["event"] == "step" and e["step"] == at + 1)["scalars"]
+        # The update is shadow = (shadow + weight) / 2: from the snapshot's shadow, the whole of it on one rank.
+        assert first["c"] == pytest.approx((straight[0][at][2] + first["w"]) / 2, rel=1e-5), (first, straight[0][at])
     finally:
         alone.close()
 

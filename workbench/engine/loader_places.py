@@ -19,8 +19,8 @@ holds shadow copies of the weights. Nothing here can tell the two apart, so a pr
 done (`load_state_dict()` given its state), not that a batch comes next. A state of more than 1 MiB of tensors is a
 model's worth, not a place: a one-file snapshot writes it as tensors beside the records (`large`), not serialized into
 them, and keeps rank 0's, as it keeps rank 0's models (under DDP every rank's EMA is the same; a rank whose own
-differs, by a checksum rank 0 gathers, is not given rank 0's); a sharded snapshot packs each rank's own into its
-record (a shard's worth, serialized once more at each snapshot).
+differs, by a checksum rank 0 gathers, is not given rank 0's); a sharded snapshot writes its tensors through DCP,
+each rank's shard, and keeps only its layout in the record (actions/sharded_states.py).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from workbench.engine.state_walk import Namespaces, find_reachable, generator_in
 
 LOADER = "loader"  # the `where` of the warning after the first resumed step (in events.WARNINGS)
 SHARDED_KEY = "loader_places/rank{rank}"  # each rank's record in a sharded (DCP) snapshot: a key of its own
+LAYOUT = "large_layout"  # in a sharded snapshot's record: {path: {"key": its tensors' key prefix, "skeleton": ...}}
 
 
 MAX_PLACE_TENSOR_BYTES = 1 << 20  # a project object's state above this is a model's, not a place in the data
@@ -395,12 +396,13 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
         shared = {path: loader for path, loader in rest.items()
                   if not isinstance(loader, (DataLoader, torch.Generator)) and not _hands_out_batches(loader)}
         first = ((ranks.get(0) or {}).get("states") or {})
-        sharded_large = (ranks.get(0) or {}).get("large") or {}
+        sharded_own = (ranks.get(0) or {}).get(LAYOUT) or {}  # a rank's own, the rest read into `large`
         from_rank_0 = []
         for path, loader in shared.items():
-            if path in sharded_large:
+            if path in sharded_own:
                 notes.append(_starts_over(path, loader, f"a sharded snapshot keeps each of its {saved.get('world_size')} "
-                                                        "ranks' own state, which another number of ranks cannot take"))
+                                                        "ranks' own state where the ranks' states differed, which "
+                                                        "another number of ranks cannot take"))
             elif first.get(path) is None:
                 notes.append(_starts_over(path, loader, f"rank 0's snapshot of {saved.get('world_size')} ranks holds "
                                                         "no state for it"))
@@ -447,6 +449,9 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
                         f"{'them' if len(streams) > 1 else 'it'} in, put back (set_state())")
     if given:
         whose = " (rank 0's, as the models)" if saved.get("large") and world_size > 1 else ""
+        if saved.get("large_resharded"):
+            whose = (f" (the snapshot is of {saved.get('world_size')} ranks, this run has {world_size}: "
+                     "torch.distributed.checkpoint read each rank's part)")
         notes.insert(0, f"{', '.join(given)}: load_state_dict() given what state_dict() held at step {step}{whose}")
     if data_loaders:
         notes.insert(0, f"{', '.join(data_loaders)}: given back the place step {step} had left "
@@ -514,6 +519,8 @@ def _starts_over(path: str, loader: Any, why: str) -> str:
 def _layout_change(old: Any, new: Any, where: str = "") -> str | None:
     """Where two states differ in layout (a dict's keys, a list's length, a tensor's shape or dtype), or None. An EMA
     of a model that gained a layer, given the old shadow weights, would fail its next update on the missing key."""
+    if new is None:
+        return None  # not made yet (an EMA that makes its shadows at its first update): the saved one fits
     if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
         if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
             return f"{where or 'it'} is a tensor in one and not the other"
@@ -533,7 +540,7 @@ def _layout_change(old: Any, new: Any, where: str = "") -> str | None:
         return next((d for i, (a, b) in enumerate(zip(old, new)) if (d := _layout_change(a, b, f"{where}[{i}]"))), None)
     containers = (dict, list, tuple)
     if isinstance(old, containers) != isinstance(new, containers) and _tensor_bytes(old) + _tensor_bytes(new) > 0:
-        return f"{where or 'it'} is a {type(old).__name__} then a {type(new).__name__}"  # an EMA made lazily: None
+        return f"{where or 'it'} is a {type(old).__name__} then a {type(new).__name__}"
     return None
 
 

@@ -40,7 +40,8 @@ from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.fresh_iterators import fresh_iterator_notes
-from workbench.engine.loader_places import LOADER, EpochCheck, PutBack, find_loaders, places
+from workbench.engine.actions.sharded_states import replicated_paths, tensors_and_layout
+from workbench.engine.loader_places import LAYOUT, LOADER, EpochCheck, PutBack, find_loaders, places
 from workbench.engine.loader_places import differing, fingerprints, kept_state_bytes, left_out, pack as pack_places, put_back as put_back_places, record as loader_record
 from workbench.engine.loader_places import unpack as unpack_places
 from workbench.engine.generator_end import ended_by_error, ended_in_state, ended_sentence, generators_ended
@@ -492,7 +493,8 @@ class TrainingWorker(threading.Thread):
         self.step = self.last_snapshot_step = self._first_step = report.step
         self.last_snapshot_path = str(path)
         try:
-            saved_places = read_loader_places(path, self.lockstep.rank if self.lockstep is not None else 0)
+            rank, world_size = (self.lockstep.rank, self.lockstep.world_size) if self.lockstep is not None else (0, 1)
+            saved_places = read_loader_places(path, rank, world_size, find_loaders(self.user_state, self._namespaces()))
         except Exception as exc:  # noqa: BLE001 - the model is loaded: the data starting over is said, not fatal
             saved_places = {"error": f"{type(exc).__name__}: {exc}"}
         self.bus.publish(ResumeLoaded(ok=True, path=str(path), step=report.step, tensors=report.tensors,
@@ -943,8 +945,8 @@ class TrainingWorker(threading.Thread):
         sharded = self.lockstep is not None and is_sharded(self.user_state, self._namespaces())
         loaders = self._loader_record()
         # A one-file snapshot keeps rank 0's large states (an EMA's shadow weights), as it keeps rank 0's models: they
-        # never cross between ranks. A sharded one keeps each rank's in its own record.
-        large = {} if sharded else loaders.pop("large", {})
+        # never cross between ranks. A sharded one writes their tensors through DCP (sharded_states.py).
+        large = loaders.pop("large", {})
         gathered = together and self.lockstep is not None and not sharded
         if gathered and large:
             loaders["large_sums"] = fingerprints(large)  # rank 0 checks every rank's against its own (`differing`)
@@ -960,9 +962,11 @@ class TrainingWorker(threading.Thread):
             if sharded:  # every rank writes its shard (a lockstep command: all are here); rank 0 names the folder
                 assert self.lockstep is not None
                 writer = self.lockstep.plane.broadcast_json(os.getpid())  # rank 0's pid names the temp folder everywhere
+                tensors, loaders[LAYOUT] = tensors_and_layout(large, self.lockstep.rank,
+                                                              replicated_paths(large, self.lockstep.plane))
                 event = write_sharded(self.user_state, self.step, self.reloader.version, self.bench.run_dir, writer,
                                       self.lockstep.rank == 0, self.snapshot_keep, self._namespaces(), self._changed_globals(),
-                                      loader_record=loaders)
+                                      loader_record=loaders, large=tensors)
             else:
                 rank, world_size = (self.lockstep.rank, self.lockstep.world_size) if self.lockstep else (0, 1)
                 event = write_snapshot(

@@ -37,9 +37,10 @@ try:  # DCP's own flattening (private): its keys exactly. Without it the optimiz
 except ImportError:  # pragma: no cover - a torch that moved it
     flatten_state_dict = None
 
-from workbench.engine.loader_places import SHARDED_KEY, pack, places, unpack
+from workbench.engine.loader_places import LAYOUT, SHARDED_KEY, pack, places, state_of, unpack
 from workbench.engine.moved_layers import match_moved
 from workbench.engine.actions.plain_data_dcp import PlainDataLoadPlanner, PlainDataReader, check_values, read_metadata
+from workbench.engine.actions.sharded_states import read_states, shared_prefix
 from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
 from workbench.engine.actions.snapshot import ResumeMismatch, ResumeReport, prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
@@ -72,11 +73,12 @@ def has_fsdp1(modules: Any) -> bool:
 def write_sharded(
     state: Any, step: int, code_version: int, run_dir: Path, writer_pid: int, is_main: bool, keep: int,
     namespaces: Namespaces = (), training_globals: dict[str, Any] | None = None,
-    loader_record: dict[str, Any] | None = None,
+    loader_record: dict[str, Any] | None = None, large: dict[str, torch.Tensor] | None = None,
 ) -> Snapshot:
     """Every rank at once (a lockstep command). `writer_pid`: rank 0's, the same name on every rank; rank 0 then
     keeps the run's `keep` newest snapshots, as for one process. `loader_record`: where this rank's stateful data
-    loaders were (loader_places.py), under a key of this rank's own, so every rank writes its own."""
+    loaders were (loader_places.py), under a key of this rank's own, so every rank writes its own. `large`: the
+    tensors of project objects' model-sized states, under their keys (sharded_states.py)."""
     started = time.monotonic()
     folder = run_dir / "snapshots"
     final = folder / f"step-{step:08d}{SUFFIX}"
@@ -84,7 +86,7 @@ def write_sharded(
     if is_main:
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(temp, ignore_errors=True)
-    state_dict = _state_dict(state, namespaces)
+    state_dict = {**_state_dict(state, namespaces), **(large or {})}
     if loader_record is not None:
         # As bytes in a tensor: DCP pickles other values whole (a BytesIO too), which weights_only cannot read back.
         state_dict[SHARDED_KEY.format(rank=_rank())] = torch.frombuffer(bytearray(pack(loader_record)), dtype=torch.uint8)
@@ -107,24 +109,45 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def read_loader_places(path: Path, rank: int) -> dict[str, Any] | None:
+def read_loader_places(path: Path, rank: int, world_size: int, live: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """This rank's loader places in a sharded snapshot, in the form a one-file snapshot keeps them (None: the
-    snapshot has none: written before vram-bench kept them). Read with no collective: each rank reads its own key."""
+    snapshot has none: written before vram-bench kept them), with rank 0's record beside it (what hands out no data
+    takes rank 0's state on another number of ranks). The model-sized states of the objects in `live` are read from
+    their tensors (sharded_states.py): this rank's own on the same number of ranks, the ones every rank shared on
+    any. Read with no collective: each rank reads its own keys."""
     facts = read_facts(path)
     metadata = read_metadata(path)
     keys = [key for key in metadata.state_dict_metadata if key.startswith(SHARDED_KEY.split("{", 1)[0])]
     if not keys:
         return None
-    world_size = int(facts.get("world_size", 1))
-    mine = SHARDED_KEY.format(rank=rank)
-    if mine not in metadata.state_dict_metadata:
-        return places({}, world_size)
-    item = metadata.state_dict_metadata[mine]
+    saved_world_size = int(facts.get("world_size", 1))
+    same_ranks = saved_world_size == world_size
+    records = {r: record for r in sorted({0, rank} if same_ranks else {0})
+               if (record := _read_record(path, metadata, r)) is not None}
+    saved = places(records, saved_world_size)
+    mine = records.get(rank) if same_ranks else None
+    layout = (mine or {}).get(LAYOUT) if same_ranks else {
+        p: entry for p, entry in ((records.get(0) or {}).get(LAYOUT) or {}).items() if entry["key"] == shared_prefix(p)}
+    if layout and live:
+        states, unread = read_states(path, layout, live, state_of)
+        if mine is not None:
+            mine["large"], mine["differs"] = states, {**(mine.get("differs") or {}), **unread}
+        else:
+            saved["large"], saved["large_resharded"] = states, True
+    return saved
+
+
+def _read_record(path: Path, metadata: Any, rank: int) -> dict[str, Any] | None:
+    """Rank `rank`'s loader record in the snapshot, or None when it has none."""
+    key = SHARDED_KEY.format(rank=rank)
+    item = metadata.state_dict_metadata.get(key)
+    if item is None:
+        return None
     if not isinstance(item, TensorStorageMetadata):
-        raise UserError(f"{path}: {mine} is not a loader record")
-    holder = {mine: torch.empty(tuple(item.size), dtype=torch.uint8)}
+        raise UserError(f"{path}: {key} is not a loader record")
+    holder = {key: torch.empty(tuple(item.size), dtype=torch.uint8)}
     dcp.load(holder, storage_reader=PlainDataReader(str(path)), planner=PlainDataLoadPlanner(), no_dist=True)
-    return places({rank: unpack(holder[mine].numpy().tobytes())}, world_size)
+    return unpack(holder[key].numpy().tobytes())
 
 
 def _facts_json(facts: dict[str, Any]) -> str:
