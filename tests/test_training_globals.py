@@ -199,3 +199,22 @@ def test_after_a_rebuild_the_carried_values_are_still_training_state_for_snapsho
         state = again
     done, _ = put_back({f"{STATE}.global-step": 7}, state_namespace(state))
     assert done == ["state['global-step'] = 7"] and state["global-step"] == 7, "a key that is no name, by its own name"
+
+
+def test_a_rebuild_gives_a_value_setup_starts_as_none_what_training_set_it_to() -> None:
+    """`state = dict(best_loss=None)` lowered by step(): a rebuild whose setup() starts it as None again left it None
+    (the baseline held plain values only), so the next evaluation took any loss for the best."""
+    from workbench.engine.training_globals import STATE, carry_state, state_namespace
+
+    globals_ = TrainingGlobals()
+    state = {"best_loss": None, "step": 0, "note": None}
+    globals_.mark(state_namespace(state))
+    state.update({"best_loss": 2.25, "step": 40})
+    assert globals_.changed(state_namespace(state), {}) == {f"{STATE}.best_loss": 2.25, f"{STATE}.step": 40}
+    again = {"best_loss": None, "step": 0, "note": None}
+    assert carry_state(state, again, globals_) == [
+        "carried over (plain values of the state that training changed, which setup() made again as they began): "
+        "state['best_loss'] = 2.25, state['step'] = 40"] and again == {"best_loss": 2.25, "step": 40, "note": None}
+    edited = {"best_loss": 9.0, "step": 0}
+    carry_state(state, edited, globals_)
+    assert edited["best_loss"] == 9.0, "a start value the new setup() changed is the new code's"

@@ -54,7 +54,9 @@ def _split(qualified: str) -> tuple[str, str]:
 
 
 def _plain_values(namespace: dict[Any, Any]) -> dict[str, Any]:
-    return {k: v for k, v in namespace.items() if _named(k) and _plain(v)}
+    """The plain values by name, and those still None (a `best_val_loss = None` before the first evaluation): one
+    training then sets counts as changed, and a rebuild whose setup() starts it as None again is given it."""
+    return {k: v for k, v in namespace.items() if _named(k) and (_plain(v) or v is None)}
 
 
 def _plain(value: Any) -> bool:
