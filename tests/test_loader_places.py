@@ -103,7 +103,8 @@ def test_without_a_stateful_loader_the_data_starts_over_as_the_notes_say(tmp_pat
 
 
 def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp_path: Path) -> None:
-    straight = straight_run(tmp_path, PROJECT, 10)
+    """Into the next epoch too: the loader's state holds its sampler's random state."""
+    straight = straight_run(tmp_path, PROJECT, 15)
     root = make_project(tmp_path, {"train.py": PROJECT}, folder="rebuilt")
     from workbench.protocol.events import Rebuild, StepOnce
 
@@ -114,11 +115,11 @@ def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp
         assert rebuilt.ok, rebuilt
         assert any(n.startswith("batches(loader): carried over the place the old loader had reached")
                    for n in rebuilt.notes), rebuilt.notes
-        for k in range(8, 11):  # to the epoch's end (the next epoch's order is drawn from the RNG setup() seeded again)
+        for k in range(8, 16):  # past the epoch's end, into the next epoch's order
             live.send(StepOnce())
             live.wait_for(is_event("step", step=k), timeout=30)
         read = batches_read(live)
-    assert sorted(read) == list(range(1, 11))
+    assert sorted(read) == list(range(1, 16))
     assert read == {k: straight[k] for k in read}, "the batches after the rebuild are the ones of a run without it"
 
 
@@ -982,6 +983,57 @@ def step(state, bench):
     state["opt"].zero_grad()
     return {"loss": loss, "a": float(batch[0]), "b": float(batch[1])}
 """
+
+
+UNSEEDED_SETUP = """\
+import torch
+
+noise = torch.Generator().manual_seed(1)
+
+
+def setup(bench):
+    data = torch.randn(40, 4)  # no seed: a fresh start draws these from the process's first random state
+    train, _ = torch.utils.data.random_split(data, [30, 10])
+    model = torch.nn.Linear(4, 1)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "train": train,
+            "order": torch.Generator().manual_seed(2)}
+
+
+def step(state, bench):
+    x = state["train"][int(torch.randint(0, 30, (1,), generator=state["order"]))][None]
+    dropped = torch.nn.functional.dropout(x, 0.5)  # the global random state, step by step
+    loss = state["model"](dropped + torch.randn(1, 4, generator=noise)).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return {"loss": loss, "a": float(x.sum()), "b": float(dropped.sum())}
+"""
+
+
+def test_a_rebuilds_setup_draws_what_a_fresh_starts_would_and_training_goes_on_drawing_where_it_was(
+        tmp_path: Path) -> None:
+    """setup() ran from training's random state at the rebuild: an unseeded `random_split` put other examples into
+    the training set than the first setup() had (a fresh start's), and a seeded setup() began training's dropout
+    again from its seed; a `torch.Generator` setup() makes started over from its seed."""
+    from workbench.protocol.events import Rebuild, StepOnce
+
+    torch.manual_seed(7)  # the sessions run in this process: each starts from the same global random state
+    straight = straight_run(tmp_path, UNSEEDED_SETUP, 10)
+    root = make_project(tmp_path, {"train.py": UNSEEDED_SETUP}, folder="rebuilt")
+    torch.manual_seed(7)
+    with open_session(root / "train.py", max_steps=5, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+        assert rebuilt.ok and ("order (torch.Generator): carried over the random state the old one had reached "
+                               "(set_state())") in rebuilt.notes, rebuilt
+        for k in range(6, 11):
+            live.send(StepOnce())
+            live.wait_for(is_event("step", step=k), timeout=30)
+        read = batches_read(live)
+        losses = {e.step: e.loss for e in live.events.of("step")}
+    assert read == {k: straight[k] for k in read} and sorted(read) == list(range(1, 11)), (read, straight)
+    assert len(set(losses.values())) == 10, "the steps differ from each other: the comparison means something"
 
 
 def test_a_torchdata_nodes_loader_goes_on_from_its_place_and_is_not_asked_for_its_state_before_taking_one(

@@ -559,6 +559,7 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
         return [f"the data loaders' places were not carried over ({type(exc).__name__}: {exc})"]
     carried: list[str] = []
     given: list[str] = []  # project objects: loaders or not (an EMA), nothing here can tell
+    streams: list[str] = []  # torch.Generators
     notes: list[str] = []
     for path, loader in new.items():
         before = old.get(path)
@@ -566,21 +567,24 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
             continue
         if isinstance(loader, DataLoader) and _has_begun(loader):  # setup() made an iterator of it: no place to take
             continue
-        if isinstance(loader, torch.Generator):
-            continue  # setup() seeded it again, as it seeds the global random state: a rebuild keeps neither
         try:
-            state = before.state_dict()
-            if (not isinstance(loader, DataLoader) and not _iterable(loader) and _tensor_bytes(state) > 0
-                    and (differs := _layout_change(state, loader.state_dict()))):
+            state = state_of(before)
+            if (not isinstance(loader, (DataLoader, torch.Generator)) and not _iterable(loader)
+                    and _tensor_bytes(state) > 0 and (differs := _layout_change(state, state_of(loader)))):
                 notes.append(_starts_over(path, loader, f"the old one's state does not fit the new one's ({differs}: "
                                           "the model changed?), so it was not given"))
                 continue
-            loader.load_state_dict(state)
+            _load(loader, state)
         except Exception as exc:  # noqa: BLE001 - another dataset or worker count: the new loader starts over
             notes.append(_starts_over(path, loader, f"the old one's state did not fit the new one ({type(exc).__name__}: "
                                       f"{exc})"))
             continue
-        (carried if isinstance(loader, DataLoader) else given).append(path)
+        # A generator setup() seeded again goes on drawing where the old one was, as the global random states do
+        # (random_states.py): as a resume at this step would.
+        (carried if isinstance(loader, DataLoader) else streams if isinstance(loader, torch.Generator) else given).append(path)
+    if streams:
+        notes.insert(0, f"{', '.join(streams)} (torch.Generator): carried over the random state the old one had "
+                        "reached (set_state())")
     if given:
         notes.insert(0, f"{', '.join(given)}: load_state_dict() given what the old one's state_dict() held")
     if carried:

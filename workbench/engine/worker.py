@@ -40,6 +40,7 @@ from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.fresh_iterators import fresh_iterator_notes
+from workbench.engine import random_states
 from workbench.engine.actions.sharded_states import replicated_paths, tensors_and_layout
 from workbench.engine.loader_places import LAYOUT, LOADER, EpochCheck, PutBack, find_loaders, places
 from workbench.engine.loader_places import differing, fingerprints, kept_state_bytes, left_out, pack as pack_places, put_back as put_back_places, record as loader_record
@@ -201,6 +202,7 @@ class TrainingWorker(threading.Thread):
         self.pause_reason: str | None = None
         self.step = 0
         self.user_state: Any = None
+        self.random_before_setup: dict[str, Any] | None = None  # the global random states the first setup() began with
         self.setup_started = time.monotonic()
         self.setup_seconds: float | None = None
         self.setup_error: str | None = None
@@ -342,6 +344,8 @@ class TrainingWorker(threading.Thread):
         try:
             if setup is None:
                 raise NameError("setup(bench) is not defined in the project file")
+            if self.random_before_setup is None:  # not after a failed setup() drew from them: a fresh start's
+                self.random_before_setup = random_states.capture()  # a rebuild's setup() draws from them again
             # Resuming: the snapshot fills the parameters, so their initialization is recorded, not run.
             with skipping_init(active=self.resume_path is not None) as init_log:
                 self.user_state = setup(self.bench)

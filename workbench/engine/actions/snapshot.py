@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from workbench.engine import random_states
 from workbench.engine.actions.leftovers import temp_prefix
 from workbench.engine.actions.schedulers import (
     find_schedulers,
@@ -69,7 +69,7 @@ def write_snapshot(
         # The class of each optimizer: a resume into another kind (SGD state into AdamW) is refused, not
         # accepted and then failed in the first step.
         "optimizer_types": {name: type_name(o) for name, o in optimizers.items()},
-        "rng": _rng_state(),
+        "rng": random_states.capture(),
         "globals": dict(training_globals or {}),
     }
     payload["schedulers"], payload["scheduler_types"] = scheduler_payload(find_schedulers(state, namespaces))
@@ -100,16 +100,6 @@ def write_snapshot(
         raise
     prune_snapshots(folder, keep, protect=final)
     return Snapshot(path=str(final), bytes=final.stat().st_size, step=step, seconds=time.monotonic() - started)
-
-
-def _rng_state() -> dict[str, Any]:
-    rng: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        try:
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        except Exception:  # noqa: BLE001 - a GPU that cannot report it: resume without it
-            pass
-    return rng
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -284,7 +274,7 @@ def apply_snapshot(
         names = {id(t): f"{m}.{k}" for m, module in modules.items() for k, t in module.state_dict(keep_vars=True).items()}
         # (one setup() made and then dropped, as a tied head's first weight, is initialized too, and not named)
         report.initialized = [names[id(p)] for p in init_log.replay(t for t, _ in fills) if id(p) in names]
-    _restore_rng(payload.get("rng", {}))
+    random_states.restore(payload.get("rng", {}))
     return report
 
 
@@ -364,23 +354,6 @@ def _fill(fills: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int]:
             else:
                 live.copy_(saved)  # another device or dtype: one copy, into what setup() allocated
     return len(done), mapped
-
-
-def _restore_rng(rng: dict[str, Any]) -> None:
-    try:
-        if "python" in rng:
-            random.setstate(_as_python_state(rng["python"]))
-        if "torch" in rng:
-            torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-    except Exception:  # noqa: BLE001 - RNG state from another machine: continue without it
-        pass
-
-
-def _as_python_state(value: Any) -> tuple:
-    version, internal, gauss = value
-    return (version, tuple(internal), gauss)
 
 
 def load_pending_optimizers(

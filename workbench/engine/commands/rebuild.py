@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.engine import random_states
 from workbench.engine.actions.cleanup import trim_c_heap
 from workbench.engine.actions.schedulers import made_again_notes
 from workbench.engine.actions.sharded_snapshot import has_fsdp1
@@ -100,7 +101,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         with skipping_init() as init_log:
             built_at_import = _build_what_import_built(worker, committed)
             found = copies(namespaces)
-            new_state = _call_setup(worker)
+            new_state = _setup_as_at_the_start(worker)
         reset_compiled_code()
         report = carry_over(worker.user_state, new_state, before, namespaces)
         init_log.replay(report.carried)
@@ -281,6 +282,19 @@ def _build_what_import_built(worker: TrainingWorker, committed: list[ChangeSet])
             run_slice(planned)
         notes.append(built_again_note(worker.project.relative(path), [label for label, patch in planned if ran(patch)]))
     return notes
+
+
+def _setup_as_at_the_start(worker: TrainingWorker) -> Any:
+    """setup() drawing from the random states the session's first setup() began with (a fresh start's split of the
+    data, a new layer's initial weights); training's own states put back after it, ran it or failed
+    (random_states.py)."""
+    training = random_states.capture()
+    if worker.random_before_setup is not None:
+        random_states.restore(worker.random_before_setup)
+    try:
+        return _call_setup(worker)
+    finally:
+        random_states.restore(training)
 
 
 def _call_setup(worker: TrainingWorker) -> Any:
