@@ -354,6 +354,53 @@ def test_under_torchrun_each_rank_resumes_its_own_loader_from_rank_0s_snapshot(t
         assert after[rank] == {k: straight[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], straight[rank])
 
 
+# Each rank seeded apart (nanoGPT's `1337 + rank`), drawing its batch from the global random state (nanoGPT's
+# `get_batch`): no loader whose fresh iterator draws a seed of its own at the first resumed step.
+SEEDED_PER_RANK = """\
+import time
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup(bench):
+    torch.manual_seed(100 + bench.rank)
+    model = DDP(torch.nn.Linear(1, 1))
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}
+
+
+def step(state, bench):
+    time.sleep(0.05)  # the test's pause lands a few steps in
+    ix = torch.randint(0, 24, (2,))
+    loss = state["model"](ix.float()[:, None] / 24).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    bench.log(a=float(ix[0]), b=float(ix[1]))
+    return loss
+"""
+SEEDED_PER_RANK_SHARDED = SEEDED_PER_RANK.replace(
+    "from torch.nn.parallel import DistributedDataParallel as DDP", "from torch.distributed.fsdp import fully_shard").replace(
+    "    model = DDP(torch.nn.Linear(1, 1))", "    model = torch.nn.Linear(1, 1)\n    fully_shard(model)")
+assert "fully_shard(model)" in SEEDED_PER_RANK_SHARDED
+
+
+@pytest.mark.parametrize("source", [SEEDED_PER_RANK, SEEDED_PER_RANK_SHARDED], ids=["one-file", "sharded"])
+def test_under_torchrun_each_rank_resumes_its_own_global_random_states(tmp_path: Path, source: str) -> None:
+    """A one-file snapshot kept rank 0's random states, and a resume gave them to every rank: a trainer that seeds
+    each rank apart drew rank 0's batches on rank 1 from then on. A sharded snapshot kept none."""
+    straight, _ = two_rank_batches(tmp_path, source, "--max-steps", "30", folder="straight")
+    assert straight[0][5] != straight[1][5], "each rank draws its own"
+    taken = snapshot_a_few_steps_in(tmp_path, source)
+    at = taken["step"]
+    after, again = two_rank_batches(tmp_path, source, "--resume", taken["path"], "--max-steps", "30", folder="first")
+    resumed = next(e for e in again.events if e["event"] == "resume")
+    assert resumed["notes"][-1] == (f"the global random states (Python's, torch's, the GPUs') each rank's own at step "
+                                    f"{at}, put back"), resumed["notes"]
+    for rank in (0, 1):
+        assert after[rank] == {k: straight[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], straight[rank])
+
+
 # The EMA's shadow weight is a DTensor (this rank's shard); its state, over 1 MiB, is each rank's in a sharded snapshot.
 SHARDED_PROJECT = DDP_EMA_PROJECT.replace(
     "from torch.nn.parallel import DistributedDataParallel as DDP", "from torch.distributed.fsdp import fully_shard"

@@ -37,3 +37,25 @@ def restore(states: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(states["cuda"])
     except Exception:  # noqa: BLE001 - a state from another machine: continue without it
         pass
+
+
+RECORD_KEY = "random_states"  # in each rank's record of a snapshot under torchrun (loader_places.py's records)
+
+
+def put_back_ranks(saved_places: dict[str, Any] | None, rank: int, world_size: int, step: int) -> str | None:
+    """Under torchrun: this rank's own states from the snapshot's record of it (a trainer that seeds each rank
+    apart, nanoGPT's `1337 + rank`, drew rank 0's dropout on every rank after a resume); on another number of ranks,
+    or where the snapshot kept only rank 0's record, rank 0's. The resume's note, or None with nothing to say."""
+    ranks = (saved_places or {}).get("ranks") or {}
+    same_ranks = (saved_places or {}).get("world_size") == world_size
+    own = (ranks.get(rank) or {}).get(RECORD_KEY) if same_ranks else None
+    if own is not None:
+        restore(own)
+        return f"the global random states (Python's, torch's, the GPUs') each rank's own at step {step}, put back"
+    first = (ranks.get(0) or {}).get(RECORD_KEY)
+    if first is None:
+        return None  # a snapshot from before they were kept: a one-file snapshot's own (rank 0's) were put back
+    restore(first)
+    why = (f"the snapshot is of {saved_places.get('world_size')} ranks, this run has {world_size}"  # type: ignore[union-attr]
+           if not same_ranks else "the snapshot keeps no other rank's (rank 0 took it alone)")
+    return f"the global random states are rank 0's at step {step} on every rank ({why})"

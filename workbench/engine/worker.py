@@ -472,9 +472,11 @@ class TrainingWorker(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - the data starting over must not cost the resume
             loaders = PutBack(notes=[f"the data loaders' places were not put back ({type(exc).__name__}: {exc})"])
         self._epoch_check = loaders.epoch_check
+        said = random_states.put_back_ranks(saved_places, rank, world_size, self.step) if self.lockstep is not None else None
         names = [entry.split(" = ", 1)[0] for entry in done]
         return (notes + tuple(loaders.notes)
-                + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative, loaders.placed))
+                + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative, loaders.placed)
+                + ((said,) if said else ()))
 
     def _resume_failed(self, event: ResumeLoaded) -> None:
         """Nothing was loaded: said; headless ends (exit 2), the app pauses on what setup() built."""
@@ -951,6 +953,8 @@ class TrainingWorker(threading.Thread):
         # A one-file snapshot keeps rank 0's large states (an EMA's shadow weights), as it keeps rank 0's models: they
         # never cross between ranks. A sharded one writes their tensors through DCP (sharded_states.py).
         large = loaders.pop("large", {})
+        if self.lockstep is not None:
+            loaders[random_states.RECORD_KEY] = random_states.capture()  # each rank's own (seeded apart, as a rule)
         gathered = together and self.lockstep is not None and not sharded
         if gathered and large:
             loaders["large_sums"] = fingerprints(large)  # rank 0 checks every rank's against its own (`differing`)
