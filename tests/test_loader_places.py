@@ -55,8 +55,9 @@ def step(state, bench):
 """
 
 
-def batches_read(live: Any) -> dict[int, tuple[float, float]]:
-    return {e.step: (e.scalars["a"], e.scalars["b"]) for e in live.events.of("step")}
+def batches_read(live: Any) -> dict[int, tuple[float, ...]]:
+    """Each step's batch (`a`, `b`), and `r` where the project draws it from the global random state."""
+    return {e.step: tuple(e.scalars[name] for name in ("a", "b", "r") if name in e.scalars) for e in live.events.of("step")}
 
 
 def straight_run(tmp_path: Path, source: str, steps: int) -> dict[int, tuple[float, float]]:
@@ -79,10 +80,13 @@ def resumed_after(tmp_path: Path, source: str, snapshot_at: int, until: int) -> 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_resumed_run_reads_the_batches_a_run_that_never_stopped_read(tmp_path: Path, workers: int) -> None:
-    source = PROJECT.replace("WORKERS = 0", f"WORKERS = {workers}")
+    """And draws what it drew (`r`, dropout's kind of draw): the fresh loader's first iterator drew a base seed of
+    its own from the global random state, one draw the run that never stopped did not make there."""
+    source = PROJECT.replace("WORKERS = 0", f"WORKERS = {workers}").replace(
+        '"b": float(batch[1])}', '"b": float(batch[1]), "r": float(torch.rand(()))}')
     straight = straight_run(tmp_path, source, 13)
     resumed, after = resumed_after(tmp_path, source, 7, 13)  # epoch 1 of 5 batches, its second batch
-    assert sorted(after) == list(range(8, 14))
+    assert sorted(after) == list(range(8, 14)) and len(after[8]) == 3
     assert after == {k: straight[k] for k in range(8, 14)}, "the batches after the snapshot (an epoch's end included)"
     assert resumed.notes[0] == ("batches(loader): given back the place step 7 had left it at (state_dict()), so the "
                                 "batch after the snapshot's comes next"), resumed.notes
@@ -103,9 +107,12 @@ def test_without_a_stateful_loader_the_data_starts_over_as_the_notes_say(tmp_pat
 
 
 def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp_path: Path) -> None:
-    """Into the next epoch too: the loader's state holds its sampler's random state."""
-    straight = straight_run(tmp_path, PROJECT, 15)
-    root = make_project(tmp_path, {"train.py": PROJECT}, folder="rebuilt")
+    """Into the next epoch too (the loader's state holds its sampler's random state), and training's draws (`r`) go
+    on as in a run without the rebuild: setup()'s `torch.manual_seed(0)` does not begin them again, nor does the new
+    loader's first iterator draw."""
+    source = PROJECT.replace('"b": float(batch[1])}', '"b": float(batch[1]), "r": float(torch.rand(()))}')
+    straight = straight_run(tmp_path, source, 15)
+    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
     from workbench.protocol.events import Rebuild, StepOnce
 
     with open_session(root / "train.py", max_steps=7, exit_at_max_steps=False) as live:
@@ -119,7 +126,7 @@ def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp
             live.send(StepOnce())
             live.wait_for(is_event("step", step=k), timeout=30)
         read = batches_read(live)
-    assert sorted(read) == list(range(1, 16))
+    assert sorted(read) == list(range(1, 16)) and len(read[8]) == 3
     assert read == {k: straight[k] for k in read}, "the batches after the rebuild are the ones of a run without it"
 
 

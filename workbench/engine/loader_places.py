@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from workbench.engine.actions.snapshot_integrity import payload_bytes
+from workbench.engine.placed_iterator import make_first_iterator_without_drawing
 from workbench.engine.state_walk import Namespaces, find_reachable, generator_inputs, reachable
 
 LOADER = "loader"  # the `where` of the warning after the first resumed step (in events.WARNINGS)
@@ -473,6 +474,8 @@ def _load(obj: Any, state: Any) -> None:
         obj.set_state(state["rng_state"])
     else:
         obj.load_state_dict(state)
+        if isinstance(obj, DataLoader):
+            make_first_iterator_without_drawing(obj)
 
 
 def _give(loader: Any, path: str, state: Any, step: int) -> str | None:

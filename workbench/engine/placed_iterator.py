@@ -1,0 +1,32 @@
+"""A loader given back its place makes its first iterator without drawing from the global random state.
+
+Every DataLoader iterator draws a base seed from torch's global generator when it is made (`random_()` on an empty
+int64). A run that never stopped drew it at the epoch's start; a resumed run gives the fresh loader its place
+(torchdata's StatefulDataLoader keeps that seed in its state, and the new iterator takes it) and then makes the
+iterator at the first resumed step, which draws once more: from there on, dropout and every other draw of the run
+was one draw behind the run that never stopped. The first iterator made after the place was given is made with the
+global state put back after it; later epochs draw their seeds as the uninterrupted run does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def make_first_iterator_without_drawing(loader: Any) -> None:
+    """For a loader holding a place its next iterator takes (StatefulDataLoader's `next_iter_state`): one shot."""
+    if getattr(loader, "next_iter_state", None) is None or "_get_iterator" in vars(loader):
+        return
+    make = loader._get_iterator
+
+    def first_iterator() -> Any:
+        del loader._get_iterator  # the class's again for every later epoch
+        state = torch.get_rng_state()
+        try:
+            return make()
+        finally:
+            torch.set_rng_state(state)
+
+    loader._get_iterator = first_iterator
