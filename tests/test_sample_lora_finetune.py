@@ -144,10 +144,11 @@ class Tour:
         assert "reusing the base pretrained earlier in this session" in printed, "a rebuild should not pretrain again"
         steps = self.run_phase(code_version=1)
         assert steps[0].scalars == {"lr": 0.01, "rank": 8.0, "trainable_params": 1280.0, "frozen_params": float(BASE_ELEMENTS)}
-        # Fresh adapters compute nothing (lora_B == 0): the same first batch through the same base, the same loss.
+        # Fresh adapters compute nothing (lora_B == 0): the plain base again, on the next batch (the rows' stream is
+        # carried over), so about the session's first loss, far above the rank-4 plateau.
         assert self.first_step is not None and steps[0].step > self.first_step.step
-        assert steps[0].loss == pytest.approx(self.first_step.loss, abs=1e-3), (steps[0].loss, self.first_step.loss)
-        assert f"jumps back to {self.first_step.loss:.2f}" in self.readme
+        assert steps[0].loss == pytest.approx(self.first_step.loss, rel=0.25), (steps[0].loss, self.first_step.loss)
+        assert f"jumps back up** to\nwhere the session began ({self.first_step.loss:.2f} on its first batch)" in self.readme
         rank4, rank8 = self.plateaus
         assert 0.6 < rank4 < 0.8 and 0.45 < rank8 < 0.62, self.plateaus  # README: around 0.7, around 0.55
         assert rank8 < rank4 - 0.08, f"rank 8 should level off below rank 4: {self.plateaus}"

@@ -59,11 +59,11 @@ def make_tasks(seed):
     return Task(teacher_in, teacher_out, identity), Task(teacher_in, teacher_out, identity + shift)
 
 
-def batches(task, device, seed):
-    """Endless (inputs, labels) batches of fresh Gaussian rows. BATCH_SIZE is read for every batch."""
-    g = torch.Generator().manual_seed(seed)
+def batches(task, device, rows):
+    """Endless (inputs, labels) batches of fresh Gaussian rows drawn from the generator `rows`. BATCH_SIZE is read
+    for every batch."""
     while True:
-        x = torch.randn(BATCH_SIZE, IN_FEATURES, generator=g)
+        x = torch.randn(BATCH_SIZE, IN_FEATURES, generator=rows)
         yield x.to(device), task.labels(x).to(device)
 
 
@@ -71,7 +71,7 @@ def pretrain(task, device):
     """PRETRAIN_STEPS AdamW steps on `task` with a cosine learning rate; returns the trained MLP."""
     model = MLP(IN_FEATURES, WIDTH, CLASSES).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR)
-    data = batches(task, device, SEED + 1)
+    data = batches(task, device, torch.Generator().manual_seed(SEED + 1))
     started = time.perf_counter()
     # Matrices this small gain nothing from a second CPU thread, and on a busy
     # machine two threads waiting for each other made pretraining ten times slower.
@@ -122,10 +122,14 @@ def setup(bench):
     # it would pull the adapters toward zero, and so the model back toward the base.
     opt = torch.optim.AdamW(trainable, lr=LR, weight_decay=0.0)
     x_val = torch.randn(VAL_ROWS, IN_FEATURES, generator=torch.Generator().manual_seed(SEED + 2))
+    # The rows' random stream is in the state: a snapshot keeps where it is, so a resumed run reads the batches
+    # the run would have read next (the generator below starts over, but draws from where `rows` was).
+    rows = torch.Generator().manual_seed(SEED + 3)
     return {
         "model": model,
         "opt": opt,
-        "data": batches(task_b, bench.device, SEED + 3),
+        "rows": rows,
+        "data": batches(task_b, bench.device, rows),
         "val": (x_val.to(bench.device), task_b.labels(x_val).to(bench.device)),
         # Chart rows, so the chart shows which adapters each stretch of the loss was trained with.
         "sizes": {

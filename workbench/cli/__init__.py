@@ -17,6 +17,7 @@ import workbench
 from workbench.engine.early_output import EarlyOutput
 from workbench.errors import UserError
 from workbench.cli.samples import DEFAULT_SAMPLE, SAMPLES
+from workbench.cli.steady_blas import hold_blas_threads_steady
 
 EXAMPLES = """\
 examples:
@@ -184,6 +185,7 @@ SESSION_COMMANDS = {  # the subcommands that speak to running sessions: module, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    hold_blas_threads_steady()  # before anything imports torch
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "load-bench":
         from workbench.tools.loadbench import main as load_bench
