@@ -1255,3 +1255,22 @@ def test_a_large_state_no_checksum_can_read_is_not_compared_and_costs_the_snapsh
 
     sparse = torch.eye(4).to_sparse()
     assert fingerprints({"odd": [sparse], "ema": [torch.ones(3)]}) == {"ema": [3.0, 6.0]}
+
+
+def test_a_generator_drawing_from_a_torch_generator_the_resume_put_back_is_said_to_go_on() -> None:
+    """lora_finetune's `batches(task, device, rows)`: the generator starts over, but the rows it draws come from
+    where `rows` was, so the note had said its data started from its beginning when it went on."""
+    from workbench.engine.fresh_iterators import fresh_iterator_notes
+
+    rows = torch.Generator().manual_seed(0)
+
+    def batches(stream: torch.Generator) -> Any:
+        while True:
+            yield torch.randn(2, generator=stream)
+
+    data = batches(rows)
+    notes = fresh_iterator_notes({"rows": rows, "data": data}, 10, [], lambda path: None, {id(rows): "rows"})
+    assert notes == ("state['data'] (the generator test_a_generator_drawing_from_a_torch_generator_the_resume_put_back_"
+                     "is_said_to_go_on.<locals>.batches()): the one setup() just made, so its own variables (an epoch "
+                     "count, a sampler's set_epoch) start over, while the random stream it draws from, rows, goes on "
+                     "from where step 10 left it",), notes

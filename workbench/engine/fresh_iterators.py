@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from types import CodeType, GeneratorType
 from typing import Any
 
+import torch
+
 from workbench.engine.loader_places import loaders_read_by
 from workbench.engine.state_walk import top_values
 
@@ -34,8 +36,9 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
     if not found:
         return ()
     given = frozenset(placed)
-    reading = {label: [placed[id(loader)] for loader in loaders_read_by(value, given) if id(loader) in placed]
-               for label, value in found if isinstance(value, GeneratorType)}
+    read = {label: [loader for loader in loaders_read_by(value, given) if id(loader) in placed]
+            for label, value in found if isinstance(value, GeneratorType)}
+    reading = {label: [placed[id(loader)] for loader in loaders] for label, loaders in read.items()}
     fresh = [(label, value) for label, value in found if not reading.get(label)]
     notes = []
     if fresh:
@@ -48,8 +51,10 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
         )
     for label, value in found:
         if reading.get(label):
+            streams = all(isinstance(loader, torch.Generator) for loader in read[label])
+            what = "the random stream it draws from" if streams else "the loader it reads"
             notes.append(f"{label} ({_what(value, in_project)}): the one setup() just made, so its own variables (an "
-                         f"epoch count, a sampler's set_epoch) start over, while the loader it reads, "
+                         f"epoch count, a sampler's set_epoch) start over, while {what}, "
                          f"{', '.join(reading[label])}, goes on from where step {step} left it")
     for label, value in found:
         reset = _globals_set_by(value, put_back)

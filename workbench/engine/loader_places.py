@@ -107,13 +107,14 @@ def find_loaders(state: Any, namespaces: Namespaces = (), project_modules: froze
 def loaders_read_by(generator: GeneratorType, given: frozenset[int] = frozenset()) -> list[Any]:
     """The stateful loaders a generator was given or closes over, or that what it was given holds (imagenet's
     `epochs(state)` reads `state["train_loader"]`); and each object in `given` (by id: the project objects a resume
-    gave their state) that it was given or closes over itself, a project's own loader (`batches(train_loader)`).
+    gave their state) that it was given or closes over itself, a project's own loader (`batches(train_loader)`) or
+    a torch.Generator it draws its rows from (`batches(task, device, rows)`).
     A project object only reached through what it was given is not taken for one it reads: an EMA in the
     `state` that `epochs(state)` is given is no loader."""
     seen: set[int] = {id(generator)}
     inputs = generator_inputs(generator, "")
-    direct = [value for _, value in inputs
-              if id(value) in given and _hands_out_batches(value) and not isinstance(value, DataLoader)]
+    direct = [value for _, value in inputs if id(value) in given and not isinstance(value, DataLoader)
+              and (isinstance(value, torch.Generator) or _hands_out_batches(value))]  # a random stream it draws from
     return direct + [loader for path, value in inputs
                      for _, loader in reachable(value, path, matches=_is_stateful_data_loader, seen=seen, depth=1,
                                                 stop_at=(DataLoader,), into_generators=True)]
