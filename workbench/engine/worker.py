@@ -41,6 +41,7 @@ from workbench.engine.commands import ApplyChanges  # registers the handlers
 from workbench.engine.data_end import data_ran_out_message
 from workbench.engine.fresh_iterators import fresh_iterator_notes
 from workbench.engine import random_states
+from workbench.engine.training_tensors import TrainingTensors, put_back as put_back_tensors
 from workbench.engine.actions.sharded_states import replicated_paths, tensors_and_layout
 from workbench.engine.loader_places import LAYOUT, LOADER, EpochCheck, PutBack, find_loaders, places
 from workbench.engine.loader_places import differing, fingerprints, kept_state_bytes, left_out, pack as pack_places, put_back as put_back_places, record as loader_record
@@ -90,7 +91,7 @@ from workbench.engine.output import OutputRouter
 from workbench.engine.project import Project, deepest_frame_in
 from workbench.engine.rebuild import restore_globals
 from workbench.engine.setup_rebinds import SetupRebinds, copies
-from workbench.engine.training_globals import TrainingGlobals, put_back, state_namespace
+from workbench.engine.training_globals import TrainingGlobals, put_back, shown, state_namespace
 from workbench.engine.run_state import AUTO_RESUME_REASONS, DATA_EXHAUSTED, ENDS_RUN_WITHOUT_INPUT, RunState
 from workbench.engine.runs import RunRecord
 from workbench.engine.saved_bytes import SavedBytes
@@ -247,6 +248,7 @@ class TrainingWorker(threading.Thread):
         self.exit_after_evaluation = False
         self.setup_rebinds = SetupRebinds()  # globals setup() re-bound: a rebuild's setup() reads what it found
         self.training_globals = TrainingGlobals()  # counters step() keeps in globals: snapshots hold them
+        self.training_tensors = TrainingTensors()  # an LSTM's hidden state carried across batches: snapshots hold it
         self.broken: Broken | None = None  # the state must be rebuilt (under torchrun maybe on new groups) to go on
         self._lost = False  # under torchrun: another rank is gone, so no collective can complete
         self._left_alone = False  # under torchrun: this rank left the loop on an internal error, out of step
@@ -352,6 +354,7 @@ class TrainingWorker(threading.Thread):
             self._state_built_at = self.reloader.version
             self.setup_rebinds.record(found, self._namespaces())
             self.training_globals.mark(self._training_namespaces())
+            self.training_tensors.mark(self._training_namespaces())
         except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
             seconds = time.monotonic() - self.setup_started
             file, line = self._where(exc)
@@ -472,11 +475,26 @@ class TrainingWorker(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - the data starting over must not cost the resume
             loaders = PutBack(notes=[f"the data loaders' places were not put back ({type(exc).__name__}: {exc})"])
         self._epoch_check = loaders.epoch_check
+        notes += self._put_back_tensors(saved_places, rank, world_size)
         said = random_states.put_back_ranks(saved_places, rank, world_size, self.step) if self.lockstep is not None else None
         names = [entry.split(" = ", 1)[0] for entry in done]
         return (notes + tuple(loaders.notes)
                 + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative, loaders.placed)
                 + ((said,) if said else ()))
+
+    def _put_back_tensors(self, saved_places: dict[str, Any] | None, rank: int, world_size: int) -> tuple[str, ...]:
+        """This rank's tensors that training had changed (training_tensors.py): the resume's notes."""
+        ranks = (saved_places or {}).get("ranks") or {}
+        if (saved_places or {}).get("world_size") != world_size:
+            theirs = sorted({shown(q) for record in ranks.values() for q in (record.get("tensors") or {})})
+            return (f"not put back: {', '.join(theirs)} (each rank's own tensors, and the snapshot is of "
+                    f"{saved_places.get('world_size')} ranks, this run has {world_size})",) if theirs and saved_places else ()
+        try:
+            done, left = put_back_tensors((ranks.get(rank) or {}).get("tensors") or {}, self._training_namespaces())
+        except Exception as exc:  # noqa: BLE001 - the model is loaded: these starting over is said, not fatal
+            done, left = [], [f"the tensors training had changed ({type(exc).__name__}: {exc})"]
+        notes = (f"put back from the snapshot (tensors training changed): {', '.join(done)}",) if done else ()
+        return notes + ((f"not put back: {', '.join(left)}",) if left else ())
 
     def _resume_failed(self, event: ResumeLoaded) -> None:
         """Nothing was loaded: said; headless ends (exit 2), the app pauses on what setup() built."""
@@ -953,6 +971,8 @@ class TrainingWorker(threading.Thread):
         # A one-file snapshot keeps rank 0's large states (an EMA's shadow weights), as it keeps rank 0's models: they
         # never cross between ranks. A sharded one writes their tensors through DCP (sharded_states.py).
         large = loaders.pop("large", {})
+        loaders["tensors"], refused = self._changed_tensors()
+        loaders.setdefault("errors", {}).update(refused)
         if self.lockstep is not None:
             loaders[random_states.RECORD_KEY] = random_states.capture()  # each rank's own (seeded apart, as a rule)
         gathered = together and self.lockstep is not None and not sharded
@@ -995,6 +1015,15 @@ class TrainingWorker(threading.Thread):
         records = ranks_places or {self.lockstep.rank if self.lockstep is not None else 0: loaders}
         self.bus.publish(dataclasses.replace(event, reason=reason, left_out=left_out(records, large)))
         return True
+
+    def _changed_tensors(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The tensors training changed in setup()'s state and module globals (training_tensors.py); a failure is
+        said in the snapshot's `left_out`, never a reason for the snapshot to fail."""
+        try:
+            modules, _ = find_with_globals(self.user_state, self._namespaces())
+            return self.training_tensors.changed(self._training_namespaces(), list(modules.values()))
+        except Exception as exc:  # noqa: BLE001 - the snapshot goes on without them
+            return {}, {"(training's tensors)": f"{type(exc).__name__}: {exc}"}
 
     def _loader_record(self) -> dict[str, Any]:
         """Where this rank's stateful data loaders are (loader_places.py); a loader whose state cannot be taken is

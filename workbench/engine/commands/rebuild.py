@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine import random_states
+from workbench.engine.training_tensors import TrainingTensors, carry as carry_tensors
 from workbench.engine.actions.cleanup import trim_c_heap
 from workbench.engine.actions.schedulers import made_again_notes
 from workbench.engine.actions.sharded_snapshot import has_fsdp1
@@ -28,7 +29,7 @@ from workbench.engine.import_builders import built_again_note, built_by_old_code
 from workbench.engine.init_skipping import skipping_init
 from workbench.engine.memory.gc_freeze import collect_all
 from workbench.engine.loader_places import carry_places
-from workbench.engine.training_globals import carry_state
+from workbench.engine.training_globals import carry_state, state_namespace
 from workbench.engine.released_iterators import release_iterators
 from workbench.engine.rebuild import (
     carry_optimizers_setup_did_not_make,
@@ -148,6 +149,13 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     project_modules = frozenset(name for name, _ in worker._namespaces())
     notes.extend(carry_places(worker.user_state, new_state, project_modules))  # before the old loaders are shut down
     made_by_setup = worker.training_globals.state_values(new_state)
+    tensors_as_made = TrainingTensors()  # the baseline is what setup() made, so what is carried stays training's
+    tensors_as_made.mark(worker._namespaces() + state_namespace(new_state))
+    try:
+        notes.extend(carry_tensors(worker.training_tensors, worker.user_state, new_state,
+                                   list(find_with_globals(worker.user_state, namespaces)[0].values())))
+    except Exception as exc:  # noqa: BLE001 - the rebuild stands; the tensors starting over is said
+        notes.append(f"the state's tensors that training changed were not carried over ({type(exc).__name__}: {exc})")
     try:
         notes.extend(carry_state(worker.user_state, new_state, worker.training_globals))
     except Exception as exc:  # noqa: BLE001 - the rebuild stands; the values starting over is said
@@ -162,6 +170,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         worker.setup_rebinds.saved(version, module, names)
     worker.setup_rebinds.record(found, worker._namespaces())
     worker.training_globals.mark(worker._training_namespaces(), made_by_setup)
+    worker.training_tensors = tensors_as_made
     worker._state_bytes_estimate = None  # the new state's size, when next asked
     worker.eval_watch.refresh(new_state)
     del new_state

@@ -1,0 +1,150 @@
+"""Tensors training keeps beside the model: an LSTM's hidden state carried from batch to batch, kept in snapshots.
+
+pytorch/examples' word_language_model carries `hidden` across batches (`hidden = repackage_hidden(hidden)`); ported
+to setup()/step(), it lives in setup()'s state (`state["hidden"] = hidden`) or a module global. A snapshot held the
+models, the optimizers and plain values, not such a tensor: a resume began it at setup()'s zeros, and the resumed
+run computed other losses than the run that never stopped, without a word.
+
+So a value of setup()'s dict or a module global that is a tensor, or a tuple, list or dict of tensors, and that
+training has changed since setup() made it (bound to another object, or a tensor of it changed in place: its version
+counter moved) is training state, unless it is a model's parameter or buffer, which the models carry. Each rank keeps
+its own in its record (its hidden state is its own batch's); a resume puts it back where setup()'s value has the same
+layout, on that value's devices, and a rebuild gives it to the state its new setup() makes. Over `MAX_KEPT_BYTES` in
+all it is not kept, and the snapshot says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from workbench.engine.actions.snapshot_integrity import payload_bytes
+from workbench.engine.training_globals import Namespaces, shown
+
+MAX_KEPT_BYTES = 16 << 20  # per rank: a hidden state is small; a value this big is data, not a place in it
+
+
+def _leaves(value: Any, depth: int = 0) -> list[torch.Tensor] | None:
+    """The tensors of a value made of tensors only (a tuple of them, a dict of them; None left aside), else None."""
+    if isinstance(value, torch.Tensor):
+        return None if isinstance(value, torch.nn.Parameter) else [value]
+    if depth >= 3:
+        return None
+    if type(value) in (tuple, list):
+        items = list(value)
+    elif type(value) is dict and all(isinstance(key, str) for key in value):
+        items = list(value.values())
+    else:
+        return None
+    found: list[torch.Tensor] = []
+    for item in items:
+        if item is None:
+            continue
+        inner = _leaves(item, depth + 1)
+        if inner is None:
+            return None
+        found.extend(inner)
+    return found or None
+
+
+def _candidates(namespaces: Namespaces) -> list[tuple[str, Any, list[torch.Tensor]]]:
+    found = []
+    for module, namespace in namespaces:
+        for name, value in list(namespace.items()):
+            if isinstance(name, str) and not name.startswith("__") and (leaves := _leaves(value)) is not None:
+                found.append((f"{module}.{name}", value, leaves))
+    return found
+
+
+def _fingerprint(value: Any, leaves: list[torch.Tensor]) -> tuple[int, tuple[tuple[int, int], ...]]:
+    return id(value), tuple((id(leaf), leaf._version) for leaf in leaves)
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if type(value) in (tuple, list):
+        return type(value)(_detached(item) for item in value)
+    if type(value) is dict:
+        return {key: _detached(item) for key, item in value.items()}
+    return value
+
+
+class TrainingTensors:
+    """Each candidate as setup() left it (which object, each tensor's version); what differs later is training's."""
+
+    def __init__(self) -> None:
+        self._after_setup: dict[str, tuple[int, tuple[tuple[int, int], ...]]] = {}
+
+    def mark(self, namespaces: Namespaces) -> None:
+        self._after_setup = {qualified: _fingerprint(value, leaves) for qualified, value, leaves in _candidates(namespaces)}
+
+    def changed(self, namespaces: Namespaces, models: list[torch.nn.Module]) -> tuple[dict[str, Any], dict[str, str]]:
+        """({qualified: the value, detached} to keep, {shown name: why not kept}). `models`: whose parameters and
+        buffers are theirs to carry, never kept here (a buffer bound in the state too would be cut from its model)."""
+        theirs = {id(t) for model in models for t in (*model.parameters(), *model.buffers())}
+        kept: dict[str, Any] = {}
+        refused: dict[str, str] = {}
+        total = 0
+        for qualified, value, leaves in _candidates(namespaces):
+            if self._after_setup.get(qualified) == _fingerprint(value, leaves) or any(id(leaf) in theirs for leaf in leaves):
+                continue
+            size = payload_bytes(value)
+            if total + size > MAX_KEPT_BYTES:
+                refused[shown(qualified)] = (f"{size / 2**20:.1f} MiB of tensors training changed, more than the "
+                                             f"{MAX_KEPT_BYTES >> 20} MiB a snapshot keeps of them per rank")
+                continue
+            total += size
+            kept[qualified] = _detached(value)
+        return kept, refused
+
+
+def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], list[str]]:
+    """Resume: each saved value where setup()'s has the same layout (or none was made: None or unbound), on the
+    devices of setup()'s. Returns (names put back, a reason for each one left)."""
+    from workbench.engine.loader_places import _layout_change, _on_devices_of
+    from workbench.engine.training_globals import _split
+
+    by_module = dict(namespaces)
+    done: list[str] = []
+    left: list[str] = []
+    for qualified, value in saved.items():
+        module, name = _split(qualified)
+        namespace = by_module.get(module)
+        if namespace is None:
+            left.append(f"{shown(qualified)} (module {module} is not loaded)")
+            continue
+        now = namespace.get(name)
+        if now is not None and (differs := _layout_change(value, now)) is not None:
+            left.append(f"{shown(qualified)} (setup() makes it otherwise now: {differs})")
+            continue
+        namespace[name] = _on_devices_of(value, now) if now is not None else value
+        done.append(shown(qualified))
+    return done, left
+
+
+def carry(before: TrainingTensors, old_state: Any, new_state: Any, models: list[torch.nn.Module]) -> list[str]:
+    """A rebuild: each tensor value of the old state that training changed, into the new state where its setup()
+    made one of the same layout (on the new one's devices). The rebuild's notes. Module globals stay as they are."""
+    from workbench.engine.loader_places import _layout_change, _on_devices_of
+    from workbench.engine.training_globals import _split, state_namespace
+
+    if not (isinstance(old_state, dict) and isinstance(new_state, dict)):
+        return []
+    kept, _ = before.changed(state_namespace(old_state), models)
+    carried, left = [], []
+    for qualified, value in kept.items():
+        key = _split(qualified)[1]
+        if key not in new_state:
+            continue
+        now = new_state[key]
+        if now is not None and (differs := _layout_change(value, now)) is not None:
+            left.append(f"{shown(qualified)} ({differs})")
+            continue
+        new_state[key] = _on_devices_of(value, now) if now is not None else value
+        carried.append(shown(qualified))
+    notes = [f"carried over (tensors of the state that training changed): {', '.join(carried)}"] if carried else []
+    if left:
+        notes.append(f"as the new setup() made them, not carried (their layout changed): {', '.join(left)}")
+    return notes
