@@ -875,6 +875,9 @@ def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_t
                      "(set_state())"] if nproc == "2" else
                     ["data (Generator): the snapshot's loader places are for 2 ranks' shares of the data, and this run "
                      "has 1, so they start from their beginning"])
+            data.append(f"the global random states (Python's, torch's, the GPUs') each rank's own at step {taken['step']}, "
+                        "put back" if nproc == "2" else f"the global random states are rank 0's at step {taken['step']} "
+                        "on every rank (the snapshot is of 2 ranks, this run has 1)")
             assert resumed["schedulers"] == 1 and resumed["notes"] == [
                 "sharded snapshot (torch.distributed.checkpoint): every rank read its part", *data], resumed
             assert again.finish(timeout=60) == 0
