@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader
 
 from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.placed_iterator import make_first_iterator_without_drawing
+from workbench.engine.state_layout import layout_change, on_devices_of
 from workbench.engine.state_walk import Namespaces, find_reachable, generator_inputs, reachable
 
 LOADER = "loader"  # the `where` of the warning after the first resumed step (in events.WARNINGS)
@@ -490,26 +491,14 @@ def _give(loader: Any, path: str, state: Any, step: int) -> str | None:
     try:
         if not isinstance(loader, DataLoader) and not _iterable(loader) and _tensor_bytes(state) > 0:
             live = state_of(loader)
-            if (differs := _layout_change(state, live)) is not None:
+            if (differs := layout_change(state, live)) is not None:
                 return _starts_over(path, loader, f"the snapshot's state of step {step} does not fit its own "
                                                   f"({differs}: the model changed?), so it was not given")
-            state = _on_devices_of(state, live)
+            state = on_devices_of(state, live)
         _load(loader, state)
     except Exception as exc:  # noqa: BLE001 - a state that does not fit (another dataset, other workers)
         return _starts_over(path, loader, f"the snapshot's state of step {step} did not fit it ({type(exc).__name__}: {exc})")
     return None
-
-
-def _on_devices_of(saved: Any, live: Any) -> Any:
-    """`saved`, each tensor moved to the device of the tensor at the same place in `live` (a dict's key, a list's
-    index) where that is another; the rest as it is."""
-    if isinstance(saved, torch.Tensor):
-        return saved.to(live.device) if isinstance(live, torch.Tensor) and live.device != saved.device else saved
-    if isinstance(saved, dict) and isinstance(live, dict):
-        return {key: _on_devices_of(value, live[key]) if key in live else value for key, value in saved.items()}
-    if type(saved) in (list, tuple) and isinstance(live, (list, tuple)):
-        return type(saved)(_on_devices_of(value, live[i]) if i < len(live) else value for i, value in enumerate(saved))
-    return saved
 
 
 def _starts_over(path: str, loader: Any, why: str) -> str:
@@ -518,34 +507,6 @@ def _starts_over(path: str, loader: Any, why: str) -> str:
     if isinstance(loader, DataLoader):
         return f"{path} ({type(loader).__name__}) starts from its beginning: {why}"
     return f"{path} ({type(loader).__name__}) is as setup() made it: {why}"
-
-
-def _layout_change(old: Any, new: Any, where: str = "") -> str | None:
-    """Where two states differ in layout (a dict's keys, a list's length, a tensor's shape or dtype), or None. An EMA
-    of a model that gained a layer, given the old shadow weights, would fail its next update on the missing key."""
-    if new is None:
-        return None  # not made yet (an EMA that makes its shadows at its first update): the saved one fits
-    if isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
-        if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
-            return f"{where or 'it'} is a tensor in one and not the other"
-        if old.shape != new.shape or old.dtype != new.dtype:
-            return f"{where or 'it'} is {tuple(old.shape)} {old.dtype} then {tuple(new.shape)} {new.dtype}"
-        return None
-    if isinstance(old, dict) and isinstance(new, dict):
-        if old.keys() != new.keys():
-            added, gone = sorted(map(str, new.keys() - old.keys())), sorted(map(str, old.keys() - new.keys()))
-            shown = "; ".join(f"{label} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
-                              for label, keys in (("new", added), ("gone", gone)) if keys)
-            return f"{where + ' has' if where else 'it has'} other keys ({shown})"
-        return next((d for key in old if (d := _layout_change(old[key], new[key], f"{where}[{key!r}]"))), None)
-    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
-        if len(old) != len(new):
-            return f"{where or 'it'} has {len(old)} items then {len(new)}"
-        return next((d for i, (a, b) in enumerate(zip(old, new)) if (d := _layout_change(a, b, f"{where}[{i}]"))), None)
-    containers = (dict, list, tuple)
-    if isinstance(old, containers) != isinstance(new, containers) and _tensor_bytes(old) + _tensor_bytes(new) > 0:
-        return f"{where or 'it'} is a {type(old).__name__} then a {type(new).__name__}"
-    return None
 
 
 def _names(loaders: dict[str, DataLoader]) -> str:
@@ -574,7 +535,7 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
         try:
             state = state_of(before)
             if (not isinstance(loader, (DataLoader, torch.Generator)) and not _iterable(loader)
-                    and _tensor_bytes(state) > 0 and (differs := _layout_change(state, state_of(loader)))):
+                    and _tensor_bytes(state) > 0 and (differs := layout_change(state, state_of(loader)))):
                 notes.append(_starts_over(path, loader, f"the old one's state does not fit the new one's ({differs}: "
                                           "the model changed?), so it was not given"))
                 continue

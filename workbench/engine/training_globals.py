@@ -35,7 +35,7 @@ def state_namespace(state: Any) -> Namespaces:
 
 def shown(qualified: str) -> str:
     """`train.iter_num` as it is; `setup().step` as `state['step']`."""
-    module, name = _split(qualified)
+    module, name = split_qualified(qualified)
     return f"state[{name!r}]" if module == STATE else qualified
 
 
@@ -45,7 +45,7 @@ def _named(name: Any) -> bool:
     return isinstance(name, str) and not name.startswith("__")
 
 
-def _split(qualified: str) -> tuple[str, str]:
+def split_qualified(qualified: str) -> tuple[str, str]:
     """`train.iter_num` -> (`train`, `iter_num`); `setup().val/loss.best` -> (`setup()`, `val/loss.best`)."""
     if qualified.startswith(STATE + "."):
         return STATE, qualified[len(STATE) + 1:]
@@ -110,7 +110,7 @@ def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], 
     done: list[str] = []
     left: list[str] = []
     for qualified, value in saved.items():
-        module, name = _split(qualified)
+        module, name = split_qualified(qualified)
         namespace = by_module.get(module)
         if namespace is None:
             why = "setup() returned no dict" if module == STATE else f"module {module} is not loaded"

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from workbench.engine.actions.snapshot_integrity import payload_bytes
-from workbench.engine.training_globals import Namespaces, shown
+from workbench.engine.state_layout import layout_change, on_devices_of
+from workbench.engine.training_globals import Namespaces, shown, split_qualified, state_namespace
 
 MAX_KEPT_BYTES = 16 << 20  # per rank: a hidden state is small; a value this big is data, not a place in it
 
@@ -103,23 +104,21 @@ class TrainingTensors:
 def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], list[str]]:
     """Resume: each saved value where setup()'s has the same layout (or none was made: None or unbound), on the
     devices of setup()'s. Returns (names put back, a reason for each one left)."""
-    from workbench.engine.loader_places import _layout_change, _on_devices_of
-    from workbench.engine.training_globals import _split
 
     by_module = dict(namespaces)
     done: list[str] = []
     left: list[str] = []
     for qualified, value in saved.items():
-        module, name = _split(qualified)
+        module, name = split_qualified(qualified)
         namespace = by_module.get(module)
         if namespace is None:
             left.append(f"{shown(qualified)} (module {module} is not loaded)")
             continue
         now = namespace.get(name)
-        if now is not None and (differs := _layout_change(value, now)) is not None:
+        if now is not None and (differs := layout_change(value, now)) is not None:
             left.append(f"{shown(qualified)} (setup() makes it otherwise now: {differs})")
             continue
-        namespace[name] = _on_devices_of(value, now) if now is not None else value
+        namespace[name] = on_devices_of(value, now) if now is not None else value
         done.append(shown(qualified))
     return done, left
 
@@ -127,22 +126,20 @@ def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], 
 def carry(before: TrainingTensors, old_state: Any, new_state: Any, models: list[torch.nn.Module]) -> list[str]:
     """A rebuild: each tensor value of the old state that training changed, into the new state where its setup()
     made one of the same layout (on the new one's devices). The rebuild's notes. Module globals stay as they are."""
-    from workbench.engine.loader_places import _layout_change, _on_devices_of
-    from workbench.engine.training_globals import _split, state_namespace
 
     if not (isinstance(old_state, dict) and isinstance(new_state, dict)):
         return []
     kept, _ = before.changed(state_namespace(old_state), models)
     carried, left = [], []
     for qualified, value in kept.items():
-        key = _split(qualified)[1]
+        key = split_qualified(qualified)[1]
         if key not in new_state:
             continue
         now = new_state[key]
-        if now is not None and (differs := _layout_change(value, now)) is not None:
+        if now is not None and (differs := layout_change(value, now)) is not None:
             left.append(f"{shown(qualified)} ({differs})")
             continue
-        new_state[key] = _on_devices_of(value, now) if now is not None else value
+        new_state[key] = on_devices_of(value, now) if now is not None else value
         carried.append(shown(qualified))
     notes = [f"carried over (tensors of the state that training changed): {', '.join(carried)}"] if carried else []
     if left:
