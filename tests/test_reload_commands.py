@@ -104,3 +104,41 @@ def test_a_save_with_unchanged_code_changes_nothing(start_session):
     save(live.entry, TRAIN_PY + "\n# just a comment\n")
     reload = live.wait_for(is_event("reload", file="train.py"))
     assert reload.ok and reload.changed == () and live.session.reloader.version == 0
+
+
+WARNS = """\
+import time
+import warnings
+
+import torch
+
+warnings.simplefilter('ignore')
+
+
+def setup(bench):
+    return {}
+
+
+def step(state, bench):
+    time.sleep(0.01)
+    return torch.zeros(())
+"""
+
+
+def test_a_warning_from_swapped_code_quotes_the_line_that_runs(start_session):
+    """linecache kept the file as first read: a warning the new step() raised quoted the line it replaced. And a save
+    that is not applied is not what runs: the lines quoted stay the running code's."""
+    import linecache
+
+    live = start_session({"train.py": WARNS})
+    live.wait_running()
+    linecache.getlines(str(live.entry))  # read once, as a traceback or warning before the save would have
+    save(live.entry, WARNS.replace("    return torch.zeros(())", "    warnings.warn('from the new step')  # new line\n"
+                                   "    return torch.zeros(())"))
+    live.wait_for(is_event("reload", ok=True), timeout=30)
+    # What warnings.formatwarning and traceback quote: linecache's line.
+    assert linecache.getline(str(live.entry), 15).strip() == "warnings.warn('from the new step')  # new line"
+    broken = WARNS.replace("def step(state, bench):", "def step(state, bench) oops")
+    save(live.entry, broken)  # not applied: what runs is still the code before it
+    live.wait_for(is_event("reload", ok=False), timeout=30)
+    assert linecache.getline(str(live.entry), 15).strip() == "warnings.warn('from the new step')  # new line"

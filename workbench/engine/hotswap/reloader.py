@@ -12,6 +12,7 @@ code objects they hold.
 from __future__ import annotations
 
 import dataclasses
+import linecache
 import threading
 import time
 from collections import deque
@@ -216,6 +217,7 @@ class Reloader:
         with self._lock:
             previous = self._applied.get(path, "")
             self._applied[path] = changeset.new_source
+            show_lines_of(path, changeset.new_source)
             self._not_rerun[path] = changeset.not_rerun
             self.commits += 1
             self._prepared[path] = changeset.new_source
@@ -298,6 +300,7 @@ class Reloader:
                 folded_notes.extend(folded.notes)
                 folded_binds.append((folded.path, folded.named_binds, folded.commit))
                 self._applied[folded.path] = self._prepared[folded.path] = folded.previous_source
+                show_lines_of(folded.path, folded.previous_source)
         last = self._undo_at(target, roots)
         last.notes[:0] = folded_notes
         if folded_binds:
@@ -324,6 +327,7 @@ class Reloader:
         with self._lock:
             self._applied[last.path] = last.previous_source
             self._prepared[last.path] = last.previous_source
+            show_lines_of(last.path, last.previous_source)
         return last
 
     def _undo_patches(self, version: AppliedVersion, roots: list[Any] | None) -> None:
@@ -390,6 +394,15 @@ class Reloader:
         with self._lock:
             if path in self._applied:
                 self._prepared[path] = self._applied[path]
+
+
+def show_lines_of(path: Path, source: str) -> None:
+    """Tracebacks and warnings quote a file's lines through linecache, which keeps what it read first: after a save,
+    a warning raised by the swapped step() quoted the line the new one replaced. The lines of the code that runs are
+    put where linecache looks, with no modification time, so that no check against the disk drops them (a save not
+    applied, a syntax error, is not what runs either)."""
+    if source:
+        linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
 
 
 def _classes_old_and_new(changeset: ChangeSet) -> tuple[tuple[type, str], ...]:
