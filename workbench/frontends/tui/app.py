@@ -270,7 +270,8 @@ class VramBenchApp(App[None]):
             "that built at import a model, an optimizer, or what old code made (a config of a changed class, a "
             "data loader whose workers run old code), then setup(). Parameters, buffers and optimizer state "
             "carry over by name and shape (layers renumbered by one inserted into a Sequential: by their place); "
-            "everything else in the state (iterators, counters) starts fresh. "
+            "so do, where the new setup() makes them alike, the counters and tensors training changed, loaders' "
+            "places, random streams and objects with a state_dict() (an EMA). Iterators start fresh. "
             "If the new setup() fails, nothing changes."
         )
 
