@@ -122,6 +122,8 @@ def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp
         assert rebuilt.ok, rebuilt
         assert any(n.startswith("batches(loader): carried over the place the old loader had reached")
                    for n in rebuilt.notes), rebuilt.notes
+        assert any(n.startswith("state['batches'] (the generator batches(), train.py:") and "while the loader it reads, "
+                   "batches(loader), goes on from where step 7 left it" in n for n in rebuilt.notes), rebuilt.notes
         for k in range(8, 16):  # past the epoch's end, into the next epoch's order
             live.send(StepOnce())
             live.wait_for(is_event("step", step=k), timeout=30)
@@ -1274,3 +1276,21 @@ def test_a_generator_drawing_from_a_torch_generator_the_resume_put_back_is_said_
                      "is_said_to_go_on.<locals>.batches()): the one setup() just made, so its own variables (an epoch "
                      "count, a sampler's set_epoch) start over, while the random stream it draws from, rows, goes on "
                      "from where step 10 left it",), notes
+
+
+def test_a_rebuild_names_the_iterators_its_setup_made_that_start_over(tmp_path: Path) -> None:
+    """dcgan's `batches()` over a plain DataLoader (ported): a rebuild began its epoch again and said nothing, where a
+    resume says so."""
+    from workbench.protocol.events import Rebuild
+
+    source = PROJECT.replace("from torchdata.stateful_dataloader import StatefulDataLoader",
+                             "from torch.utils.data import DataLoader as StatefulDataLoader")
+    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
+    with open_session(root / "train.py", max_steps=3, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+    assert rebuilt.ok and any(
+        n.startswith("state['batches'] (the generator batches(), train.py:8): the one the new setup() made, so it "
+                     "starts from its beginning, not where step 3 left it. A rebuild carries") for n in rebuilt.notes
+    ), rebuilt.notes

@@ -26,10 +26,11 @@ from workbench.engine.state_walk import top_values
 
 
 def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
-                         in_project: Callable[[str], str | None], placed: dict[int, str] | None = None) -> tuple[str, ...]:
-    """The resume's notes. `put_back`: the qualified globals the resume set (`train.epoch`); `in_project`: a
-    file's path relative to the project, or None outside it; `placed`: the stateful loaders given back their place
-    (loader_places.py; by id, their paths)."""
+                         in_project: Callable[[str], str | None], placed: dict[int, str] | None = None,
+                         rebuild: bool = False) -> tuple[str, ...]:
+    """The resume's notes (a rebuild's with `rebuild`: its new setup() made the iterators). `put_back`: the
+    qualified globals the resume set (`train.epoch`); `in_project`: a file's path relative to the project, or None
+    outside it; `placed`: the stateful loaders given back their place (loader_places.py; by id, their paths)."""
     placed = placed or {}
     found = [(label, value) for label, value in top_values(state)
              if isinstance(value, Iterator) and not isinstance(value, io.IOBase)]  # an open file is no data's place
@@ -43,11 +44,15 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
     notes = []
     if fresh:
         shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in fresh)
+        kept = ("A rebuild carries the weights, the optimizers, counters, the tensors training changed, loaders' "
+                "places and random streams" if rebuild else
+                "A snapshot keeps the weights, the optimizer, the step, the RNG states and counters in globals")
         notes.append(
-            f"{shown}: the one setup() just made, so it starts from its beginning, not where step {step} left it. A "
-            "snapshot keeps the weights, the optimizer, the step, the RNG states and counters in globals, not an "
-            "iterator's place: one that walks a dataset in order or by epochs starts it over; one that draws at random "
-            "goes on from the restored RNG states (a torchdata StatefulDataLoader it reads would go on from its place)"
+            f"{shown}: the one {'the new setup() made' if rebuild else 'setup() just made'}, so it starts from its "
+            f"beginning, not where step {step} left it. {kept}, not an iterator's place: one that walks a dataset in "
+            f"order or by epochs starts it over; one that draws at random goes on from the "
+            f"{'carried' if rebuild else 'restored'} RNG states (a torchdata StatefulDataLoader it reads would go on "
+            "from its place)"
         )
     for label, value in found:
         if reading.get(label):

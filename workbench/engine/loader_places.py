@@ -513,16 +513,18 @@ def _names(loaders: dict[str, DataLoader]) -> str:
     return ", ".join(f"{path} ({type(loader).__name__})" for path, loader in loaders.items())
 
 
-def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str] = frozenset()) -> list[str]:
+def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str] = frozenset()) -> PutBack:
     """For a rebuild: each loader setup() made again takes the place its old one had reached (the same path in the
     old state), so the data goes on rather than starting its epoch over; a project object (`project_modules`' classes:
-    a loader, an EMA) its old one's state, when it has the same layout. The rebuild's notes."""
+    a loader, an EMA) its old one's state, when it has the same layout. What was given (by id, for the notes on
+    the generators that read them) and the rebuild's notes."""
     try:
         old = find_loaders(old_state, project_modules=project_modules)
         new = find_loaders(new_state, project_modules=project_modules)
     except Exception as exc:  # noqa: BLE001 - the rebuild stands; the data starting over is said
-        return [f"the data loaders' places were not carried over ({type(exc).__name__}: {exc})"]
+        return PutBack(notes=[f"the data loaders' places were not carried over ({type(exc).__name__}: {exc})"])
     carried: list[str] = []
+    placed: dict[int, str] = {}
     given: list[str] = []  # project objects: loaders or not (an EMA), nothing here can tell
     streams: list[str] = []  # torch.Generators
     notes: list[str] = []
@@ -547,6 +549,7 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
         # A generator setup() seeded again goes on drawing where the old one was, as the global random states do
         # (random_states.py): as a resume at this step would.
         (carried if isinstance(loader, DataLoader) else streams if isinstance(loader, torch.Generator) else given).append(path)
+        placed[id(loader)] = path
     if streams:
         notes.insert(0, f"{', '.join(streams)} (torch.Generator): carried over the random state the old one had "
                         "reached (set_state())")
@@ -555,4 +558,4 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
     if carried:
         notes.insert(0, f"{', '.join(carried)}: carried over the place the old loader had reached, so the batch after "
                         "the last step's comes next (a generator reading it starts over with its own variables)")
-    return notes
+    return PutBack(placed, notes)

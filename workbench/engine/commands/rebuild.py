@@ -19,6 +19,7 @@ from workbench.engine.actions.schedulers import made_again_notes
 from workbench.engine.actions.sharded_snapshot import has_fsdp1
 from workbench.engine.control_plane import RanksLost
 from workbench.engine.dispatch import handles
+from workbench.engine.fresh_iterators import fresh_iterator_notes
 from workbench.protocol.events import Error, Rebuild, Rebuilt
 from workbench.engine.hotswap.compiled import reset_compiled_code
 from workbench.engine.hotswap.kept_objects import ran, run_slice
@@ -147,7 +148,12 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         worker.bus.publish(Rebuilt(ok=False, error=message, code_version=worker.reloader.version))
         return
     project_modules = frozenset(name for name, _ in worker._namespaces())
-    notes.extend(carry_places(worker.user_state, new_state, project_modules))  # before the old loaders are shut down
+    places = carry_places(worker.user_state, new_state, project_modules)  # before the old loaders are shut down
+    notes.extend(places.notes)
+    try:
+        notes.extend(fresh_iterator_notes(new_state, worker.step, [], worker._project_relative, places.placed, rebuild=True))
+    except Exception as exc:  # noqa: BLE001 - the rebuild stands; only the note is missing
+        notes.append(f"the iterators the new setup() made were not looked at ({type(exc).__name__}: {exc})")
     made_by_setup = worker.training_globals.state_values(new_state)
     tensors_as_made = TrainingTensors()  # the baseline is what setup() made, so what is carried stays training's
     tensors_as_made.mark(worker._namespaces() + state_namespace(new_state))
