@@ -151,7 +151,7 @@ def test_a_rebuild_gives_setups_state_the_plain_values_training_reached_unless_s
     from workbench.protocol.events import Rebuild
 
     live = start_session({"train.py": STATE_COUNTER})
-    live.wait_running(3)
+    live.wait_running(5)  # the pause lands after step 5 at the earliest: past the warm-up, `phase` is "main"
     live.send(Pause())
     paused = live.wait_for(is_event("paused"))
     save(live.entry, STATE_COUNTER.replace("warmup=3", "warmup=2"))  # an edited start value is the new code's

@@ -18,6 +18,7 @@ is given the values training reached (`carry_state`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 Namespaces = list[tuple[str, dict[str, Any]]]
@@ -106,21 +107,35 @@ def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], 
     """Resume: set each saved global whose module is loaded and whose current value is plain, None (a
     script's `best_val_loss = None` before its first evaluation) or unbound.
     Returns (`module.name = value` for each one set, a reason for each one left)."""
+    def give(namespace: dict[str, Any], name: str, value: Any) -> str | None:
+        if name in namespace and not (_plain(namespace[name]) or namespace[name] is None):  # None: not set yet
+            return f"now a {type(namespace[name]).__name__}, not a {type(value).__name__}"
+        namespace[name] = value
+        return None
+
+    given, left = put_back_each(saved, namespaces, give)
+    return [f"{shown(qualified)} = {saved[qualified]!r}" for qualified in given], left
+
+
+def put_back_each(saved: dict[str, Any], namespaces: Namespaces,
+                  give: Callable[[dict[str, Any], str, Any], str | None]) -> tuple[list[str], list[str]]:
+    """Resume: `give(namespace, name, value)` each saved value whose namespace is here (it returns None once it has
+    set it, else why not). Returns (the qualified names given, `shown name (why)` for each one left)."""
     by_module = dict(namespaces)
-    done: list[str] = []
+    given: list[str] = []
     left: list[str] = []
     for qualified, value in saved.items():
         module, name = split_qualified(qualified)
         namespace = by_module.get(module)
         if namespace is None:
-            why = "setup() returned no dict" if module == STATE else f"module {module} is not loaded"
-            left.append(f"{shown(qualified)} ({why})")
-        elif name in namespace and not (_plain(namespace[name]) or namespace[name] is None):  # None: not set yet
-            left.append(f"{shown(qualified)} (now a {type(namespace[name]).__name__}, not a {type(value).__name__})")
+            why: str | None = "setup() returned no dict" if module == STATE else f"module {module} is not loaded"
         else:
-            namespace[name] = value
-            done.append(f"{shown(qualified)} = {value!r}")
-    return done, left
+            why = give(namespace, name, value)
+        if why is None:
+            given.append(qualified)
+        else:
+            left.append(f"{shown(qualified)} ({why})")
+    return given, left
 
 
 def carry_state(before_rebuild: Any, rebuilt: Any, marked: TrainingGlobals) -> list[str]:

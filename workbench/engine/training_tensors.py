@@ -21,7 +21,7 @@ import torch
 
 from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.state_layout import layout_change, on_devices_of
-from workbench.engine.training_globals import Namespaces, shown, split_qualified, state_namespace
+from workbench.engine.training_globals import Namespaces, put_back_each, shown, split_qualified, state_namespace
 
 MAX_KEPT_BYTES = 16 << 20  # per rank: a hidden state is small; a value this big is data, not a place in it
 
@@ -104,23 +104,15 @@ class TrainingTensors:
 def put_back(saved: dict[str, Any], namespaces: Namespaces) -> tuple[list[str], list[str]]:
     """Resume: each saved value where setup()'s has the same layout (or none was made: None or unbound), on the
     devices of setup()'s. Returns (names put back, a reason for each one left)."""
-
-    by_module = dict(namespaces)
-    done: list[str] = []
-    left: list[str] = []
-    for qualified, value in saved.items():
-        module, name = split_qualified(qualified)
-        namespace = by_module.get(module)
-        if namespace is None:
-            left.append(f"{shown(qualified)} (module {module} is not loaded)")
-            continue
+    def give(namespace: dict[str, Any], name: str, value: Any) -> str | None:
         now = namespace.get(name)
         if now is not None and (differs := layout_change(value, now)) is not None:
-            left.append(f"{shown(qualified)} (setup() makes it otherwise now: {differs})")
-            continue
+            return f"setup() makes it otherwise now: {differs}"
         namespace[name] = on_devices_of(value, now) if now is not None else value
-        done.append(shown(qualified))
-    return done, left
+        return None
+
+    given, left = put_back_each(saved, namespaces, give)
+    return [shown(qualified) for qualified in given], left
 
 
 def carry(before: TrainingTensors, old_state: Any, new_state: Any, models: list[torch.nn.Module]) -> list[str]:
