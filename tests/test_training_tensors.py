@@ -167,3 +167,55 @@ def test_under_torchrun_each_rank_resumes_its_own_hidden_state(tmp_path: Path) -
     assert "put back from the snapshot (tensors training changed): state['hidden']" in resumed["notes"], resumed
     for rank in (0, 1):
         assert after[rank] == {k: before[rank][k] for k in range(at + 1, 31)}, (rank, after[rank], before[rank])
+
+
+def test_a_new_tensor_at_the_freed_address_of_setups_is_still_a_change() -> None:
+    """Changes were told by ids: a hidden state rebound to a new tensor that CPython gave the freed address of
+    setup()'s (version 0, as every fresh result) looked unchanged and was left out of the snapshot."""
+    state = {"hidden": torch.zeros(2)}
+    marks = TrainingTensors()
+    marks.mark(state_namespace(state))
+    old = id(state["hidden"])
+    state["hidden"] = None
+    for _ in range(10_000):
+        fresh = torch.ones(2)
+        if id(fresh) == old:
+            break
+        del fresh
+    else:
+        pytest.skip("CPython gave no new tensor the freed address this time")
+    state["hidden"] = fresh
+    assert list(marks.changed(state_namespace(state), [])[0]) == [f"{STATE}.hidden"]
+
+
+def test_a_view_of_a_parameter_is_the_models_and_a_value_made_under_inference_mode_is_no_candidate() -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.inference_mode():
+        table = torch.arange(4.0)
+    state = {"weight": model.weight.detach(), "table": table, "layers": {0: torch.zeros(1), 1: torch.zeros(1)}}
+    marks = TrainingTensors()
+    marks.mark(state_namespace(state))  # an inference tensor has no version counter: this raised, failing setup()
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()  # the view's version moves with the weight's
+    state["layers"] = {0: torch.ones(1), 1: torch.ones(1)}  # per-layer states by int keys
+    kept, _ = marks.changed(state_namespace(state), [model])
+    assert list(kept) == [f"{STATE}.layers"], kept
+
+
+def test_a_setup_that_keeps_a_tensor_made_under_inference_mode_runs(start_session) -> None:
+    live = start_session({"train.py": """\
+import torch
+
+
+def setup(bench):
+    with torch.inference_mode():
+        table = torch.arange(4.0)
+    return {"table": table}
+
+
+def step(state, bench):
+    return state["table"].sum() * 0
+"""})
+    steps = live.wait_running(2)
+    assert len(steps) == 2

@@ -15,6 +15,7 @@ all it is not kept, and the snapshot says so.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -27,14 +28,16 @@ MAX_KEPT_BYTES = 16 << 20  # per rank: a hidden state is small; a value this big
 
 
 def _leaves(value: Any, depth: int = 0) -> list[torch.Tensor] | None:
-    """The tensors of a value made of tensors only (a tuple of them, a dict of them; None left aside), else None."""
+    """The tensors of a value made of tensors only (a tuple of them, a dict of them by str or int keys: one per
+    layer; None left aside), else None. A tensor made under inference_mode has no version counter to tell a change
+    by: not a candidate."""
     if isinstance(value, torch.Tensor):
-        return None if isinstance(value, torch.nn.Parameter) else [value]
+        return None if isinstance(value, torch.nn.Parameter) or value.is_inference() else [value]
     if depth >= 3:
         return None
     if type(value) in (tuple, list):
         items = list(value)
-    elif type(value) is dict and all(isinstance(key, str) for key in value):
+    elif type(value) is dict and all(type(key) in (str, int) for key in value):
         items = list(value.values())
     else:
         return None
@@ -58,8 +61,25 @@ def _candidates(namespaces: Namespaces) -> list[tuple[str, Any, list[torch.Tenso
     return found
 
 
-def _fingerprint(value: Any, leaves: list[torch.Tensor]) -> tuple[int, tuple[tuple[int, int], ...]]:
-    return id(value), tuple((id(leaf), leaf._version) for leaf in leaves)
+class _AsMade:
+    """A candidate as setup() left it: a weak reference to each of its tensors and its version. Not ids: once
+    training rebinds the value, setup()'s tensor is freed and a new one (version 0) is often given its address, so
+    a changed hidden state looked unchanged and was left out of the snapshot."""
+
+    def __init__(self, leaves: list[torch.Tensor]) -> None:
+        self._leaves = [(weakref.ref(leaf), leaf._version) for leaf in leaves]
+
+    def same(self, leaves: list[torch.Tensor]) -> bool:
+        return len(leaves) == len(self._leaves) and all(
+            ref() is leaf and leaf._version == version for (ref, version), leaf in zip(self._leaves, leaves))
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """Where the tensor's memory is (0: nowhere this can tell, a meta tensor or a subclass)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def _detached(value: Any) -> Any:
@@ -76,20 +96,31 @@ class TrainingTensors:
     """Each candidate as setup() left it (which object, each tensor's version); what differs later is training's."""
 
     def __init__(self) -> None:
-        self._after_setup: dict[str, tuple[int, tuple[tuple[int, int], ...]]] = {}
+        self._after_setup: dict[str, _AsMade] = {}
 
     def mark(self, namespaces: Namespaces) -> None:
-        self._after_setup = {qualified: _fingerprint(value, leaves) for qualified, value, leaves in _candidates(namespaces)}
+        """After setup(). Never a reason for setup() to fail: a value that cannot be looked at is not marked (then a
+        snapshot keeps it, if it can)."""
+        marks: dict[str, _AsMade] = {}
+        try:
+            for qualified, _, leaves in _candidates(namespaces):
+                marks[qualified] = _AsMade(leaves)
+        except Exception:  # noqa: BLE001 - a tensor subclass without weak references or versions
+            pass
+        self._after_setup = marks
 
     def changed(self, namespaces: Namespaces, models: list[torch.nn.Module]) -> tuple[dict[str, Any], dict[str, str]]:
         """({qualified: the value, detached} to keep, {shown name: why not kept}). `models`: whose parameters and
         buffers are theirs to carry, never kept here (a buffer bound in the state too would be cut from its model)."""
-        theirs = {id(t) for model in models for t in (*model.parameters(), *model.buffers())}
+        theirs = {_storage(t) for model in models for t in (*model.parameters(), *model.buffers())} - {0}
         kept: dict[str, Any] = {}
         refused: dict[str, str] = {}
         total = 0
         for qualified, value, leaves in _candidates(namespaces):
-            if self._after_setup.get(qualified) == _fingerprint(value, leaves) or any(id(leaf) in theirs for leaf in leaves):
+            as_made = self._after_setup.get(qualified)
+            # A model's tensor, or a view or detach() of one (sharing its storage), is the model's to carry: a copy
+            # put back in its place would no longer follow the weights.
+            if (as_made is not None and as_made.same(leaves)) or any(_storage(leaf) in theirs for leaf in leaves):
                 continue
             size = payload_bytes(value)
             if total + size > MAX_KEPT_BYTES:
