@@ -97,3 +97,27 @@ def test_an_object_whose_shapes_changed_is_left_as_setup_made_it_and_said(tmp_pa
                            "(['shadow'][0] is (600, 600) torch.float32 then (700, 600) torch.float32: the model "
                            "changed?), so it was not given"], given.notes
     assert grown.updates == 0 and bool((grown.shadow[0] == 0).all())  # type: ignore[index]
+
+
+def test_a_state_held_in_an_ordered_dict_goes_through_dcp_too(tmp_path: Path) -> None:
+    """A copy of a model's state_dict() is an OrderedDict: it was not walked, so the whole state was pickled into the
+    rank's record at every snapshot."""
+    from collections import OrderedDict
+
+    class Copy(Shadows):
+        def state_dict(self) -> Any:
+            return OrderedDict(w=self.shadow[0], b=self.shadow[1])  # type: ignore[index]
+
+        def load_state_dict(self, state: Any) -> None:
+            self.shadow = [state["w"].clone(), state["b"].clone()]
+
+    trained = Copy()
+    trained.update(3.0)
+    kept = record({"ema": trained})
+    tensors, kept[LAYOUT] = tensors_and_layout(kept.pop("large"), 0, {"ema"})
+    assert len(tensors) == 2 and type(kept[LAYOUT]["ema"]["skeleton"]) is OrderedDict
+    event = write_sharded({"model": torch.nn.Linear(2, 2)}, 7, 0, tmp_path, writer_pid=os.getpid(), is_main=True,
+                          keep=3, loader_record=kept, large=tensors)
+    fresh = Copy()
+    put_back({"ema": fresh}, read_loader_places(Path(event.path), 0, 1, {"ema": fresh}), 0, 1, 7)
+    assert fresh.shadow is not None and bool((fresh.shadow[0] == 3.0).all()) and bool((fresh.shadow[1] == 3.0).all())

@@ -29,6 +29,7 @@ import io
 import itertools
 import re
 import types
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import GeneratorType
@@ -199,13 +200,17 @@ def refusal(exc: Exception) -> str:
 
 
 def _skeleton(value: Any) -> Any:
-    if type(value) in (torch.Tensor, torch.nn.Parameter):
+    """The state with each plain tensor, and each DTensor (a sharded snapshot writes those through DCP), an empty
+    one: what the weights_only check round-trips, not a copy of a shard at every snapshot."""
+    from torch.distributed.tensor import DTensor
+
+    if type(value) in (torch.Tensor, torch.nn.Parameter) or isinstance(value, DTensor):
         return torch.empty(0, dtype=value.dtype)
-    if type(value) is dict:
-        return {key: _skeleton(item) for key, item in value.items()}
+    if type(value) in (dict, OrderedDict):  # a model's state_dict() copy is an OrderedDict, which weights_only takes
+        return type(value)((key, _skeleton(item)) for key, item in value.items())
     if type(value) in (list, tuple):
         return type(value)(_skeleton(item) for item in value)
-    return value  # anything else as it is: a dict subclass, a tensor subclass, a numpy value, checked whole
+    return value  # anything else as it is: another dict subclass, a tensor subclass, a numpy value, checked whole
 
 
 def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ rest under a key of the rank's own (`vram-bench/state/rank<r>/<path>/<i>`), whic
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,8 @@ def split(state: Any) -> tuple[Any, list[torch.Tensor]]:
         if isinstance(value, torch.Tensor):
             leaves.append(value)
             return torch.empty(0, dtype=value.dtype)
-        if type(value) is dict:
-            return {key: walk(item) for key, item in value.items()}
+        if type(value) in (dict, OrderedDict):  # a copy of a model's state_dict() is an OrderedDict
+            return type(value)((key, walk(item)) for key, item in value.items())
         if type(value) in (list, tuple):
             return type(value)(walk(item) for item in value)
         return value
@@ -60,8 +61,8 @@ def join(skeleton: Any, leaves: list[torch.Tensor]) -> Any:
     def walk(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return next(remaining)
-        if type(value) is dict:
-            return {key: walk(item) for key, item in value.items()}
+        if type(value) in (dict, OrderedDict):
+            return type(value)((key, walk(item)) for key, item in value.items())
         if type(value) in (list, tuple):
             return type(value)(walk(item) for item in value)
         return value
@@ -136,8 +137,9 @@ def _template(saved: Any, live: Any) -> Any:
         if isinstance(live, torch.Tensor) and live.shape == saved.shape and live.dtype == saved.dtype:
             return torch.empty_like(live)
         return torch.empty(saved.shape, dtype=saved.dtype)
-    if type(saved) is dict:
-        return {key: _template(value, live.get(key) if isinstance(live, dict) else None) for key, value in saved.items()}
+    if type(saved) in (dict, OrderedDict):
+        return type(saved)((key, _template(value, live.get(key) if isinstance(live, dict) else None))
+                           for key, value in saved.items())
     if type(saved) in (list, tuple):
         return type(saved)(_template(value, live[i] if isinstance(live, (list, tuple)) and i < len(live) else None)
                            for i, value in enumerate(saved))
