@@ -423,8 +423,9 @@ SHARDED_PROJECT = DDP_EMA_PROJECT.replace(
 # rank's own, which the same number of ranks takes back and another cannot.
 SHARDED_PROJECT = SHARDED_PROJECT.replace("def setup(bench):", textwrap.dedent('''\
     class RankCounter:
-        def __init__(self, rank):
-            self.counts = {"x": torch.full(((1 << 18) + 1,), float(rank))}
+        def __init__(self, rank, layer):
+            # and a DTensor beside it: under a key of the rank's own, its other shard was missing and DCP refused it
+            self.counts = {"x": torch.full(((1 << 18) + 1,), float(rank)), "w": layer.weight.detach().clone()}
 
         def state_dict(self):
             return self.counts
@@ -433,10 +434,10 @@ SHARDED_PROJECT = SHARDED_PROJECT.replace("def setup(bench):", textwrap.dedent('
             self.counts = {k: v.clone() for k, v in state.items()}
 
 
-    def setup(bench):''')).replace('"ema": WeightEMA(model[0])', '"ema": WeightEMA(model[0]), "own": RankCounter(bench.rank)').replace(
+    def setup(bench):''')).replace('"ema": WeightEMA(model[0])', '"ema": WeightEMA(model[0]), "own": RankCounter(bench.rank, model[0])').replace(
     "    bench.log(a=", '    state["own"].counts["x"].add_(1)\n    bench.log(d=float(state["own"].counts["x"][0]), a=')
 assert "fully_shard(model)" in SHARDED_PROJECT and "model[0]" in SHARDED_PROJECT and "full_tensor" in SHARDED_PROJECT
-assert "RankCounter(bench.rank)" in SHARDED_PROJECT and "bench.log(d=" in SHARDED_PROJECT
+assert "RankCounter(bench.rank, model[0])" in SHARDED_PROJECT and "bench.log(d=" in SHARDED_PROJECT
 
 
 def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own(tmp_path: Path) -> None:
@@ -449,8 +450,9 @@ def test_a_sharded_snapshot_keeps_each_ranks_loader_place_under_a_key_of_its_own
     saved = read_metadata(Path(taken["path"])).state_dict_metadata
     assert tuple(saved["vram-bench/state/ema/0"].size) == (4, 1) and "vram-bench/state/ema/1" in saved, sorted(saved)
     assert "vram-bench/state/rank0/own/0" in saved and "vram-bench/state/rank1/own/0" in saved, sorted(saved)
+    assert tuple(saved["vram-bench/state/own/1"].size) == (4, 1), "the DTensor under the shared key, both shards"
     record = read_loader_places(Path(taken["path"]), 1, 2)["ranks"][1]
-    assert "large" not in record and record["large_layout"]["ema"]["key"] == "vram-bench/state/ema", record
+    assert "large" not in record and record["large_layout"]["ema"]["keys"] == ["vram-bench/state/ema/0", "vram-bench/state/ema/1"], record
     assert straight[1][at][3] == 1 + at and straight[0][at][3] == at, "each rank's count is its own"
 
     after, again = two_rank_batches(tmp_path, SHARDED_PROJECT, "--resume", taken["path"], "--max-steps", "30",

@@ -45,7 +45,7 @@ from workbench.engine.state_walk import Namespaces, find_reachable, generator_in
 
 LOADER = "loader"  # the `where` of the warning after the first resumed step (in events.WARNINGS)
 SHARDED_KEY = "loader_places/rank{rank}"  # each rank's record in a sharded (DCP) snapshot: a key of its own
-LAYOUT = "large_layout"  # in a sharded snapshot's record: {path: {"key": its tensors' key prefix, "skeleton": ...}}
+LAYOUT = "large_layout"  # in a sharded snapshot's record: {path: {"keys": each tensor's, "dtensors", "skeleton"}}
 
 
 MAX_PLACE_TENSOR_BYTES = 1 << 20  # a project object's state above this is a model's, not a place in the data
@@ -383,7 +383,7 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     # A one-file snapshot's large states are rank 0's, for every rank and any number of ranks (but a rank whose own
     # differed: `differing`); a sharded one's are in each rank's own record, for the same number of ranks only.
     large: dict[str, Any] = saved.get("large") or mine.get("large") or {}
-    own_differed: dict[str, str] = mine.get("differs") or {}
+    own_differed: dict[str, str] = {**(mine.get("differs") or {}), **(saved.get("unread") or {})}
     placed: dict[int, str] = {}
     notes: list[str] = []
     given: list[str] = []

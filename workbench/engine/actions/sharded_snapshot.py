@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover - a torch that moved it
 from workbench.engine.loader_places import LAYOUT, SHARDED_KEY, pack, places, state_of, unpack
 from workbench.engine.moved_layers import match_moved
 from workbench.engine.actions.plain_data_dcp import PlainDataLoadPlanner, PlainDataReader, check_values, read_metadata
-from workbench.engine.actions.sharded_states import read_states, shared_prefix
+from workbench.engine.actions.sharded_states import any_ranks, read_states
 from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
 from workbench.engine.actions.snapshot import ResumeMismatch, ResumeReport, prune_snapshots
 from workbench.engine.state_walk import Namespaces, find_with_globals
@@ -127,13 +127,13 @@ def read_loader_places(path: Path, rank: int, world_size: int, live: dict[str, A
     saved = places(records, saved_world_size)
     mine = records.get(rank) if same_ranks else None
     layout = (mine or {}).get(LAYOUT) if same_ranks else {
-        p: entry for p, entry in ((records.get(0) or {}).get(LAYOUT) or {}).items() if entry["key"] == shared_prefix(p)}
+        p: entry for p, entry in ((records.get(0) or {}).get(LAYOUT) or {}).items() if any_ranks(p, entry)}
     if layout and live:
         states, unread = read_states(path, layout, live, state_of)
         if mine is not None:
             mine["large"], mine["differs"] = states, {**(mine.get("differs") or {}), **unread}
         else:
-            saved["large"], saved["large_resharded"] = states, True
+            saved["large"], saved["large_resharded"], saved["unread"] = states, True, unread
     return saved
 
 
@@ -146,7 +146,7 @@ def _read_record(path: Path, metadata: Any, rank: int) -> dict[str, Any] | None:
     if not isinstance(item, TensorStorageMetadata):
         raise UserError(f"{path}: {key} is not a loader record")
     holder = {key: torch.empty(tuple(item.size), dtype=torch.uint8)}
-    dcp.load(holder, storage_reader=PlainDataReader(str(path)), planner=PlainDataLoadPlanner(), no_dist=True)
+    _checkpoint_call(dcp.load, holder, storage_reader=PlainDataReader(str(path)), planner=PlainDataLoadPlanner(), no_dist=True)
     return unpack(holder[key].numpy().tobytes())
 
 

@@ -12,6 +12,7 @@ Rank 0 compares every rank's checksum of the plain tensors and non-tensor values
 is taken by every rank at one boundary) and says which states are the same everywhere: those go under a shared key
 (`vram-bench/state/<path>/<i>`), which any number of ranks can read (DTensors resharded, plain tensors whole); the
 rest under a key of the rank's own (`vram-bench/state/rank<r>/<path>/<i>`), which only the same number of ranks can.
+A DTensor is always under the shared key: DCP places each rank's shard by its placements.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from workbench.engine.actions.plain_data_dcp import PlainDataLoadPlanner, PlainDataReader, read_metadata
@@ -92,40 +94,64 @@ def _plain_part(state: Any) -> Any:
 
 
 def tensors_and_layout(large: dict[str, Any], rank: int, replicated: set[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """What goes into the DCP state dict (each tensor under its key) and what the rank's record keeps (`LAYOUT`)."""
+    """What goes into the DCP state dict (each tensor under its key) and what the rank's record keeps (`LAYOUT`): each
+    tensor's key, which were DTensors, and the skeleton. A DTensor is always under the shared key, where DCP puts
+    each rank's shard by its placements (under a key of one rank's own, the other shards were missing and DCP
+    refused the whole snapshot); a plain tensor under the rank's own key unless every rank's is the same."""
+    from torch.distributed.tensor import DTensor
+
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, Any] = {}
     for path, state in large.items():
-        prefix = shared_prefix(path) if path in replicated else own_prefix(path, rank)
         skeleton, leaves = split(state)
-        tensors.update({f"{prefix}/{i}": leaf.detach() for i, leaf in enumerate(leaves)})
-        layout[path] = {"key": prefix, "skeleton": skeleton}
+        keys = [f"{shared_prefix(path) if isinstance(leaf, DTensor) or path in replicated else own_prefix(path, rank)}/{i}"
+                for i, leaf in enumerate(leaves)]
+        tensors.update({key: leaf.detach() for key, leaf in zip(keys, leaves)})
+        layout[path] = {"keys": keys, "dtensors": [i for i, leaf in enumerate(leaves) if isinstance(leaf, DTensor)],
+                        "skeleton": skeleton}
     return tensors, layout
+
+
+def any_ranks(path: str, entry: dict[str, Any]) -> bool:
+    """Whether any number of ranks can read the state: none of its tensors is under a key of one rank's own."""
+    return all(key.startswith(shared_prefix(path) + "/") for key in entry["keys"])
 
 
 def read_states(snapshot: Path, layout: dict[str, Any], live: dict[str, Any], state_of: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """Each large state the record lays out and this run has an object for, read from the snapshot: {path: state}
     for `put_back` to give (it checks the layout against the object's own), and {path: why} for one that cannot be
-    read here (a rank's own state, and no such rank now). `state_of(obj)`: the object's own state, whose tensors say
-    where and how (a DTensor's placements) each saved one is read: a live shard's, or, where the object has no tensor
-    of that shape (an EMA made lazily), whole onto the CPU. Each rank reads its own part, no collective."""
+    read here. `state_of(obj)`: the object's own state, whose tensors say where and how (a DTensor's placements) each
+    saved one is read: a live shard's, or, where the object has no tensor of that shape (an EMA made lazily), whole
+    onto the CPU; but a saved DTensor only into a live one (whole on the CPU, its next update against the sharded
+    weights would fail). Each rank reads its own part, no collective."""
+    from torch.distributed.tensor import DTensor
+
     saved = read_metadata(snapshot).state_dict_metadata
     states: dict[str, Any] = {}
     unread: dict[str, str] = {}
     for path, entry in layout.items():
         if path not in live:
             continue
-        prefix, skeleton = entry["key"], entry["skeleton"]
-        count = len(split(skeleton)[1])
-        metas = [saved.get(f"{prefix}/{i}") for i in range(count)]
+        keys, skeleton = entry["keys"], entry["skeleton"]
+        metas = [saved.get(key) for key in keys]
         if not all(isinstance(meta, TensorStorageMetadata) for meta in metas):
-            unread[path] = f"the snapshot lacks the tensors of its state ({prefix})"
+            unread[path] = "the snapshot lacks the tensors of its state"
             continue
         shapes = join(skeleton, [torch.empty(tuple(m.size), dtype=m.properties.dtype, device="meta") for m in metas])
         template = split(_template(shapes, state_of(live[path])))[1]
-        holder = {f"{prefix}/{i}": tensor for i, tensor in enumerate(template)}
-        dcp.load(holder, storage_reader=PlainDataReader(str(snapshot)), planner=PlainDataLoadPlanner(), no_dist=True)
-        states[path] = join(skeleton, [holder[f"{prefix}/{i}"] for i in range(count)])
+        if any(not isinstance(template[i], DTensor) for i in entry.get("dtensors", ())):
+            unread[path] = ("its state held DTensor shards where its own state now has none of that shape (made "
+                            "lazily, or the model changed)")
+            continue
+        holder = dict(zip(keys, template))
+        try:
+            dcp.load(holder, storage_reader=PlainDataReader(str(snapshot)), planner=PlainDataLoadPlanner(), no_dist=True)
+        except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException: said, not fatal
+            if not isinstance(exc, (Exception, CheckpointException)):
+                raise
+            unread[path] = f"its tensors could not be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            continue
+        states[path] = join(skeleton, [holder[key] for key in keys])
     return states, unread
 
 
