@@ -1296,3 +1296,18 @@ def test_a_rebuild_names_the_iterators_its_setup_made_that_start_over(tmp_path: 
         n.startswith("state['batches'] (the generator batches(), train.py:8): the one the new setup() made, so it "
                      "starts from its beginning, not where step 3 left it. A rebuild carries") for n in rebuilt.notes
     ), rebuilt.notes
+
+
+def test_a_loader_with_a_generator_of_its_own_that_is_kept_too_reads_the_next_epoch_as_the_run_that_never_stopped(
+        tmp_path: Path) -> None:
+    """The first iterator after the resume drew its base seed from the loader's `generator=`, which the resume had
+    just put back: one draw ahead, the next epoch's order was another."""
+    source = PROJECT.replace(
+        "    loader = StatefulDataLoader(list(range(10)), batch_size=2, shuffle=True, num_workers=WORKERS)\n",
+        "    order = torch.Generator().manual_seed(5)\n"
+        "    loader = StatefulDataLoader(list(range(10)), batch_size=2, shuffle=True, num_workers=WORKERS, generator=order)\n",
+    ).replace('"batches": batches(loader)}', '"batches": batches(loader), "order": order}')
+    assert "generator=order" in source and '"order": order' in source
+    straight = straight_run(tmp_path, source, 15)
+    resumed, after = resumed_after(tmp_path, source, 7, 15)
+    assert after == {k: straight[k] for k in range(8, 16)}, "the rest of the epoch and the next one"

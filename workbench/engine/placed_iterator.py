@@ -4,7 +4,8 @@ Every DataLoader iterator draws a base seed from torch's global generator when i
 int64). A run that never stopped drew it at the epoch's start; a resumed run gives the fresh loader its place
 (torchdata's StatefulDataLoader keeps that seed in its state, and the new iterator takes it) and then makes the
 iterator at the first resumed step, which draws once more: from there on, dropout and every other draw of the run
-was one draw behind the run that never stopped. The first iterator made after the place was given is made with the
+was one draw behind the run that never stopped (from the loader's own `generator=`, when it has one: the next
+epoch's order was another). The first iterator made after the place was given is made with the
 global state put back after it; later epochs draw their seeds as the uninterrupted run does.
 """
 
@@ -24,9 +25,13 @@ def make_first_iterator_without_drawing(loader: Any) -> None:
     def first_iterator() -> Any:
         del loader._get_iterator  # the class's again for every later epoch
         state = torch.get_rng_state()
+        own = loader.generator  # a loader given a generator draws the seed from it (which may be kept and put back)
+        own_state = own.get_state() if isinstance(own, torch.Generator) else None
         try:
             return make()
         finally:
             torch.set_rng_state(state)
+            if own_state is not None:
+                own.set_state(own_state)
 
     loader._get_iterator = first_iterator
