@@ -403,6 +403,8 @@ def show_lines_of(path: Path, source: str) -> None:
     applied, a syntax error, is not what runs either)."""
     if source:
         linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
+    else:  # a file the session saw created: back to what the disk says
+        linecache.cache.pop(str(path), None)
 
 
 def _classes_old_and_new(changeset: ChangeSet) -> tuple[tuple[type, str], ...]:
