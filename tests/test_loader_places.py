@@ -1311,3 +1311,46 @@ def test_a_loader_with_a_generator_of_its_own_that_is_kept_too_reads_the_next_ep
     straight = straight_run(tmp_path, source, 15)
     resumed, after = resumed_after(tmp_path, source, 7, 15)
     assert after == {k: straight[k] for k in range(8, 16)}, "the rest of the epoch and the next one"
+
+
+GROWS = """\
+import torch
+
+EXTRA = False
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4, 4)] + ([torch.nn.Linear(4, 4)] if EXTRA else [])
+    model = torch.nn.Sequential(*layers)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01)}
+
+
+def step(state, bench):
+    loss = state["model"](torch.ones(1, 4)).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    return {"loss": loss, "a": float(torch.rand(())), "b": 0.0}
+"""
+
+
+def test_a_new_layers_initial_weights_do_not_draw_from_trainings_random_state(tmp_path: Path) -> None:
+    """The new layer's initialization, replayed after setup(), ran after training's random states were put back: it
+    drew from them, and every draw of training after the rebuild was another than the run without the layer's."""
+    from workbench.protocol.events import Rebuild, StepOnce
+
+    straight = {k: a for k, (a, _) in straight_run(tmp_path, GROWS, 8).items()}
+    root = make_project(tmp_path, {"train.py": GROWS}, folder="grown")
+    with open_session(root / "train.py", max_steps=4, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        save(root / "train.py", GROWS.replace("EXTRA = False", "EXTRA = True"))
+        live.wait_for(is_event("reload"), timeout=30)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+        assert rebuilt.ok and rebuilt.new, rebuilt
+        for k in range(5, 9):
+            live.send(StepOnce())
+            live.wait_for(is_event("step", step=k), timeout=30)
+        drawn = {k: a for k, (a, _) in batches_read(live).items()}
+    assert drawn == straight, (drawn, straight)

@@ -1,9 +1,10 @@
 """The global random states (Python's `random`, torch's CPU generator, each GPU's): kept in snapshots, and set around
 a rebuild's setup().
 
-A rebuild is a fresh start that keeps the trained state, so its setup() draws what a fresh start's would (a
-`random_split` of the data, a new layer's initial weights) from the states the session's first setup() started
-from, and training then goes on drawing from where it was (dropout, the next epoch's order), as a resume from a
+A rebuild is a fresh start that keeps the trained state, so its setup() and the initialization of what it makes new
+draw from the states the session's first setup() started from (a `random_split` of the data made before the model
+is a fresh start's; a draw after the model is not quite, initialization being replayed after setup(), as at a
+resume), and training then goes on drawing from where it was (dropout, the next epoch's order), as a resume from a
 snapshot at that step would. numpy's global generator is not among them (nor in snapshots).
 """
 

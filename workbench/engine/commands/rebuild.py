@@ -7,9 +7,11 @@ code, so no rank trains a model the others do not have.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine import random_states
@@ -100,13 +102,14 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         statements_run, statement_notes = _run_what_x_would(worker, committed)
         # Initialization of what will be carried is wasted (and, on a GPU, a second model's worth of work):
         # recorded, not run, and run afterwards for what was not carried.
-        with skipping_init() as init_log:
-            built_at_import = _build_what_import_built(worker, committed)
-            found = copies(namespaces)
-            new_state = _setup_as_at_the_start(worker)
-        reset_compiled_code()
-        report = carry_over(worker.user_state, new_state, before, namespaces)
-        init_log.replay(report.carried)
+        with drawing_as_at_the_start(worker):
+            with skipping_init() as init_log:
+                built_at_import = _build_what_import_built(worker, committed)
+                found = copies(namespaces)
+                new_state = _call_setup(worker)
+            reset_compiled_code()
+            report = carry_over(worker.user_state, new_state, before, namespaces)
+            init_log.replay(report.carried)  # what is new draws its initial weights here, as a resume's do
         notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
         notes.extend(made_again_notes(worker.user_state, new_state, before, namespaces))
         notes.extend(report.moved)
@@ -299,15 +302,17 @@ def _build_what_import_built(worker: TrainingWorker, committed: list[ChangeSet])
     return notes
 
 
-def _setup_as_at_the_start(worker: TrainingWorker) -> Any:
-    """setup() drawing from the random states the session's first setup() began with (a fresh start's split of the
-    data, a new layer's initial weights); training's own states put back after it, ran it or failed
-    (random_states.py)."""
+@contextlib.contextmanager
+def drawing_as_at_the_start(worker: TrainingWorker) -> Iterator[None]:
+    """setup(), and the initialization of what it made new, drawing from the random states the session's first
+    setup() began with; training's own states put back after them, ran or failed (random_states.py). What setup()
+    draws before it builds a model (a `random_split` of the data) is then a fresh start's; what it draws after is
+    not quite: initialization is skipped while setup() runs and replayed after it, as at a resume."""
     training = random_states.capture()
     if worker.random_before_setup is not None:
         random_states.restore(worker.random_before_setup)
     try:
-        return _call_setup(worker)
+        yield
     finally:
         random_states.restore(training)
 
