@@ -26,8 +26,24 @@ def capture() -> dict[str, Any]:
     return states
 
 
+def held(states: dict[str, Any]) -> dict[str, Any]:
+    """`capture`'s states with each tensor as bytes, for a copy the session holds for long: the leak finder (t) counted
+    a tensor of vram-bench's own as one nobody owns."""
+    def plain(value: Any) -> Any:
+        return bytes(value.numpy()) if isinstance(value, torch.Tensor) else value
+
+    return {key: [plain(v) for v in value] if key == "cuda" else plain(value) for key, value in states.items()}
+
+
+def _tensor(value: Any) -> Any:
+    return torch.frombuffer(bytearray(value), dtype=torch.uint8) if isinstance(value, bytes) else value
+
+
 def restore(states: dict[str, Any]) -> None:
-    """Set what `capture` took (or a snapshot's copy of it); what cannot be set (from another machine) is left."""
+    """Set what `capture` took (or a snapshot's copy of it, or `held`'s); what cannot be set (from another machine)
+    is left."""
+    states = {key: [_tensor(v) for v in value] if key == "cuda" else _tensor(value) if key == "torch" else value
+              for key, value in states.items()}
     try:
         if "python" in states:
             version, internal, gauss = states["python"]

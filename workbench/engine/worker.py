@@ -347,7 +347,7 @@ class TrainingWorker(threading.Thread):
             if setup is None:
                 raise NameError("setup(bench) is not defined in the project file")
             if self.random_before_setup is None:  # not after a failed setup() drew from them: a fresh start's
-                self.random_before_setup = random_states.capture()  # a rebuild's setup() draws from them again
+                self.random_before_setup = random_states.held(random_states.capture())  # a rebuild's setup() draws from them again
             # Resuming: the snapshot fills the parameters, so their initialization is recorded, not run.
             with skipping_init(active=self.resume_path is not None) as init_log:
                 self.user_state = setup(self.bench)
