@@ -43,14 +43,19 @@ def finished(entry: Path, *args: str) -> Headless:
     return run
 
 
+def step_paused(run: Headless, steps: int) -> None:
+    """A run started with --paused: once it is paused, run `steps` steps one command at a time."""
+    run.wait_event("paused", timeout=180)
+    for k in range(1, steps + 1):
+        run.send("step")
+        run.wait_for(lambda e, k=k: e["event"] == "step" and e["step"] == k, timeout=60, what=f"step {k}")
+
+
 def snapshot_at(entry: Path, steps: int) -> dict[str, Any]:
     """Start paused, run `steps` steps one command at a time, snapshot, quit: the snapshot event."""
     run = Headless(entry, "--device", "cpu", "--paused")
     try:
-        run.wait_event("paused", timeout=180)
-        for k in range(1, steps + 1):
-            run.send("step")
-            run.wait_for(lambda e, k=k: e["event"] == "step" and e["step"] == k, timeout=60, what=f"step {k}")
+        step_paused(run, steps)
         run.send("snapshot")
         taken = run.wait_event("snapshot", timeout=120)
         run.send("quit")
@@ -87,10 +92,7 @@ def test_a_rebuild_with_no_change_trains_on_as_the_run_that_never_stopped(tmp_pa
     straight = losses(finished(tmp_path / "straight" / "train.py", "--max-steps", str(UNTIL)).events)
     run = Headless(tmp_path / "rebuilt" / "train.py", "--device", "cpu", "--paused", "--max-steps", str(UNTIL))
     try:
-        run.wait_event("paused", timeout=180)
-        for k in range(1, SNAPSHOT_AT + 1):
-            run.send("step")
-            run.wait_for(lambda e, k=k: e["event"] == "step" and e["step"] == k, timeout=60, what=f"step {k}")
+        step_paused(run, SNAPSHOT_AT)
         run.send("rebuild")
         assert run.wait_event("rebuild", timeout=180)["ok"]
         run.send("resume")
