@@ -189,35 +189,48 @@ def test_another_optimizer_class_is_refused_before_anything_is_loaded(tmp_path) 
     assert torch.equal(target.weight, before)
 
 
-def test_deferred_initialization_runs_before_setup_uses_a_value_so_setup_computes_what_it_always_did() -> None:
+def build_touched_layers() -> dict[str, torch.nn.Linear]:
+    """Layers that setup() fills, uses, replaces, copies and moves, in one order: run plainly and with skipping."""
     import copy
 
+    layers = {"filled": torch.nn.Linear(4, 4)}
+    with torch.no_grad():
+        layers["filled"].weight.fill_(0.125)  # replaces the whole value: the deferred init is dropped
+    layers["scaled"] = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        layers["scaled"].weight.mul_(0.0).add_(1.0)  # uses the value: the init runs first, then the user's ops
+    layers["through_data"] = torch.nn.Linear(4, 4)
+    layers["through_data"].weight.data.uniform_(5.0, 6.0)  # `.data` hands the values out: init first, then the user's
+    layers["assigned"] = torch.nn.Linear(4, 4)
+    layers["assigned"].weight.data = torch.full((4, 4), 3.0)  # foreign data: the deferred init is dropped
+    layers["moved_early"] = torch.nn.Linear(4, 4).to(torch.float64)  # deferred, then initialized by the copy below
+    layers["ema"] = copy.deepcopy(torch.nn.Linear(4, 4))  # a copy reads the values: initialized first
+    layers["moved"] = torch.nn.Linear(4, 4).to(torch.float64)  # a move reads nothing: still deferred
+    layers["untouched"] = torch.nn.Linear(4, 4)
+    return layers
+
+
+def test_deferred_initialization_runs_before_setup_uses_a_value_so_setup_computes_what_it_always_did() -> None:
+    torch.manual_seed(0)
+    plain = build_touched_layers()
+    plain_next = torch.rand(4)
     torch.manual_seed(0)
     with skipping_init() as log:
-        filled = torch.nn.Linear(4, 4)
-        with torch.no_grad():
-            filled.weight.fill_(0.125)  # replaces the whole value: the deferred init is dropped
-        scaled = torch.nn.Linear(4, 4)
-        with torch.no_grad():
-            scaled.weight.mul_(0.0).add_(1.0)  # uses the value: the init runs first, then the user's ops
-        through_data = torch.nn.Linear(4, 4)
-        through_data.weight.data.uniform_(5.0, 6.0)  # `.data` hands the values out: init first, then the user's
-        assigned = torch.nn.Linear(4, 4)
-        assigned.weight.data = torch.full((4, 4), 3.0)  # foreign data: the deferred init is dropped
-        moved = torch.nn.Linear(4, 4).to(torch.float64)  # a move reads nothing: still deferred
-        ema = copy.deepcopy(torch.nn.Linear(4, 4))  # a copy reads the values: initialized first
-        untouched = torch.nn.Linear(4, 4)
-    assert torch.equal(filled.weight, torch.full((4, 4), 0.125))
-    assert torch.equal(scaled.weight, torch.ones(4, 4))
-    assert ((through_data.weight >= 5) & (through_data.weight <= 6)).all()
-    assert torch.equal(assigned.weight, torch.full((4, 4), 3.0))
-    assert 0 < ema.weight.abs().max() <= 0.5 and ema.weight.isfinite().all()
+        layers = build_touched_layers()
+    assert torch.equal(layers["filled"].weight, torch.full((4, 4), 0.125))
+    assert torch.equal(layers["scaled"].weight, torch.ones(4, 4))
+    assert ((layers["through_data"].weight >= 5) & (layers["through_data"].weight <= 6)).all()
+    assert torch.equal(layers["assigned"].weight, torch.full((4, 4), 3.0))
     still = {id(p) for p in log.parameters}
-    assert id(moved.weight) in still and moved.weight.dtype == torch.float64
-    assert id(untouched.weight) in still and id(filled.weight) not in still and id(scaled.weight) not in still
+    assert {name for name, layer in layers.items() if id(layer.weight) in still} == {"moved", "untouched"}
+    assert layers["moved"].weight.dtype == torch.float64
+    for name in ("scaled", "through_data", "moved_early", "ema"):  # run when used, in a plain setup()'s order
+        assert torch.equal(layers[name].weight, plain[name].weight), name
+    assert [s.drew for s in log.settled] == [False, False, False], "each use ran what was owed before it"
     log.replay_all()
-    assert 0 < moved.weight.abs().max() <= 0.5 and 0 < untouched.weight.abs().max() <= 0.5
-    assert torch.equal(filled.weight, torch.full((4, 4), 0.125)), "a replay overwrote what setup() wrote"
+    for name, layer in layers.items():  # every owed call in setup()'s order: a plain setup()'s values
+        assert torch.equal(layer.weight, plain[name].weight) and torch.equal(layer.bias, plain[name].bias), name
+    assert torch.equal(torch.rand(4), plain_next), "the generator stands where a plain setup() left it"
 
 
 def test_the_mapped_pages_are_made_private_before_the_first_step_and_the_file_stays_as_it_was(tmp_path) -> None:

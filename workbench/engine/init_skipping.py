@@ -16,22 +16,41 @@ plain setup() would have run them. A write that replaces the whole value
 calls moot, and they are dropped. Moving a parameter (`model.to(device)`, `.half()`,
 `to_empty`) keeps its initialization deferred: it runs later on wherever it went.
 
+A deferred initialization never changes what setup() draws either. A skipped
+`kaiming_uniform_` draws nothing, so without care every random draw setup() makes after
+building its model (`random_split` of the data, synthetic data, a sampler's seed) would
+come from another place in the stream than a plain setup()'s: a resumed run would train
+on another split than the run it resumes. So the calls deferred so far are also *owed
+draws*, in the order setup() made them, and the moment setup() draws from a generator
+they draw from (a random torch function, `torch.manual_seed`, `torch.get_rng_state`) or
+uses a deferred value, every owed call runs first, in that order: on its parameter when
+the parameter is still where and what it was made (it is then initialized), or else on
+a scratch tensor of the shape, dtype and device it was made with (a dropped or freed
+parameter's draws, copied into a moved one). Then setup()'s draw is a plain setup()'s,
+at the cost of the initialization a resume meant to skip; `settled` says what set it
+off. A draw the torch function mode cannot see (a `Generator`'s own `manual_seed`) is
+found afterwards, by the generator's state, and `unseen_draw` says so.
+
 After setup(), `replay(filled)` runs what is still deferred for the parameters nothing
-filled (so they are initialized as usual); `replay_all()` makes the state exactly what
-a plain `setup()` would have built (with other random draws), for a resume that loads
-nothing. Only the calling thread is affected; other threads initialize as usual. Calls
-on plain tensors (data made with `init.normal_(torch.empty(...))`) always run.
+filled (so they are initialized as usual); `replay_all()` runs every owed call in
+setup()'s order, which makes the state exactly what a plain `setup()` would have built,
+for a resume that loads nothing. Only the calling thread is affected; other threads
+initialize as usual. Calls on plain tensors (data made with `init.normal_(torch.empty(...))`)
+always run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,9 +77,35 @@ _OVERWRITES = frozenset({
     "copy_", "fill_", "zero_", "normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geometric_",
     "log_normal_", "cauchy_", "set_",
 })
+# Initializers that fill without drawing: what they owe is an order, not a draw.
+_DRAWLESS = frozenset({"constant_", "ones_", "zeros_", "eye_", "dirac_"})
+# Torch functions that draw from a generator (the default one of their device unless given `generator=`).
+# Composites are named too: inside a mode's handler the calls they make are not seen.
+_DRAWS = frozenset({
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "normal", "poisson",
+    "bernoulli", "multinomial", "binomial", "_standard_gamma", "_sample_dirichlet", "dropout", "dropout1d",
+    "dropout2d", "dropout3d", "alpha_dropout", "feature_dropout", "feature_alpha_dropout", "native_dropout", "rrelu",
+    "rrelu_", "gumbel_softmax", "fractional_max_pool2d", "fractional_max_pool3d", "normal_", "uniform_", "random_",
+    "bernoulli_", "exponential_", "geometric_", "log_normal_", "cauchy_",
+    # torch.nn.init's on plain tensors (on parameters they defer), seen whole: they draw inside the mode's handler
+    "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+    "sparse_",
+})
+# Functions of torch's own random module (and torch.cuda's) that set or read a generator's state: a reseed after
+# the model must come after the draws the model's initialization makes, and a state read must include them.
+_SEEDING = {
+    "torch": ("manual_seed", "seed", "get_rng_state", "set_rng_state"),
+    "torch.random": ("manual_seed", "seed", "get_rng_state", "set_rng_state"),
+    "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "get_rng_state", "get_rng_state_all",
+                   "set_rng_state", "set_rng_state_all"),
+    "torch.cuda.random": ("manual_seed", "manual_seed_all", "seed", "seed_all", "get_rng_state", "get_rng_state_all",
+                          "set_rng_state", "set_rng_state_all"),
+}
+SAID_USE_SECONDS = 1.0  # a use of a deferred value that made the owed calls run is named in the notes from this long
 _lock = threading.Lock()
 _recorders: dict[int, InitLog] = {}  # thread id -> the log its setup() records into
 _originals: dict[str, Callable[..., Any]] = {}
+_seeding_originals: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
 @dataclass
@@ -68,6 +113,17 @@ class SkippedCall:
     function: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+
+
+@dataclass
+class Settled:
+    """One time the owed calls ran during setup(): what set it off, where in the project, and what it cost."""
+
+    reason: str
+    where: str | None
+    calls: int
+    seconds: float
+    drew: bool  # a draw or a seed set it off (else a use of a deferred value)
 
 
 @dataclass
@@ -80,11 +136,31 @@ class _Deferred:
 
 
 @dataclass
+class _Owed:
+    """A deferred call in setup()'s order, with what it was made on: its draws are owed even if its parameter goes."""
+
+    call: SkippedCall
+    entry: _Deferred  # its parameter's entry (ids are reused: a freed parameter's may be a new one's)
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def draws(self) -> bool:
+        return getattr(self.call.function, "__name__", "") not in _DRAWLESS
+
+
+@dataclass
 class InitLog:
     """The initializations a `setup()` deferred, per parameter, in the order they were first deferred."""
 
     deferred: dict[int, _Deferred] = field(default_factory=dict)  # id(parameter) -> its calls
     moved: dict[int, int] = field(default_factory=dict, repr=False)  # id(a moved copy) -> id(its parameter)
+    owed: list[_Owed] = field(default_factory=list, repr=False)  # every call not run yet, in setup()'s order
+    settled: list[Settled] = field(default_factory=list)  # each time setup()'s own use made the owed calls run
+    unseen_draw: bool = False  # a generator the owed calls draw from changed where the mode could not see it
+    _owed_generators: list[torch.Generator] = field(default_factory=list, repr=False)
+    _states_when_owed: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list, repr=False)
 
     @property
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -95,10 +171,87 @@ class InitLog:
         entry = self.deferred.get(id(parameter))
         if entry is None or entry.parameter() is not parameter:  # an id reused by a new object
             entry = self.deferred[id(parameter)] = _Deferred(weakref.ref(parameter))
-        entry.calls.append(SkippedCall(function, args, kwargs))
+        call = SkippedCall(function, args, kwargs)
+        entry.calls.append(call)
+        owed = _Owed(call, entry, parameter.shape, parameter.dtype, parameter.device)
+        self.owed.append(owed)
+        if owed.draws:
+            generator = kwargs.get("generator") or _default_generator(parameter.device)
+            if generator is not None and all(g is not generator for g in self._owed_generators):
+                self._owed_generators.append(generator)
+                self._states_when_owed.append((generator, generator.get_state()))
+
+    def owes_draws_from(self, generator: torch.Generator | None, device: torch.device | None) -> bool:
+        """Whether a draw from `generator` (None: the default one of `device`) must wait for the owed calls."""
+        if not self._owed_generators:
+            return False
+        wanted = generator if generator is not None else _default_generator(device or torch.device("cpu"))
+        return any(g is wanted for g in self._owed_generators)
+
+    def settle(self, reason: str, said: bool = True, drew: bool = True) -> None:
+        """Run every owed call now, in setup()'s order, so the generators stand where a plain setup()'s would.
+
+        A call runs on its parameter when that is still deferred and still of the shape, dtype and device it was
+        made with (the parameter is then initialized and no longer deferred); otherwise on a scratch tensor made
+        like it, which is copied into the parameter once its last call ran (a parameter moved since) or dropped
+        (a parameter setup() overwrote or freed: only its draws were owed)."""
+        owed, self.owed = self.owed, []
+        self._owed_generators, self._states_when_owed = [], []
+        if not owed:
+            return
+        started = time.perf_counter()
+        left: dict[int, int] = {}  # id(entry) -> its calls not run yet
+        for item in owed:
+            left[id(item.entry)] = left.get(id(item.entry), 0) + 1
+        scratch: dict[int, torch.Tensor] = {}
+        done: list[_Deferred] = []
+        # No mode sees these calls (from `torch.manual_seed`'s wrapper the mode is still on): each runs, not defers.
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            for item in owed:
+                key = id(item.entry)
+                parameter = item.entry.parameter()
+                live = parameter is not None and self.deferred.get(id(parameter)) is item.entry
+                here = (live and parameter.shape == item.shape and parameter.dtype == item.dtype
+                        and parameter.device == item.device and key not in scratch)
+                target = parameter if here else scratch.get(key)
+                if target is None:
+                    target = scratch[key] = torch.empty(item.shape, dtype=item.dtype, device=item.device)
+                item.call.function(target, *item.call.args, **item.call.kwargs)
+                left[key] -= 1
+                if left[key]:
+                    continue
+                made = scratch.pop(key, None)
+                if not live:
+                    continue
+                if made is None:
+                    done.append(item.entry)
+                elif made.shape == parameter.shape and parameter.device.type != "meta":
+                    parameter.copy_(made)  # converted and moved as the plain setup()'s `.to()` did
+                    done.append(item.entry)
+        ran = {id(item.call) for item in owed}
+        for entry in done:
+            parameter = entry.parameter()
+            if parameter is not None and all(id(call) in ran for call in entry.calls):
+                del self.deferred[id(parameter)]
+        if said:
+            self.settled.append(Settled(reason, _project_frame(), len(owed), time.perf_counter() - started, drew))
+
+    def check_unseen_draws(self) -> None:
+        """At the end of setup(): a generator that owed calls draw from, changed while they were owed, was drawn
+        from or seeded where the torch function mode does not look; what setup() drew after that may differ."""
+        if any(not torch.equal(g.get_state(), state) for g, state in self._states_when_owed):
+            self.unseen_draw = True
+
+    def use(self, parameter: torch.Tensor, reason: str) -> None:
+        """setup() is about to use a deferred parameter's values: every owed call runs first, in setup()'s order."""
+        entry = self.deferred.get(id(parameter))
+        if entry is None or entry.parameter() is not parameter:
+            return
+        self.settle(reason, drew=False)
+        self.run(parameter)  # a parameter the settling could not fill in place (a shape changed since): its own calls
 
     def run(self, parameter: torch.Tensor) -> bool:
-        """Run a parameter's deferred calls now (setup() is about to use its values); True if it had any."""
+        """Run a parameter's deferred calls now, on it; True if it had any."""
         entry = self.deferred.pop(id(parameter), None)
         if entry is None or entry.parameter() is not parameter:
             return False
@@ -123,11 +276,46 @@ class InitLog:
         return done
 
     def replay_all(self) -> list[torch.nn.Parameter]:
-        return self.replay(())
+        """Initialize everything deferred, every owed call in setup()'s order: a plain setup()'s values and draws."""
+        parameters = self.parameters
+        self.settle("replay", said=False)
+        self.replay(())
+        return parameters
 
     def forget(self) -> None:
         self.deferred.clear()
         self.moved.clear()
+        self.owed.clear()
+        self._owed_generators, self._states_when_owed = [], []
+
+
+def settled_notes(log: InitLog, action: str) -> list[str]:
+    """What a resume's or rebuild's notes say of the initialization setup() made run after all (see the module doc).
+
+    A draw or a seed is always said, with what would keep the work skipped. A use of the values (an EMA's copy of
+    the weights) is usual and runs what it always did, so it is said only when it took SAID_USE_SECONDS or more."""
+    notes = []
+    seconds = sum(s.seconds for s in log.settled)
+    cost = f"{sum(s.calls for s in log.settled)} calls, {seconds:.2f} s"
+    drew = next((s for s in log.settled if s.drew), None)
+    if drew is not None:
+        at = f"{drew.reason} at {drew.where}" if drew.where else drew.reason
+        seeds = "seed" in drew.reason or "rng_state" in drew.reason
+        advice = ("seed before building the model" if seeds
+                  else "make those draws before the model, or from a torch.Generator of their own")
+        notes.append(f"setup() uses torch's random generator after building its model ({at}): the initialization a "
+                     f"{action} skips ran first ({cost}), so what it draws is a fresh start's; {advice}, and a {action} "
+                     "skips that work")
+    elif log.settled and seconds >= SAID_USE_SECONDS:
+        first = log.settled[0]
+        at = f"{first.reason} at {first.where}" if first.where else first.reason
+        notes.append(f"setup() reads the values of parameters it built ({at}): their initialization, and that of "
+                     f"everything built before them, ran first ({cost}), in a fresh start's order")
+    if log.unseen_draw:
+        notes.append("setup() drew from or seeded a random generator after building its model where vram-bench does "
+                     "not look (a Generator's own method?): what it drew after that may differ from a fresh start's, "
+                     f"since the initialization a {action} skips draws nothing")
+    return notes
 
 
 class _RunWhenUsed(TorchFunctionMode):
@@ -142,6 +330,10 @@ class _RunWhenUsed(TorchFunctionMode):
         log = self.log
         name, access = _name_of(func)
         moved_from: torch.Tensor | None = None
+        if log.owed and name in _DRAWS and access is None and log.owes_draws_from(
+            kwargs.get("generator"), _device_of(args, kwargs)
+        ):
+            log.settle(_shown(func, name))
         if log.deferred:
             for position, value in enumerate(_tensors_in(args, kwargs)):
                 if id(value) not in log.deferred:
@@ -156,11 +348,54 @@ class _RunWhenUsed(TorchFunctionMode):
                 elif name in _OVERWRITES and position == 0:
                     log.drop(value)
                 else:
-                    log.run(value)
+                    log.use(value, _shown(func, name))
         result = func(*args, **kwargs)
         if moved_from is not None and isinstance(result, torch.Tensor):
             log.moved[id(result)] = id(moved_from)
         return result
+
+
+def _shown(func: Any, name: str | None) -> str:
+    """`torch.randperm`, `Tensor.normal_`, `F.dropout`: how a note names what set the owed calls off."""
+    owner = getattr(func, "__self__", None)
+    qualname = getattr(func, "__qualname__", "") or ""
+    if (isinstance(owner, types.GetSetDescriptorType) or getattr(func, "__objclass__", None) is not None
+            or qualname.startswith(("Tensor.", "TensorBase.", "_TensorBase."))):
+        return f"Tensor.{name}"
+    if (getattr(func, "__module__", "") or "").startswith("torch.nn.functional"):
+        return f"F.{name}"
+    return f"torch.{name}"
+
+
+def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
+    """Where a draw happens: its `device=`, else its first tensor's device, else None (the CPU's generator)."""
+    device = kwargs.get("device")
+    if device is not None:
+        return torch.device(device)
+    tensor = next(_tensors_in(args, kwargs), None)
+    return tensor.device if tensor is not None else None
+
+
+def _default_generator(device: torch.device) -> torch.Generator | None:
+    """The generator a draw on `device` takes when given none (None for a device that draws nothing, `meta`)."""
+    if device.type == "cpu":
+        return torch.default_generator
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return None
+
+
+def _project_frame() -> str | None:
+    """`train.py:57`: the innermost frame outside torch, this package and the standard library."""
+    frame = sys._getframe(1)
+    skipped = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]), str(Path(contextlib.__file__).parent))
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(skipped) and not filename.startswith("<"):
+            return f"{Path(filename).name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 def _name_of(func: Any) -> tuple[str | None, str | None]:
@@ -193,7 +428,29 @@ def _deferring(original: Callable[..., Any]) -> Callable[..., Any]:
     return initializer
 
 
+def _settling(original: Callable[..., Any], shown: str) -> Callable[..., Any]:
+    """`torch.manual_seed` and its kin, during a skipping setup(): the owed draws come before the seed or the read."""
+
+    @functools.wraps(original)
+    def seeding(*args: Any, **kwargs: Any) -> Any:
+        log = _recorders.get(threading.get_ident())
+        if log is not None and log.owed and log._owed_generators:
+            log.settle(shown)
+        return original(*args, **kwargs)
+
+    seeding.__vram_bench_skipping__ = True  # type: ignore[attr-defined]
+    return seeding
+
+
 def _install() -> None:
+    for module_name, names in _SEEDING.items():
+        module = sys.modules.get(module_name)
+        for name in names if module is not None else ():
+            original = getattr(module, name, None)
+            if original is None or getattr(original, "__vram_bench_skipping__", False):
+                continue
+            _seeding_originals[(module_name, name)] = original
+            setattr(module, name, _settling(original, f"{module_name}.{name}"))
     for name in _INITIALIZERS:
         original = getattr(torch_init, name, None)
         if original is None or getattr(original, "__vram_bench_skipping__", False):
@@ -206,6 +463,9 @@ def _uninstall() -> None:
     for name, original in _originals.items():
         setattr(torch_init, name, original)
     _originals.clear()
+    for (module_name, name), original in _seeding_originals.items():
+        setattr(sys.modules[module_name], name, original)
+    _seeding_originals.clear()
 
 
 @contextlib.contextmanager
@@ -223,6 +483,7 @@ def skipping_init(active: bool = True) -> Iterator[InitLog]:
     try:
         with _RunWhenUsed(log):  # torch function modes are per thread: other threads are not watched
             yield log
+        log.check_unseen_draws()
     finally:
         with _lock:
             _recorders.pop(me, None)

@@ -71,7 +71,7 @@ from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.hotswap.reloader import Reloader
 from workbench.engine.hotswap.syntax_trees import format_traceback
-from workbench.engine.init_skipping import InitLog, skipping_init
+from workbench.engine.init_skipping import InitLog, settled_notes, skipping_init
 from workbench.engine.ddp_diagnosis import is_unused_parameter_error, unused_parameter_sentence
 from workbench.engine.distributed import broadcast_replicated_state, is_dead_group_error, setup_error_hint
 from workbench.engine.loader_failure import raised_in_data_loader
@@ -431,6 +431,7 @@ class TrainingWorker(threading.Thread):
             self._pending_optimizers = PendingOptimizers.after_resume(path, report.pending_optimizers, self.step)
             notes = self._pending_optimizers.notes_at_resume
         notes += _initialized_note(report.initialized)
+        notes += tuple(settled_notes(init_log, "resume"))
         notes += tuple(report.moved)
         notes += tuple(report.scheduler_notes)
         notes += self._put_back_globals(payload.get("globals", {}), payload.get("loader_places"))
@@ -530,7 +531,8 @@ class TrainingWorker(threading.Thread):
                                       missing=tuple(report.missing), unexpected=tuple(report.unexpected),
                                       mismatched=tuple(report.mismatched), initialized=tuple(report.initialized),
                                       notes=("sharded snapshot (torch.distributed.checkpoint): every rank read its part",
-                                             *_initialized_note(report.initialized), *report.moved,
+                                             *_initialized_note(report.initialized),
+                                             *settled_notes(init_log, "resume"), *report.moved,
                                              *report.scheduler_notes,
                                              *self._put_back_globals(saved_globals, saved_places))))
         return True

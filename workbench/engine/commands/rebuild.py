@@ -29,7 +29,7 @@ from workbench.engine.hotswap.loader_workers import running_iterators
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.import_builders import built_again_note, built_by_old_code, plan_import_builders
-from workbench.engine.init_skipping import skipping_init
+from workbench.engine.init_skipping import settled_notes, skipping_init
 from workbench.engine.memory.gc_freeze import collect_all
 from workbench.engine.loader_places import carry_places
 from workbench.engine.training_globals import carry_state, state_namespace
@@ -113,6 +113,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
         notes.extend(made_again_notes(worker.user_state, new_state, before, namespaces))
         notes.extend(report.moved)
+        notes.extend(settled_notes(init_log, "rebuild"))
         if report.restarted:
             notes.append(restarted_note(report.restarted))
         if report.garbage:

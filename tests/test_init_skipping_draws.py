@@ -1,0 +1,191 @@
+"""A resume's or rebuild's setup() skips initialization, yet draws at random as a fresh start's does.
+
+The skipped `kaiming_uniform_` of every layer draws nothing, so each draw setup() makes after building its model
+(synthetic data, `random_split`, a shuffling loader's seed, a reseed) came from another place in torch's stream than
+the first start's: a resumed run trained on another split of its data than the run it resumed, and said nothing.
+The skipped calls are now owed draws, made in setup()'s order before any such draw (workbench/engine/init_skipping.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset, random_split
+
+from tests.conftest import make_project
+from tests.test_headless import Headless
+from tests.test_resume_matches_straight_run import finished, losses, snapshot_at, step_paused
+from workbench.engine import init_skipping
+from workbench.engine.init_skipping import settled_notes, skipping_init
+
+
+class Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 6)
+        self.body = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(6, 10, bias=False)
+        self.head.weight = self.emb.weight  # the first head weight is freed: its draws were made all the same
+
+
+def draws_after_a_model(draw) -> tuple[object, object]:  # type: ignore[no-untyped-def]
+    """(plain, skipping): what `draw()` returns after building a model, in a plain setup() and a skipping one."""
+    torch.manual_seed(0)
+    Tied()
+    plain = draw()
+    torch.manual_seed(0)
+    with skipping_init() as log:
+        Tied()
+        skipping = draw()
+    assert log.settled and log.settled[0].drew, "the owed calls ran before the draw"
+    return plain, skipping
+
+
+def first_shuffled_batch() -> torch.Tensor:
+    loader = DataLoader(TensorDataset(torch.arange(32)), batch_size=8, shuffle=True)
+    return next(iter(loader))[0]
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda: torch.randn(5),
+        lambda: torch.randint(0, 100, (5,)),
+        lambda: torch.rand(3, generator=torch.default_generator),
+        lambda: random_split(range(20), [10, 10])[0].indices,
+        first_shuffled_batch,
+        lambda: torch.empty(5).normal_(),
+        lambda: torch.nn.init.trunc_normal_(torch.empty(5)),  # an initializer on plain data runs, and draws
+        lambda: torch.nn.init.kaiming_uniform_(torch.empty(4, 4)),  # one the mode sees whole: it draws inside the handler
+        lambda: torch.nn.functional.dropout(torch.ones(8), 0.5),
+        lambda: torch.get_rng_state(),
+        lambda: (torch.manual_seed(1), torch.randn(3))[1],  # a reseed must come after the model's draws
+    ],
+    ids=["randn", "randint", "default-generator", "random_split", "shuffle", "normal_", "plain-init", "plain-kaiming",
+         "dropout",
+         "get_rng_state", "manual_seed"],
+)
+def test_a_draw_after_the_model_is_a_fresh_starts(draw) -> None:  # type: ignore[no-untyped-def]
+    plain, skipping = draws_after_a_model(draw)
+    if isinstance(plain, torch.Tensor):
+        assert torch.equal(plain, skipping)
+    else:
+        assert plain == skipping
+
+
+def test_the_owed_calls_fill_their_parameters_in_place_or_through_a_scratch_copy() -> None:
+    torch.manual_seed(0)
+    plain = Tied()
+    plain_moved = torch.nn.Linear(4, 4).to(torch.float64)
+    plain_data = torch.randn(3)
+    torch.manual_seed(0)
+    with skipping_init() as log:
+        model = Tied()
+        moved = torch.nn.Linear(4, 4).to(torch.float64)
+        data = torch.randn(3)
+    assert torch.equal(data, plain_data)
+    assert log.parameters == [], "everything owed ran: nothing is left to replay"
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, plain.state_dict()[name]), name
+    assert torch.equal(moved.weight, plain_moved.weight), "a moved parameter gets its values as made, then converted"
+    assert log.settled[0].calls == 6, "emb, body (2), the head weight the tie freed, moved (2)"
+
+
+def test_a_draw_from_a_generator_of_the_projects_own_keeps_the_initialization_skipped() -> None:
+    rows = torch.Generator().manual_seed(7)
+    with skipping_init() as log:
+        model = torch.nn.Linear(4, 4)
+        torch.randperm(10, generator=rows)
+        torch.empty(3).uniform_(generator=rows)
+    assert log.settled == [] and {id(p) for p in log.parameters} == {id(model.weight), id(model.bias)}
+
+
+def test_a_seed_the_mode_cannot_see_is_said() -> None:
+    with skipping_init() as log:
+        torch.nn.Linear(4, 4)
+        torch.default_generator.manual_seed(3)  # a Generator's own method: no torch function mode sees it
+    assert log.settled == [] and log.unseen_draw
+    assert any("where vram-bench does not look" in note for note in settled_notes(log, "resume"))
+    with skipping_init() as quiet:
+        torch.nn.Linear(4, 4)
+    assert not quiet.unseen_draw and settled_notes(quiet, "resume") == []
+
+
+def test_the_note_names_the_draw_the_place_and_the_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    import copy
+
+    with skipping_init() as log:
+        model = torch.nn.Linear(4, 4)
+        copy.deepcopy(model)  # an EMA's copy: a use, usual and quick, so not said
+        torch.nn.Linear(4, 4)
+        torch.randperm(10)
+    (note,) = settled_notes(log, "resume")
+    assert "(torch.randperm at test_init_skipping_draws.py:" in note and "4 calls" in note
+    assert "from a torch.Generator of their own, and a resume skips that work" in note
+    with skipping_init() as used:
+        copy.deepcopy(torch.nn.Linear(4, 4))
+    assert settled_notes(used, "rebuild") == []
+    monkeypatch.setattr(init_skipping, "SAID_USE_SECONDS", 0.0)  # a slow one is said: it is why the resume took long
+    (slow,) = settled_notes(used, "rebuild")
+    assert slow.startswith("setup() reads the values of parameters it built (Tensor.data at test_init_skipping_draws")
+
+
+SPLIT_AFTER_THE_MODEL = """\
+import torch
+from torch.utils.data import random_split
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    x = torch.randn(256, 8)  # data made after the model, and split at random: as many trainers do
+    y = x.sum(1, keepdim=True) + 0.1 * torch.randn(256, 1)
+    train, _ = random_split(range(256), [192, 64])
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.05),
+            "x": x[train.indices], "y": y[train.indices]}
+
+
+def step(state, bench):
+    rows = torch.randint(0, state["x"].shape[0], (16,))
+    loss = torch.nn.functional.mse_loss(state["model"](state["x"][rows]), state["y"][rows])
+    state["opt"].zero_grad()
+    loss.backward()
+    state["opt"].step()
+    return loss
+"""
+
+
+def test_a_resumed_run_that_splits_its_data_after_the_model_trains_on_the_first_runs_split(tmp_path: Path) -> None:
+    root = make_project(tmp_path, {"train.py": SPLIT_AFTER_THE_MODEL}, folder="straight")
+    for folder in ("first", "second"):
+        shutil.copytree(root, tmp_path / folder)
+    straight = losses(finished(root / "train.py", "--max-steps", "10").events)
+    taken = snapshot_at(tmp_path / "first" / "train.py", 4)
+    resumed = finished(tmp_path / "second" / "train.py", "--resume", taken["path"], "--max-steps", "10")
+    event = next(e for e in resumed.events if e["event"] == "resume")
+    assert event["ok"] and event["initialized"] == [], event
+    assert any("random generator after building its model (torch.randn at train.py:8)" in n for n in event["notes"])
+    after = losses(resumed.events)
+    assert sorted(after) == list(range(5, 11))
+    assert {k: after[k] for k in after} == {k: straight[k] for k in after}, "the resumed run trains on the same rows"
+
+
+def test_a_rebuild_of_a_project_that_splits_its_data_after_the_model_keeps_the_first_runs_split(tmp_path: Path) -> None:
+    root = make_project(tmp_path, {"train.py": SPLIT_AFTER_THE_MODEL}, folder="straight")
+    shutil.copytree(root, tmp_path / "rebuilt")
+    straight = losses(finished(root / "train.py", "--max-steps", "10").events)
+    run = Headless(tmp_path / "rebuilt" / "train.py", "--device", "cpu", "--paused", "--max-steps", "10")
+    try:
+        step_paused(run, 4)
+        run.send("rebuild")
+        rebuilt = run.wait_event("rebuild", timeout=180)
+        run.send("resume")
+        assert run.finish(timeout=300) == 0, run.explain()
+    finally:
+        run.close()
+    assert rebuilt["ok"] and any("the initialization a rebuild skips ran first" in n for n in rebuilt["notes"]), rebuilt
+    after = losses(run.events)
+    assert {k: after[k] for k in range(5, 11)} == {k: straight[k] for k in range(5, 11)}
