@@ -491,7 +491,7 @@ class TrainingWorker(threading.Thread):
             return (f"not put back: {', '.join(theirs)} (each rank's own tensors, and the snapshot is of "
                     f"{saved_places.get('world_size')} ranks, this run has {world_size})",) if theirs and saved_places else ()
         if rank not in ranks and (ranks.get(0) or {}).get("tensors"):
-            return (f"not put back: this rank's tensors that training changed (the snapshot keeps rank 0's record "
+            return ("not put back: this rank's tensors that training changed (the snapshot keeps rank 0's record "
                     "only: rank 0 took it alone)",)
         try:
             done, left = put_back_tensors((ranks.get(rank) or {}).get("tensors") or {}, self._training_namespaces())
