@@ -2,10 +2,10 @@
 a rebuild's setup().
 
 A rebuild is a fresh start that keeps the trained state, so its setup() and the initialization of what it makes new
-draw from the states the session's first setup() started from (a `random_split` of the data made before the model
-is a fresh start's; a draw after the model is not quite, initialization being replayed after setup(), as at a
-resume), and training then goes on drawing from where it was (dropout, the next epoch's order), as a resume from a
-snapshot at that step would. numpy's global generator is not among them (nor in snapshots).
+draw from the states the session's first setup() started from (a `random_split` of the data is a fresh start's,
+made before the model or after it: the initialization skipped while setup() runs is made before any draw after it,
+init_skipping.py), and training then goes on drawing from where it was (dropout, the next epoch's order), as a resume
+from a snapshot at that step would. numpy's global generator is not among them (nor in snapshots).
 """
 
 from __future__ import annotations

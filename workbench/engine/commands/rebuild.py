@@ -307,8 +307,9 @@ def _build_what_import_built(worker: TrainingWorker, committed: list[ChangeSet])
 def drawing_as_at_the_start(worker: TrainingWorker) -> Iterator[None]:
     """setup(), and the initialization of what it made new, drawing from the random states the session's first
     setup() began with; training's own states put back after them, ran or failed (random_states.py). What setup()
-    draws before it builds a model (a `random_split` of the data) is then a fresh start's; what it draws after is
-    not quite: initialization is skipped while setup() runs and replayed after it, as at a resume."""
+    draws (a `random_split` of the data) is then a fresh start's, before its model or after it (init_skipping.py:
+    the skipped initialization is made first); what it makes new is initialized after setup(), from where its
+    draws left the states."""
     training = random_states.capture()
     if worker.random_before_setup is not None:
         random_states.restore(worker.random_before_setup)
