@@ -189,3 +189,28 @@ def test_a_rebuild_of_a_project_that_splits_its_data_after_the_model_keeps_the_f
     assert rebuilt["ok"] and any("the initialization a rebuild skips ran first" in n for n in rebuilt["notes"]), rebuilt
     after = losses(run.events)
     assert {k: after[k] for k in range(5, 11)} == {k: straight[k] for k in range(5, 11)}
+
+
+class WhatTheWorkerSees(torch.utils.data.Dataset):
+    """Each item: whether the worker process finds a skipping log for its thread, and the calls it owes."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import threading
+
+        log = init_skipping._recorders.get(threading.get_ident())
+        return torch.tensor([log is not None, len(log.owed) if log else 0])
+
+
+def test_a_loader_worker_forked_during_setup_initializes_nothing() -> None:
+    """`iter(loader)` in setup() forks the workers while initialization is skipped; the forking thread lives on in
+    each with the same id, so the worker's own `torch.manual_seed` made the owed calls run there: the whole model
+    initialized in every worker (its pages copied), for nothing."""
+    with skipping_init() as log:
+        torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+        rows = torch.Generator().manual_seed(0)  # the loader's seed: no draw in this process
+        seen = next(iter(DataLoader(WhatTheWorkerSees(), batch_size=4, num_workers=2, generator=rows, shuffle=True)))
+    assert seen.tolist() == [[0, 0]] * 4, "the worker found the setup thread's log"
+    assert len(log.owed) == 4 and log.settled == [], "nothing drew in this process"

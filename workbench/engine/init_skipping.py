@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import threading
 import time
@@ -328,6 +329,8 @@ class _RunWhenUsed(TorchFunctionMode):
     def __torch_function__(self, func: Any, types_: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         log = self.log
+        if _recorders.get(threading.get_ident()) is not log:  # a process forked from setup() (a loader's worker)
+            return func(*args, **kwargs)
         name, access = _name_of(func)
         moved_from: torch.Tensor | None = None
         if log.owed and name in _DRAWS and access is None and log.owes_draws_from(
@@ -426,6 +429,16 @@ def _deferring(original: Callable[..., Any]) -> Callable[..., Any]:
 
     initializer.__vram_bench_skipping__ = True  # type: ignore[attr-defined]
     return initializer
+
+
+def _forget_in_child() -> None:
+    """In a process forked while setup() skips (a DataLoader worker made by `iter(loader)` in setup()), the forking
+    thread lives on with the same id: without this, its worker's `torch.manual_seed` made the owed calls run there,
+    initializing the whole model in every worker (its pages copied, its time spent) for nothing."""
+    _recorders.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _settling(original: Callable[..., Any], shown: str) -> Callable[..., Any]:
