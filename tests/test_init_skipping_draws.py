@@ -214,3 +214,77 @@ def test_a_loader_worker_forked_during_setup_initializes_nothing() -> None:
         seen = next(iter(DataLoader(WhatTheWorkerSees(), batch_size=4, num_workers=2, generator=rows, shuffle=True)))
     assert seen.tolist() == [[0, 0]] * 4, "the worker found the setup thread's log"
     assert len(log.owed) == 4 and log.settled == [], "nothing drew in this process"
+
+
+def skipping_against_plain(build):  # type: ignore[no-untyped-def]
+    """(plain, skipping, log): `build()`'s result plainly and with skipping, both from seed 0."""
+    torch.manual_seed(0)
+    plain = build()
+    torch.manual_seed(0)
+    with skipping_init() as log:
+        skipping = build()
+    return plain, skipping, log
+
+
+def test_an_unseen_seed_is_said_even_when_a_seen_draw_follows() -> None:
+    def build() -> torch.Tensor:
+        torch.nn.Linear(4, 4)
+        torch.default_generator.manual_seed(1)  # not seen
+        return torch.randn(3)  # seen: the owed calls run, after the seed
+
+    plain, skipping, log = skipping_against_plain(build)
+    assert not torch.equal(plain, skipping) and log.unseen_draw, "the draws differ, and that is said"
+
+
+def test_a_generator_given_by_place_to_an_initializer_is_the_one_owed() -> None:
+    rows = torch.Generator()
+
+    def build() -> tuple[torch.Tensor, torch.nn.Linear]:
+        rows.manual_seed(5)
+        layer = torch.nn.Linear(4, 4)
+        torch.nn.init.normal_(layer.weight, 0.0, 0.02, rows)
+        return torch.randn(3, generator=rows), layer
+
+    (plain, plain_layer), (skipping, layer), log = skipping_against_plain(build)
+    assert torch.equal(plain, skipping)
+    log.replay_all()
+    assert torch.equal(layer.weight, plain_layer.weight)
+
+
+def test_a_parameter_converted_there_and_back_is_rounded_as_a_plain_setups_was() -> None:
+    def build() -> torch.nn.Sequential:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(torch.bfloat16)
+        model[1].float()  # a head kept in fp32: its values went through bf16
+        return model
+
+    plain, model, log = skipping_against_plain(build)
+    log.replay_all()
+    for name, value in model.state_dict().items():
+        assert value.dtype == plain.state_dict()[name].dtype and torch.equal(value, plain.state_dict()[name]), name
+
+
+def test_a_layer_that_fills_its_own_parameters_at_random_stays_skipped() -> None:
+    """nn.MultiheadAttention fills `in_proj_weight` with `Tensor.uniform_` (its `xavier_uniform_` is bound at import)."""
+    def build() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.MultiheadAttention(16, 2))
+
+    plain, model, log = skipping_against_plain(build)
+    assert log.settled == [] and len(log.parameters) == 6, "nothing ran while the model was built"
+    assert model[0].weight.data_ptr() != model[1].in_proj_weight.data_ptr() and log.settled == [], "no value read"
+    log.replay_all()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, plain.state_dict()[name]), name
+
+
+def test_draws_are_taken_for_the_devices_they_are_made_on() -> None:
+    with skipping_init() as log:
+        torch.nn.Linear(4, 4)  # owes the CPU generator
+        with torch.device("meta"):
+            torch.randn(3)  # the default device is meta: no CPU draw
+        torch.cuda.manual_seed_all(1)  # CUDA's generators: nothing owed there
+    assert log.settled == [] and len(log.owed) == 2
+    with skipping_init() as read:
+        torch.nn.Linear(4, 4)
+        torch.get_rng_state()
+    (note,) = settled_notes(read, "resume")
+    assert "(2 calls," in note and "from a torch.Generator of their own" in note, "a read: no advice to seed"

@@ -28,8 +28,14 @@ the parameter is still where and what it was made (it is then initialized), or e
 a scratch tensor of the shape, dtype and device it was made with (a dropped or freed
 parameter's draws, copied into a moved one). Then setup()'s draw is a plain setup()'s,
 at the cost of the initialization a resume meant to skip; `settled` says what set it
-off. A draw the torch function mode cannot see (a `Generator`'s own `manual_seed`) is
-found afterwards, by the generator's state, and `unseen_draw` says so.
+off. A draw the torch function mode cannot see (a `Generator`'s own `manual_seed`,
+another thread's draw, a C++ kernel's) is found at the next settling or at the end, by
+the generator's state, and `unseen_draw` says so; a reseed to the very state the model
+was built from cannot be told apart. A random fill of a whole parameter
+(`p.uniform_()`, what `nn.MultiheadAttention` does) is initialization, deferred as
+torch.nn.init's is; a write through a view (`Embedding`'s `weight[padding_idx].fill_(0)`)
+counts as a use. A parameter converted on its way (`model.bfloat16()`, then
+`head.float()`) gets values rounded through the same dtypes.
 
 After setup(), `replay(filled)` runs what is still deferred for the parameters nothing
 filled (so they are initialized as usual); `replay_all()` runs every owed call in
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -67,7 +74,7 @@ _INITIALIZERS = (
 _SHAPE_ONLY = frozenset({
     "to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type", "requires_grad_", "size", "dim", "numel",
     "is_floating_point", "is_complex", "element_size", "stride", "storage_offset", "is_contiguous", "__hash__",
-    "_has_compatible_shallow_copy_type", "empty_like", "_is_view", "get_device", "__len__",
+    "_has_compatible_shallow_copy_type", "empty_like", "_is_view", "get_device", "__len__", "data_ptr",
 })
 # Moving ops whose result is the same parameter elsewhere (`param.data = moved` in Module._apply keeps it deferred).
 _MOVES = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type", "empty_like"})
@@ -78,6 +85,10 @@ _OVERWRITES = frozenset({
     "copy_", "fill_", "zero_", "normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geometric_",
     "log_normal_", "cauchy_", "set_",
 })
+# In-place random fills of the whole value: on a parameter they are initialization (nn.MultiheadAttention's
+# `xavier_uniform_`, bound at import, fills `in_proj_weight` with `Tensor.uniform_`), deferred like torch.nn.init's.
+_RANDOM_FILLS = frozenset({"normal_", "uniform_", "random_", "bernoulli_", "exponential_", "geometric_",
+                           "log_normal_", "cauchy_"})
 # Initializers that fill without drawing: what they owe is an order, not a draw.
 _DRAWLESS = frozenset({"constant_", "ones_", "zeros_", "eye_", "dirac_"})
 # Torch functions that draw from a generator (the default one of their device unless given `generator=`).
@@ -93,14 +104,15 @@ _DRAWS = frozenset({
     "sparse_",
 })
 # Functions of torch's own random module (and torch.cuda's) that set or read a generator's state: a reseed after
-# the model must come after the draws the model's initialization makes, and a state read must include them.
+# the model must come after the draws the model's initialization makes, and a state read must include them. Each
+# with the generators it touches: "any" (torch.manual_seed seeds every device), "cpu" or "cuda".
+_CUDA_SEEDING = {name: "cuda" for name in ("manual_seed", "manual_seed_all", "seed", "seed_all", "get_rng_state",
+                                          "get_rng_state_all", "set_rng_state", "set_rng_state_all")}
 _SEEDING = {
-    "torch": ("manual_seed", "seed", "get_rng_state", "set_rng_state"),
-    "torch.random": ("manual_seed", "seed", "get_rng_state", "set_rng_state"),
-    "torch.cuda": ("manual_seed", "manual_seed_all", "seed", "seed_all", "get_rng_state", "get_rng_state_all",
-                   "set_rng_state", "set_rng_state_all"),
-    "torch.cuda.random": ("manual_seed", "manual_seed_all", "seed", "seed_all", "get_rng_state", "get_rng_state_all",
-                          "set_rng_state", "set_rng_state_all"),
+    "torch": {"manual_seed": "any", "seed": "any", "get_rng_state": "cpu", "set_rng_state": "cpu"},
+    "torch.random": {"manual_seed": "any", "seed": "any", "get_rng_state": "cpu", "set_rng_state": "cpu"},
+    "torch.cuda": _CUDA_SEEDING,
+    "torch.cuda.random": _CUDA_SEEDING,
 }
 SAID_USE_SECONDS = 1.0  # a use of a deferred value that made the owed calls run is named in the notes from this long
 _lock = threading.Lock()
@@ -134,6 +146,9 @@ class _Deferred:
 
     parameter: weakref.ref[torch.nn.Parameter]
     calls: list[SkippedCall] = field(default_factory=list)
+    # (calls made before it, dtype): each conversion of the parameter (`.half()`, `.float()`) since it was made, so
+    # values made on a scratch tensor are rounded as the plain setup()'s were on their way through the dtypes
+    conversions: list[tuple[int, torch.dtype]] = field(default_factory=list)
 
 
 @dataclass
@@ -142,6 +157,7 @@ class _Owed:
 
     call: SkippedCall
     entry: _Deferred  # its parameter's entry (ids are reused: a freed parameter's may be a new one's)
+    index: int  # its place among the entry's calls
     shape: torch.Size
     dtype: torch.dtype
     device: torch.device
@@ -174,10 +190,10 @@ class InitLog:
             entry = self.deferred[id(parameter)] = _Deferred(weakref.ref(parameter))
         call = SkippedCall(function, args, kwargs)
         entry.calls.append(call)
-        owed = _Owed(call, entry, parameter.shape, parameter.dtype, parameter.device)
+        owed = _Owed(call, entry, len(entry.calls) - 1, parameter.shape, parameter.dtype, parameter.device)
         self.owed.append(owed)
         if owed.draws:
-            generator = kwargs.get("generator") or _default_generator(parameter.device)
+            generator = _generator_of(function, args, kwargs) or _default_generator(parameter.device)
             if generator is not None and all(g is not generator for g in self._owed_generators):
                 self._owed_generators.append(generator)
                 self._states_when_owed.append((generator, generator.get_state()))
@@ -186,8 +202,18 @@ class InitLog:
         """Whether a draw from `generator` (None: the default one of `device`) must wait for the owed calls."""
         if not self._owed_generators:
             return False
-        wanted = generator if generator is not None else _default_generator(device or torch.device("cpu"))
+        wanted = generator if generator is not None else _default_generator(device or torch.get_default_device())
         return any(g is wanted for g in self._owed_generators)
+
+    def owes_draws_on(self, scope: str) -> bool:
+        """Whether seeding or reading the generators of `scope` ("any", "cpu", "cuda") must wait for the owed calls."""
+        return any(scope == "any" or g.device.type == scope for g in self._owed_generators)
+
+    def converted(self, parameter: torch.Tensor, dtype: torch.dtype) -> None:
+        """A deferred parameter was converted (`.half()`): its values, made later, are rounded through `dtype` too."""
+        entry = self.deferred.get(id(parameter))
+        if entry is not None and entry.parameter() is parameter:
+            entry.conversions.append((len(entry.calls), dtype))
 
     def settle(self, reason: str, said: bool = True, drew: bool = True) -> None:
         """Run every owed call now, in setup()'s order, so the generators stand where a plain setup()'s would.
@@ -196,6 +222,8 @@ class InitLog:
         made with (the parameter is then initialized and no longer deferred); otherwise on a scratch tensor made
         like it, which is copied into the parameter once its last call ran (a parameter moved since) or dropped
         (a parameter setup() overwrote or freed: only its draws were owed)."""
+        if said:
+            self.check_unseen_draws()  # before the owed draws move the states on
         owed, self.owed = self.owed, []
         self._owed_generators, self._states_when_owed = [], []
         if not owed:
@@ -212,10 +240,13 @@ class InitLog:
                 key = id(item.entry)
                 parameter = item.entry.parameter()
                 live = parameter is not None and self.deferred.get(id(parameter)) is item.entry
-                here = (live and parameter.shape == item.shape and parameter.dtype == item.dtype
-                        and parameter.device == item.device and key not in scratch)
-                target = parameter if here else scratch.get(key)
-                if target is None:
+                here = (live and not item.entry.conversions and parameter.shape == item.shape
+                        and parameter.dtype == item.dtype and parameter.device == item.device and key not in scratch)
+                if here:
+                    target = parameter
+                elif key in scratch:  # rounded through what the parameter went through since the last call
+                    target = scratch[key] = _converted(scratch[key], item.entry, item.index - 1, item.index)
+                else:
                     target = scratch[key] = torch.empty(item.shape, dtype=item.dtype, device=item.device)
                 item.call.function(target, *item.call.args, **item.call.kwargs)
                 left[key] -= 1
@@ -227,7 +258,8 @@ class InitLog:
                 if made is None:
                     done.append(item.entry)
                 elif made.shape == parameter.shape and parameter.device.type != "meta":
-                    parameter.copy_(made)  # converted and moved as the plain setup()'s `.to()` did
+                    # converted and moved as the plain setup()'s `.half()` and `.to()` did
+                    parameter.copy_(_converted(made, item.entry, item.index, len(item.entry.calls)))
                     done.append(item.entry)
         ran = {id(item.call) for item in owed}
         for entry in done:
@@ -294,14 +326,17 @@ def settled_notes(log: InitLog, action: str) -> list[str]:
     """What a resume's or rebuild's notes say of the initialization setup() made run after all (see the module doc).
 
     A draw or a seed is always said, with what would keep the work skipped. A use of the values (an EMA's copy of
-    the weights) is usual and runs what it always did, so it is said only when it took SAID_USE_SECONDS or more."""
+    the weights) is usual and needs the values anyway (it also runs what was built before them, in order), so it is
+    said only when it took SAID_USE_SECONDS or more."""
     notes = []
     seconds = sum(s.seconds for s in log.settled)
-    cost = f"{sum(s.calls for s in log.settled)} calls, {seconds:.2f} s"
+    calls = sum(s.calls for s in log.settled)
+    cost = f"{calls} call{'s' if calls != 1 else ''}, {seconds:.2f} s"
     drew = next((s for s in log.settled if s.drew), None)
     if drew is not None:
         at = f"{drew.reason} at {drew.where}" if drew.where else drew.reason
-        seeds = "seed" in drew.reason or "rng_state" in drew.reason
+        seeds = drew.reason.endswith(("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
+                                      "set_rng_state_all"))
         advice = ("seed before building the model" if seeds
                   else "make those draws before the model, or from a torch.Generator of their own")
         notes.append(f"setup() uses torch's random generator after building its model ({at}): the initialization a "
@@ -314,8 +349,9 @@ def settled_notes(log: InitLog, action: str) -> list[str]:
                      f"everything built before them, ran first ({cost}), in a fresh start's order")
     if log.unseen_draw:
         notes.append("setup() drew from or seeded a random generator after building its model where vram-bench does "
-                     "not look (a Generator's own method?): what it drew after that may differ from a fresh start's, "
-                     f"since the initialization a {action} skips draws nothing")
+                     "not look (a Generator's own method, another thread, or code outside torch's Python functions): "
+                     "what it drew after that may differ from a fresh start's, since the initialization a "
+                     f"{action} skips draws nothing")
     return notes
 
 
@@ -333,7 +369,13 @@ class _RunWhenUsed(TorchFunctionMode):
             return func(*args, **kwargs)
         name, access = _name_of(func)
         moved_from: torch.Tensor | None = None
-        if log.owed and name in _DRAWS and access is None and log.owes_draws_from(
+        if getattr(func, "__vram_bench_skipping__", False):  # torch.nn.init's, bound at import (MultiheadAttention)
+            if isinstance(args[0] if args else kwargs.get("tensor"), torch.nn.Parameter):
+                return func(*args, **kwargs)  # deferred by the initializer, like a call through torch.nn.init
+        elif name in _RANDOM_FILLS and access is None and args and isinstance(args[0], torch.nn.Parameter):
+            log.defer(func, args[0], args[1:], kwargs)  # a layer filling its own parameter: initialization
+            return args[0]
+        if log.owed and _draws(name, access, args, kwargs) and log.owes_draws_from(
             kwargs.get("generator"), _device_of(args, kwargs)
         ):
             log.settle(_shown(func, name))
@@ -355,6 +397,8 @@ class _RunWhenUsed(TorchFunctionMode):
         result = func(*args, **kwargs)
         if moved_from is not None and isinstance(result, torch.Tensor):
             log.moved[id(result)] = id(moved_from)
+            if result.dtype != moved_from.dtype:
+                log.converted(moved_from, result.dtype)
         return result
 
 
@@ -365,13 +409,52 @@ def _shown(func: Any, name: str | None) -> str:
     if (isinstance(owner, types.GetSetDescriptorType) or getattr(func, "__objclass__", None) is not None
             or qualname.startswith(("Tensor.", "TensorBase.", "_TensorBase."))):
         return f"Tensor.{name}"
-    if (getattr(func, "__module__", "") or "").startswith("torch.nn.functional"):
+    module = getattr(func, "__module__", "") or ""
+    if module.startswith("torch.nn.functional"):
         return f"F.{name}"
+    if module == "torch.nn.init":
+        return f"nn.init.{name}"
     return f"torch.{name}"
 
 
+def _draws(name: str | None, access: str | None, args: tuple, kwargs: dict) -> bool:
+    """Whether this call draws at random (attention draws only with a dropout)."""
+    if name == "scaled_dot_product_attention":
+        dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+        return bool(dropout)
+    return name in _DRAWS and access is None
+
+
+def _converted(made: torch.Tensor, entry: _Deferred, after: int, upto: int) -> torch.Tensor:
+    """`made` rounded through the conversions of `entry`'s parameter made after its call `after` and up to `upto`."""
+    for calls_before, dtype in entry.conversions:
+        if after < calls_before <= upto:
+            made = made.to(dtype)
+    return made
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(function: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without one (Tensor.uniform_ takes generator= by keyword only)
+        return None
+
+
+def _generator_of(function: Callable[..., Any], args: tuple, kwargs: dict) -> torch.Generator | None:
+    """The `generator` an initializer was given, by keyword or by place (`init.normal_(p, 0, 0.02, g)`)."""
+    generator = kwargs.get("generator")
+    if generator is None and args and (signature := _signature(function)) is not None:
+        try:
+            generator = signature.bind_partial(None, *args, **kwargs).arguments.get("generator")
+        except TypeError:
+            return None
+    return generator
+
+
 def _device_of(args: tuple, kwargs: dict) -> torch.device | None:
-    """Where a draw happens: its `device=`, else its first tensor's device, else None (the CPU's generator)."""
+    """Where a draw happens: its `device=`, else its first tensor's device, else None (the default device's
+    generator)."""
     device = kwargs.get("device")
     if device is not None:
         return torch.device(device)
@@ -441,13 +524,13 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def _settling(original: Callable[..., Any], shown: str) -> Callable[..., Any]:
+def _settling(original: Callable[..., Any], shown: str, scope: str) -> Callable[..., Any]:
     """`torch.manual_seed` and its kin, during a skipping setup(): the owed draws come before the seed or the read."""
 
     @functools.wraps(original)
     def seeding(*args: Any, **kwargs: Any) -> Any:
         log = _recorders.get(threading.get_ident())
-        if log is not None and log.owed and log._owed_generators:
+        if log is not None and log.owed and log.owes_draws_on(scope):
             log.settle(shown)
         return original(*args, **kwargs)
 
@@ -458,12 +541,12 @@ def _settling(original: Callable[..., Any], shown: str) -> Callable[..., Any]:
 def _install() -> None:
     for module_name, names in _SEEDING.items():
         module = sys.modules.get(module_name)
-        for name in names if module is not None else ():
+        for name, scope in names.items() if module is not None else ():
             original = getattr(module, name, None)
             if original is None or getattr(original, "__vram_bench_skipping__", False):
                 continue
             _seeding_originals[(module_name, name)] = original
-            setattr(module, name, _settling(original, f"{module_name}.{name}"))
+            setattr(module, name, _settling(original, f"{module_name}.{name}", scope))
     for name in _INITIALIZERS:
         original = getattr(torch_init, name, None)
         if original is None or getattr(original, "__vram_bench_skipping__", False):
