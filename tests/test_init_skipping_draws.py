@@ -288,3 +288,15 @@ def test_draws_are_taken_for_the_devices_they_are_made_on() -> None:
         torch.get_rng_state()
     (note,) = settled_notes(read, "resume")
     assert "(2 calls," in note and "from a torch.Generator of their own" in note, "a read: no advice to seed"
+
+
+def test_modules_that_convert_by_swapping_tensors_convert_in_a_skipping_setup() -> None:
+    """`torch.utils.swap_tensors` refuses a tensor with weak references, which the log held: `.to()` raised."""
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        plain, model, log = skipping_against_plain(lambda: torch.nn.Linear(4, 4).to(torch.float64))
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert model.weight.dtype == torch.float64 and len(log.parameters) == 2
+    log.replay_all()
+    assert torch.equal(model.weight, plain.weight) and torch.equal(model.bias, plain.bias)

@@ -139,12 +139,20 @@ class Settled:
     drew: bool  # a draw or a seed set it off (else a use of a deferred value)
 
 
+def _reference(parameter: torch.nn.Parameter) -> Callable[[], torch.nn.Parameter | None]:
+    """A weak reference, so a parameter setup() made and dropped (a tied head's first weight) is freed at once; a
+    strong one when modules convert by swapping tensors (`torch.__future__.set_swap_module_params_on_conversion`),
+    since `torch.utils.swap_tensors` refuses a tensor anything refers to weakly: `.to()` raised in setup()."""
+    if torch.__future__.get_swap_module_params_on_conversion():
+        return lambda: parameter
+    return weakref.ref(parameter)
+
+
 @dataclass
 class _Deferred:
-    """A parameter's deferred calls. Held weakly: one setup() made and dropped (a tied head's first
-    weight) is freed at once, and never initialized."""
+    """A parameter's deferred calls, its parameter held weakly (`_reference`)."""
 
-    parameter: weakref.ref[torch.nn.Parameter]
+    parameter: Callable[[], torch.nn.Parameter | None]
     calls: list[SkippedCall] = field(default_factory=list)
     # (calls made before it, dtype): each conversion of the parameter (`.half()`, `.float()`) since it was made, so
     # values made on a scratch tensor are rounded as the plain setup()'s were on their way through the dtypes
@@ -187,7 +195,7 @@ class InitLog:
     def defer(self, function: Callable[..., Any], parameter: torch.nn.Parameter, args: tuple, kwargs: dict) -> None:
         entry = self.deferred.get(id(parameter))
         if entry is None or entry.parameter() is not parameter:  # an id reused by a new object
-            entry = self.deferred[id(parameter)] = _Deferred(weakref.ref(parameter))
+            entry = self.deferred[id(parameter)] = _Deferred(_reference(parameter))
         call = SkippedCall(function, args, kwargs)
         entry.calls.append(call)
         owed = _Owed(call, entry, len(entry.calls) - 1, parameter.shape, parameter.dtype, parameter.device)
