@@ -7,35 +7,31 @@ CPU, a full pass over its memory on a GPU. Inside `skipping_init()`, the
 `reset_parameters` and most `_init_weights` use) *defer* their work on an
 `nn.Parameter`: the call is recorded, not run.
 
-A deferred initialization never changes what setup() computes. A torch function mode
-watches the rest of setup() on this thread: the moment its code uses a deferred
-parameter's values (a forward pass, `p.mul_(0.5)`, `p.data`, `copy.deepcopy(model)`,
-`p.copy_` from it), that parameter's recorded calls run first, in their order, as a
-plain setup() would have run them. A write that replaces the whole value
-(`p.fill_(0.125)`, `p.copy_(pretrained)`, `p.data = pretrained`) makes the deferred
-calls moot, and they are dropped. Moving a parameter (`model.to(device)`, `.half()`,
-`to_empty`) keeps its initialization deferred: it runs later on wherever it went.
+A deferred initialization never changes what setup() computes, nor what it draws. A
+skipped `kaiming_uniform_` draws nothing, so without care every draw setup() makes after
+building its model (synthetic data, a `random_split`, a sampler's seed) would come from
+another place in torch's stream than a plain setup()'s, and a resumed run would train on
+another split than the run it resumes. So each deferred call is also an *owed* call, kept
+in setup()'s order. A torch function mode watches the rest of setup() on this thread, and
+the moment its code uses a deferred parameter's values (a forward pass, `p.mul_(0.5)`,
+`p.data`, `copy.deepcopy(model)`) or draws from a generator the owed calls draw from (a
+random torch function, `torch.manual_seed`, `torch.get_rng_state`), every owed call runs
+first, in that order: on its parameter when the parameter is still where and what it
+was made (it is then initialized), or else on a scratch tensor of the shape, dtype and
+device it was made with (the draws of a parameter setup() dropped or freed; the values of
+one it moved or converted, rounded through the same dtypes and copied in). Then what
+setup() reads or draws is a plain setup()'s, at the cost of the initialization a resume
+meant to skip; `settled` says what set it off.
 
-A deferred initialization never changes what setup() draws either. A skipped
-`kaiming_uniform_` draws nothing, so without care every random draw setup() makes after
-building its model (`random_split` of the data, synthetic data, a sampler's seed) would
-come from another place in the stream than a plain setup()'s: a resumed run would train
-on another split than the run it resumes. So the calls deferred so far are also *owed
-draws*, in the order setup() made them, and the moment setup() draws from a generator
-they draw from (a random torch function, `torch.manual_seed`, `torch.get_rng_state`) or
-uses a deferred value, every owed call runs first, in that order: on its parameter when
-the parameter is still where and what it was made (it is then initialized), or else on
-a scratch tensor of the shape, dtype and device it was made with (a dropped or freed
-parameter's draws, copied into a moved one). Then setup()'s draw is a plain setup()'s,
-at the cost of the initialization a resume meant to skip; `settled` says what set it
-off. A draw the torch function mode cannot see (a `Generator`'s own `manual_seed`,
-another thread's draw, a C++ kernel's) is found at the next settling or at the end, by
-the generator's state, and `unseen_draw` says so; a reseed to the very state the model
-was built from cannot be told apart. A random fill of a whole parameter
-(`p.uniform_()`, what `nn.MultiheadAttention` does) is initialization, deferred as
-torch.nn.init's is; a write through a view (`Embedding`'s `weight[padding_idx].fill_(0)`)
-counts as a use. A parameter converted on its way (`model.bfloat16()`, then
-`head.float()`) gets values rounded through the same dtypes.
+A write that replaces the whole value (`p.fill_(0.125)`, `p.copy_(pretrained)`,
+`p.data = pretrained`) drops the deferred values, whose draws stay owed. A random fill of
+a whole parameter (`p.uniform_()`, as `nn.MultiheadAttention` does) is initialization,
+deferred as torch.nn.init's is. Moving a parameter (`model.to(device)`, `.half()`,
+`to_empty`) keeps its initialization deferred. A write through a view (`Embedding`'s
+`weight[padding_idx].fill_(0)`) counts as a use. A draw the mode cannot see (a
+`Generator`'s own `manual_seed`, another thread's draw, a C++ kernel's) is found at the
+next settling or at the end, by the generator's state, and `unseen_draw` says so; a
+reseed to the very state the model was built from cannot be told apart.
 
 After setup(), `replay(filled)` runs what is still deferred for the parameters nothing
 filled (so they are initialized as usual); `replay_all()` runs every owed call in
