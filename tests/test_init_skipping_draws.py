@@ -16,8 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
 from tests.conftest import make_project
-from tests.test_headless import Headless
-from tests.test_resume_matches_straight_run import finished, losses, snapshot_at, step_paused
+from tests.test_resume_matches_straight_run import finished, losses, rebuilt_at, snapshot_at
 from workbench.engine import init_skipping
 from workbench.engine.init_skipping import settled_notes, skipping_init
 
@@ -177,15 +176,7 @@ def test_a_rebuild_of_a_project_that_splits_its_data_after_the_model_keeps_the_f
     root = make_project(tmp_path, {"train.py": SPLIT_AFTER_THE_MODEL}, folder="straight")
     shutil.copytree(root, tmp_path / "rebuilt")
     straight = losses(finished(root / "train.py", "--max-steps", "10").events)
-    run = Headless(tmp_path / "rebuilt" / "train.py", "--device", "cpu", "--paused", "--max-steps", "10")
-    try:
-        step_paused(run, 4)
-        run.send("rebuild")
-        rebuilt = run.wait_event("rebuild", timeout=180)
-        run.send("resume")
-        assert run.finish(timeout=300) == 0, run.explain()
-    finally:
-        run.close()
+    rebuilt, run = rebuilt_at(tmp_path / "rebuilt" / "train.py", 4, 10)
     assert rebuilt["ok"] and any("the initialization a rebuild skips ran first" in n for n in rebuilt["notes"]), rebuilt
     after = losses(run.events)
     assert {k: after[k] for k in range(5, 11)} == {k: straight[k] for k in range(5, 11)}

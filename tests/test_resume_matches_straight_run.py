@@ -65,6 +65,20 @@ def snapshot_at(entry: Path, steps: int) -> dict[str, Any]:
     return taken
 
 
+def rebuilt_at(entry: Path, steps: int, until: int) -> tuple[dict[str, Any], Headless]:
+    """Start paused, run `steps` steps one command at a time, rebuild, train on to `until`: the rebuild event, the run."""
+    run = Headless(entry, "--device", "cpu", "--paused", "--max-steps", str(until))
+    try:
+        step_paused(run, steps)
+        run.send("rebuild")
+        rebuilt = run.wait_event("rebuild", timeout=180)
+        run.send("resume")
+        assert run.finish(timeout=300) == 0, run.explain()
+    finally:
+        run.close()
+    return rebuilt, run
+
+
 @pytest.mark.parametrize("sample", EXACT)
 def test_a_resumed_run_computes_the_losses_of_the_run_that_never_stopped(tmp_path: Path, sample: str) -> None:
     for folder in ("straight", "first", "second"):
@@ -90,15 +104,8 @@ def test_a_rebuild_with_no_change_trains_on_as_the_run_that_never_stopped(tmp_pa
     for folder in ("straight", "rebuilt"):
         shutil.copytree(SAMPLES / sample, tmp_path / folder)
     straight = losses(finished(tmp_path / "straight" / "train.py", "--max-steps", str(UNTIL)).events)
-    run = Headless(tmp_path / "rebuilt" / "train.py", "--device", "cpu", "--paused", "--max-steps", str(UNTIL))
-    try:
-        step_paused(run, SNAPSHOT_AT)
-        run.send("rebuild")
-        assert run.wait_event("rebuild", timeout=180)["ok"]
-        run.send("resume")
-        assert run.finish(timeout=300) == 0, run.explain()
-    finally:
-        run.close()
+    rebuilt, run = rebuilt_at(tmp_path / "rebuilt" / "train.py", SNAPSHOT_AT, UNTIL)
+    assert rebuilt["ok"], rebuilt
     after = losses(run.events)
     differ = {k: (straight[k], after.get(k)) for k in range(SNAPSHOT_AT + 1, UNTIL + 1) if after.get(k) != straight[k]}
     assert not differ, f"steps whose loss differs from the straight run's (straight, rebuilt): {differ}"
