@@ -51,32 +51,29 @@ def step_paused(run: Headless, steps: int) -> None:
         run.wait_for(lambda e, k=k: e["event"] == "step" and e["step"] == k, timeout=60, what=f"step {k}")
 
 
-def snapshot_at(entry: Path, steps: int) -> dict[str, Any]:
-    """Start paused, run `steps` steps one command at a time, snapshot, quit: the snapshot event."""
-    run = Headless(entry, "--device", "cpu", "--paused")
+def at_step(entry: Path, steps: int, command: str, *args: str, then: str = "quit") -> tuple[dict[str, Any], Headless]:
+    """Start paused, run `steps` steps one command at a time, send `command` (its event has its name), then `then`
+    (quit, or resume to train on) and let the run end: the command's event, and the run."""
+    run = Headless(entry, "--device", "cpu", "--paused", *args)
     try:
         step_paused(run, steps)
-        run.send("snapshot")
-        taken = run.wait_event("snapshot", timeout=120)
-        run.send("quit")
-        assert run.finish(timeout=60) == 0, run.explain()
-    finally:
-        run.close()
-    return taken
-
-
-def rebuilt_at(entry: Path, steps: int, until: int) -> tuple[dict[str, Any], Headless]:
-    """Start paused, run `steps` steps one command at a time, rebuild, train on to `until`: the rebuild event, the run."""
-    run = Headless(entry, "--device", "cpu", "--paused", "--max-steps", str(until))
-    try:
-        step_paused(run, steps)
-        run.send("rebuild")
-        rebuilt = run.wait_event("rebuild", timeout=180)
-        run.send("resume")
+        run.send(command)
+        answer = run.wait_event(command, timeout=180)
+        run.send(then)
         assert run.finish(timeout=300) == 0, run.explain()
     finally:
         run.close()
-    return rebuilt, run
+    return answer, run
+
+
+def snapshot_at(entry: Path, steps: int) -> dict[str, Any]:
+    """The snapshot event of a run paused after `steps` steps, which then quits."""
+    return at_step(entry, steps, "snapshot")[0]
+
+
+def rebuilt_at(entry: Path, steps: int, until: int) -> tuple[dict[str, Any], Headless]:
+    """A run rebuilt after `steps` steps, then trained on to `until`: the rebuild event, the run."""
+    return at_step(entry, steps, "rebuild", "--max-steps", str(until), then="resume")
 
 
 @pytest.mark.parametrize("sample", EXACT)
