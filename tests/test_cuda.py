@@ -111,3 +111,29 @@ def test_a_session_on_the_second_gpu_trains_with_it_as_the_training_threads_curr
     live = start_session({"train.py": source}, device=torch.device("cuda", 1))
     steps = live.wait_running(steps=3)
     assert [e.loss for e in steps] == [4.0, 4.0, 4.0]
+
+
+def test_a_skipping_setup_draws_on_the_gpu_as_a_plain_ones_does():
+    """The owed draws (init_skipping.py) on CUDA: a model made on the GPU owes the GPU's generator, one made on the
+    CPU and moved owes the CPU's, and a CUDA seed settles only what the GPU owes."""
+    from workbench.engine.init_skipping import skipping_init
+
+    def build() -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor, torch.Tensor]:
+        with torch.device("cuda"):
+            on_gpu = torch.nn.Linear(64, 64)
+        moved = torch.nn.Linear(64, 64).cuda().half()
+        return on_gpu, moved, torch.randn(8, device="cuda"), torch.randn(8)
+
+    torch.manual_seed(0)
+    plain = build()
+    torch.manual_seed(0)
+    with skipping_init() as log:
+        skipping = build()
+    assert torch.equal(plain[2], skipping[2]) and torch.equal(plain[3], skipping[3]) and not log.unseen_draw
+    log.replay_all()
+    for a, b in zip(plain[:2], skipping[:2]):
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+    with skipping_init() as seeded:
+        torch.nn.Linear(4, 4)  # the CPU's generator
+        torch.cuda.manual_seed_all(3)
+    assert seeded.settled == []
