@@ -58,7 +58,7 @@ def first_shuffled_batch() -> torch.Tensor:
         first_shuffled_batch,
         lambda: torch.empty(5).normal_(),
         lambda: torch.nn.init.trunc_normal_(torch.empty(5)),  # an initializer on plain data runs, and draws
-        lambda: torch.nn.init.kaiming_uniform_(torch.empty(4, 4)),  # one the mode sees whole: it draws inside the handler
+        lambda: torch.nn.init.kaiming_uniform_(torch.empty(4, 4)),  # seen whole: it draws inside the handler
         lambda: torch.nn.functional.dropout(torch.ones(8), 0.5),
         lambda: torch.get_rng_state(),
         lambda: (torch.manual_seed(1), torch.randn(3))[1],  # a reseed must come after the model's draws
@@ -255,7 +255,7 @@ def test_a_parameter_converted_there_and_back_is_rounded_as_a_plain_setups_was()
 
 
 def test_a_layer_that_fills_its_own_parameters_at_random_stays_skipped() -> None:
-    """nn.MultiheadAttention fills `in_proj_weight` with `Tensor.uniform_` (its `xavier_uniform_` is bound at import)."""
+    """nn.MultiheadAttention fills `in_proj_weight` with `Tensor.uniform_` (its `xavier_uniform_`, bound at import)."""
     def build() -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.MultiheadAttention(16, 2))
 
@@ -291,3 +291,29 @@ def test_modules_that_convert_by_swapping_tensors_convert_in_a_skipping_setup() 
     assert model.weight.dtype == torch.float64 and len(log.parameters) == 2
     log.replay_all()
     assert torch.equal(model.weight, plain.weight) and torch.equal(model.bias, plain.bias)
+
+
+def test_an_embeddings_padding_row_is_written_after_its_initialization_and_reads_through_views_are_uses() -> None:
+    """nn.Embedding(padding_idx=...) zeroes its row through a view (`weight[idx].fill_(0)`): a write, deferred after
+    the initialization, not a read that runs everything built before it."""
+    plain, model, log = skipping_against_plain(
+        lambda: torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Embedding(10, 16, padding_idx=0))
+    )
+    assert log.settled == [] and len(log.parameters) == 3, "the padding row's write ran nothing"
+    log.replay_all()
+    assert torch.equal(model[1].weight, plain[1].weight) and not model[1].weight[0].any()
+    (plain_read, read, viewed) = skipping_against_plain(lambda: torch.nn.Linear(16, 16).weight[2].sum())
+    assert torch.equal(read, plain_read) and [s.reason for s in viewed.settled] == ["Tensor.sum"]
+
+    def zero_a_copy() -> torch.nn.Linear:
+        layer = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            layer.weight[torch.tensor([0, 1])].fill_(0)  # advanced indexing copies: the parameter stays as made
+        return layer
+
+    plain_layer, layer, _ = skipping_against_plain(zero_a_copy)
+    assert torch.equal(layer.weight, plain_layer.weight) and layer.weight[:2].any()
+    with skipping_init() as kept:
+        embedding = torch.nn.Embedding(10, 4)
+        row = embedding.weight[3]  # kept past setup(), where nothing watches its reads
+    assert kept.parameters == [] and row.abs().sum() > 0, "a view kept is made at the end"

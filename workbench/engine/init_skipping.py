@@ -86,7 +86,9 @@ _OVERWRITES = frozenset({
 _RANDOM_FILLS = frozenset({"normal_", "uniform_", "random_", "bernoulli_", "exponential_", "geometric_",
                            "log_normal_", "cauchy_"})
 # Initializers that fill without drawing: what they owe is an order, not a draw.
-_DRAWLESS = frozenset({"constant_", "ones_", "zeros_", "eye_", "dirac_"})
+_DRAWLESS = frozenset({"constant_", "ones_", "zeros_", "eye_", "dirac_", "_write_through_view"})
+# Writes that replace a whole view's values and read none: `weight[padding_idx].fill_(0)` (nn.Embedding's).
+_VIEW_WRITES = frozenset({"fill_", "zero_"})
 # Torch functions that draw from a generator (the default one of their device unless given `generator=`).
 # Composites are named too: inside a mode's handler the calls they make are not seen.
 _DRAWS = frozenset({
@@ -177,6 +179,8 @@ class InitLog:
 
     deferred: dict[int, _Deferred] = field(default_factory=dict)  # id(parameter) -> its calls
     moved: dict[int, int] = field(default_factory=dict, repr=False)  # id(a moved copy) -> id(its parameter)
+    # id(an indexed view of a deferred parameter) -> (the view, weakly; its parameter; the index)
+    views: dict[int, tuple[weakref.ref, torch.nn.Parameter, Any]] = field(default_factory=dict, repr=False)
     owed: list[_Owed] = field(default_factory=list, repr=False)  # every call not run yet, in setup()'s order
     settled: list[Settled] = field(default_factory=list)  # each time setup()'s own use made the owed calls run
     unseen_draw: bool = False  # a generator the owed calls draw from changed where the mode could not see it
@@ -273,6 +277,14 @@ class InitLog:
         if said:
             self.settled.append(Settled(reason, _project_frame(), len(owed), time.perf_counter() - started, drew))
 
+    def make_kept_views(self) -> None:
+        """At the end of setup(): an indexed view setup() kept (`self.pad = emb.weight[0]`) may be read after it, when
+        nothing watches: its parameter's values are made now, as for a use."""
+        for ref, parameter, _ in list(self.views.values()):
+            if ref() is not None and id(parameter) in self.deferred:
+                self.use(parameter, "an indexed view kept")
+        self.views.clear()
+
     def check_unseen_draws(self) -> None:
         """At the end of setup(): a generator that owed calls draw from, changed while they were owed, was drawn
         from or seeded where the torch function mode does not look; what setup() drew after that may differ."""
@@ -292,7 +304,7 @@ class InitLog:
         entry = self.deferred.pop(id(parameter), None)
         if entry is None or entry.parameter() is not parameter:
             return False
-        with torch.no_grad():
+        with torch.no_grad(), torch._C.DisableTorchFunction():  # run, not deferred again, wherever it is called from
             for call in entry.calls:
                 call.function(parameter, *call.args, **call.kwargs)
         return True
@@ -322,6 +334,7 @@ class InitLog:
     def forget(self) -> None:
         self.deferred.clear()
         self.moved.clear()
+        self.views.clear()
         self.owed.clear()
         self._owed_generators, self._states_when_owed = [], []
 
@@ -344,8 +357,8 @@ def settled_notes(log: InitLog, action: str) -> list[str]:
         advice = ("seed before building the model" if seeds
                   else "make those draws before the model, or from a torch.Generator of their own")
         notes.append(f"setup() uses torch's random generator after building its model ({at}): the initialization a "
-                     f"{action} skips ran first ({cost}), so what it draws is a fresh start's; {advice}, and a {action} "
-                     "skips that work")
+                     f"{action} skips ran first ({cost}), so what it draws is a fresh start's; {advice}, and a "
+                     f"{action} skips that work")
     elif log.settled and seconds >= SAID_USE_SECONDS:
         first = log.settled[0]
         at = f"{first.reason} at {first.where}" if first.where else first.reason
@@ -383,6 +396,21 @@ class _RunWhenUsed(TorchFunctionMode):
             kwargs.get("generator"), _device_of(args, kwargs)
         ):
             log.settle(_shown(func, name))
+        if log.views and (viewed := _viewed(log, args, kwargs)) is not None:
+            view, parameter, index = viewed
+            if name in _VIEW_WRITES and access is None and args and args[0] is view and id(parameter) in log.deferred:
+                log.defer(_write_through_view, parameter, (index, name, args[1:]), kwargs)  # after its init, in order
+                return view
+            log.use(parameter, _shown(func, name))  # the view's values are read: its parameter's are made first
+        if (name == "__getitem__" and access is None and log.deferred and args
+                and isinstance(args[0], torch.nn.Parameter) and id(args[0]) in log.deferred):
+            view = func(*args, **kwargs)
+            if isinstance(view, torch.Tensor) and view._base is args[0]:  # a view (not advanced indexing's copy) of
+                # values not made yet: they are made when it is read, and a write to it is deferred after them
+                log.views[id(view)] = (weakref.ref(view), args[0], args[1] if len(args) > 1 else None)
+                return view
+            log.use(args[0], _shown(func, name))  # a copy of the values: made first, and the copy taken again
+            return func(*args, **kwargs)
         if log.deferred:
             for position, value in enumerate(_tensors_in(args, kwargs)):
                 if id(value) not in log.deferred:
@@ -419,6 +447,21 @@ def _shown(func: Any, name: str | None) -> str:
     if module == "torch.nn.init":
         return f"nn.init.{name}"
     return f"torch.{name}"
+
+
+def _viewed(log: InitLog, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.nn.Parameter, Any] | None:
+    """The first argument that is an indexed view of a deferred parameter: (the view, its parameter, the index)."""
+    for value in _tensors_in(args, kwargs):
+        found = log.views.get(id(value))
+        if found is not None and found[0]() is value:
+            return value, found[1], found[2]
+    return None
+
+
+def _write_through_view(tensor: torch.Tensor, index: Any, name: str, args: tuple, **kwargs: Any) -> torch.Tensor:
+    """A deferred `tensor[index].fill_(0)`: run after the parameter's initialization, as setup() ran it."""
+    getattr(tensor[index], name)(*args, **kwargs)
+    return tensor
 
 
 def _draws(name: str | None, access: str | None, args: tuple, kwargs: dict) -> bool:
@@ -583,6 +626,7 @@ def skipping_init(active: bool = True) -> Iterator[InitLog]:
     try:
         with _RunWhenUsed(log):  # torch function modes are per thread: other threads are not watched
             yield log
+        log.make_kept_views()
         log.check_unseen_draws()
     finally:
         with _lock:
