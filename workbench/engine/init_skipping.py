@@ -27,8 +27,9 @@ A write that replaces the whole value (`p.fill_(0.125)`, `p.copy_(pretrained)`,
 `p.data = pretrained`) drops the deferred values, whose draws stay owed. A random fill of
 a whole parameter (`p.uniform_()`, as `nn.MultiheadAttention` does) is initialization,
 deferred as torch.nn.init's is. Moving a parameter (`model.to(device)`, `.half()`,
-`to_empty`) keeps its initialization deferred. A write through a view (`Embedding`'s
-`weight[padding_idx].fill_(0)`) counts as a use. A draw the mode cannot see (a
+`to_empty`) keeps its initialization deferred. A write through an indexed view
+(`Embedding`'s `weight[padding_idx].fill_(0)`) is deferred after the parameter's own
+calls; a read through one is a use. A draw the mode cannot see (a
 `Generator`'s own `manual_seed`, another thread's draw, a C++ kernel's) is found at the
 next settling or at the end, by the generator's state, and `unseen_draw` says so; a
 reseed to the very state the model was built from cannot be told apart.
