@@ -185,7 +185,7 @@ class InitLog:
     owed: list[_Owed] = field(default_factory=list, repr=False)  # every call not run yet, in setup()'s order
     settled: list[Settled] = field(default_factory=list)  # each time setup()'s own use made the owed calls run
     unseen_draw: bool = False  # a generator the owed calls draw from changed where the mode could not see it
-    _owed_generators: list[torch.Generator] = field(default_factory=list, repr=False)
+    # each generator the owed calls draw from, with its state when it was first owed (a later change is unseen)
     _states_when_owed: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list, repr=False)
 
     @property
@@ -204,8 +204,11 @@ class InitLog:
         if owed.draws:
             generator = _generator_of(function, args, kwargs) or _default_generator(parameter.device)
             if generator is not None and all(g is not generator for g in self._owed_generators):
-                self._owed_generators.append(generator)
                 self._states_when_owed.append((generator, generator.get_state()))
+
+    @property
+    def _owed_generators(self) -> list[torch.Generator]:
+        return [generator for generator, _ in self._states_when_owed]
 
     def owes_draws_from(self, generator: torch.Generator | None, device: torch.device | None) -> bool:
         """Whether a draw from `generator` (None: the default one of `device`) must wait for the owed calls."""
@@ -234,7 +237,7 @@ class InitLog:
         if said:
             self.check_unseen_draws()  # before the owed draws move the states on
         owed, self.owed = self.owed, []
-        self._owed_generators, self._states_when_owed = [], []
+        self._states_when_owed = []
         if not owed:
             return
         started = time.perf_counter()
@@ -337,7 +340,7 @@ class InitLog:
         self.moved.clear()
         self.views.clear()
         self.owed.clear()
-        self._owed_generators, self._states_when_owed = [], []
+        self._states_when_owed = []
 
 
 def settled_notes(log: InitLog, action: str) -> list[str]:
