@@ -851,6 +851,7 @@ def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_t
         run.send("rebuild")  # setup() again on every rank: the sharded tensors are carried over shard by shard
         rebuilt = run.wait_event("rebuild", timeout=60)
         assert rebuilt["ok"] and rebuilt["tensors_carried"] == 4 and rebuilt["optimizer_states_carried"] == 4, rebuilt
+        assert rebuilt["schedulers_carried"] == 1 and not any("schedule" in n for n in rebuilt["notes"]), rebuilt  # the StepLR goes on
         # Carried means the new model computes with the trained values: the first step after the rebuild starts from
         # exactly what the last one before it ended with (before the fix, FSDP2 ran on the new, uninitialized storage).
         at = next(i for i, e in enumerate(run.events) if e["event"] == "rebuild")

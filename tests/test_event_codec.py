@@ -31,7 +31,7 @@ SAMPLES: dict[str, Event] = {
         ev.Reload(ok=False, file="train.py", changed=("step", "LR"), ms=3.5, code_version=3, error="SyntaxError",
                   line=12, notes=("a note",), held=("Model.__init__",), needs_rebuild=("Model built by old code",), time=T),
         ev.Rebuilt(ok=False, seconds=2.5, code_version=4, changed=("setup",), tensors_carried=10, tensors_shared=8,
-                   optimizer_states_carried=2, new=("head.bias",), mismatched=("head.weight",), dropped=("old.w",),
+                   optimizer_states_carried=2, schedulers_carried=1, new=("head.bias",), mismatched=("head.weight",), dropped=("old.w",),
                    error="boom", notes=("n",), time=T),
         ev.Paused(reason="user", step=5, time=T),
         ev.Resumed(reason="reload", step=6, time=T),

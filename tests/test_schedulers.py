@@ -17,6 +17,7 @@ from torch.optim import lr_scheduler
 
 from tests.conftest import is_event, make_project, open_session
 from workbench.engine.actions.schedulers import find_schedulers
+from workbench.engine.scheduler_carry import carry_schedulers
 from workbench.engine.actions.snapshot import (
     apply_snapshot,
     load_snapshot,
@@ -152,18 +153,94 @@ def test_a_session_resumed_from_a_snapshot_goes_on_with_the_schedule_and_the_eve
         assert [e.scalars["lr"] for e in live.events.of("step")] == rates[10:12]
 
 
-def test_a_rebuild_says_the_schedule_setup_made_again_starts_over(tmp_path: Path) -> None:
-    from workbench.protocol.events import Rebuild
+def test_a_rebuild_with_no_change_goes_on_with_the_schedule_as_the_run_that_never_stopped(tmp_path: Path) -> None:
+    """Before, setup()'s new OneCycleLR began its warm-up again at the rebuild (the rate fell from 0.0294 to 0.0020):
+    a rebuild with no change trained otherwise than the run that never stopped."""
+    from workbench.protocol.events import Rebuild, Resume
 
-    root = make_project(tmp_path, {"train.py": PROJECT})
-    with open_session(root / "train.py", max_steps=10, exit_at_max_steps=False) as live:
+    root = make_project(tmp_path, {"train.py": PROJECT}, folder="straight")
+    with open_session(root / "train.py", max_steps=12, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        straight = [(e.loss, e.scalars["lr"]) for e in live.events.of("step")]
+    root = make_project(tmp_path, {"train.py": PROJECT}, folder="rebuilt")
+    with open_session(root / "train.py", max_steps=6, exit_at_max_steps=False) as live:
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
         live.send(Rebuild())
         rebuilt = live.wait_for(is_event("rebuild"), timeout=30)
-        said = ("sched (OneCycleLR) was made again by setup(): its schedule starts over (it had taken 10 steps), from "
-                "the learning rate setup() gave the optimizer; a snapshot and --resume latest keep a schedule going instead")
-        assert rebuilt.ok and rebuilt.notes == (said,), rebuilt.notes
-        assert live.session.worker.user_state["sched"].last_epoch == 0
+        assert rebuilt.ok and rebuilt.schedulers_carried == 1 and rebuilt.notes == (), rebuilt
+        assert live.session.worker.user_state["sched"].last_epoch == 6
+        live.session.worker.max_steps = 12
+        live.send(Resume())
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        after = [(e.loss, e.scalars["lr"]) for e in live.events.of("step")]
+    assert len(straight) == 12 and len({lr for _, lr in straight}) > 6, "the rate moves: the comparison means something"
+    assert after == straight, [(k + 1, a, b) for k, (a, b) in enumerate(zip(straight, after)) if a != b]
+
+
+def test_a_rebuild_carries_each_schedule_setup_makes_again_with_the_rates_it_set() -> None:
+    """A SequentialLR (warm-up, then cosine) in the state and a StepLR a module global holds: after the rebuild the
+    new schedulers give the rates the old ones would have, step for step."""
+    state, namespaces = setup_like()
+    straight = train(state, namespaces, 14)
+    old_state, old_namespaces = setup_like()
+    train(old_state, old_namespaces, 6)
+    new_state, new_namespaces = setup_like()  # setup() run again: each scheduler new, at its step 0
+    carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces)
+    assert (carried, notes) == (2, [])
+    assert new_state["sched"].last_epoch == 6 and new_namespaces[0][1]["sched2"].last_epoch == 6
+    assert new_state["opt"].param_groups[0]["lr"] == old_state["opt"].param_groups[0]["lr"]
+    assert train(new_state, new_namespaces, 8) == straight[6:]
+
+
+def test_a_schedule_whose_settings_changed_starts_over_and_the_notes_say_what_changed() -> None:
+    old_state, old_namespaces = setup_like()
+    train(old_state, old_namespaces, 6)
+    new_state, new_namespaces = setup_like()
+    opt = new_state["opt"]
+    for group in opt.param_groups:  # a new SequentialLR over the same optimizer: a cosine of another length
+        group["lr"] = group["initial_lr"]
+    warmup = lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=5)
+    new_state["sched"] = lr_scheduler.SequentialLR(opt, [warmup, lr_scheduler.CosineAnnealingLR(opt, T_max=30)], milestones=[5])
+    new_namespaces[0][1]["sched2"] = lr_scheduler.ExponentialLR(new_namespaces[0][1]["opt2"], gamma=0.5)
+    carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces)
+    assert carried == 0 and new_state["sched"].last_epoch == 0
+    assert notes == [
+        "sched (SequentialLR) starts its schedule over, from the learning rate setup() gave the optimizer: its settings "
+        "changed (_schedulers[1].T_max 20 -> 30) (the old one had taken 6 steps); a rebuild with the same settings goes "
+        "on with the schedule",
+        "train.sched2 (ExponentialLR) starts its schedule over, from the learning rate setup() gave the optimizer: "
+        "setup() made a ExponentialLR where a StepLR was (the old one had taken 6 steps); a rebuild with the same "
+        "settings goes on with the schedule",
+    ], notes
+
+
+def test_a_rebuild_carries_a_cycled_momentum_and_a_plateau_count() -> None:
+    """OneCycleLR moves SGD's momentum with the rate; ReduceLROnPlateau's place is its best loss and bad-epoch count."""
+
+    def made() -> dict[str, Any]:
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        other = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        return {"opt": opt, "cycle": lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=50),
+                "other": other, "plateau": lr_scheduler.ReduceLROnPlateau(other, patience=1, factor=0.5)}
+
+    old = made()
+    for loss in (1.0, 0.5, 0.6, 0.7, 0.8):
+        old["opt"].step()
+        old["cycle"].step()
+        old["plateau"].step(loss)
+    new = made()
+    assert carry_schedulers(old, new, (), ()) == (2, [])
+    assert new["opt"].param_groups[0]["momentum"] == old["opt"].param_groups[0]["momentum"] != 0.95
+    assert new["other"].param_groups[0]["lr"] == old["other"].param_groups[0]["lr"] == 0.05  # halved once
+    assert (new["plateau"].best, new["plateau"].num_bad_epochs) == (0.5, old["plateau"].num_bad_epochs)
+
+
+def test_a_rebuild_leaves_a_scheduler_it_did_not_make_again_alone() -> None:
+    state, namespaces = setup_like()
+    train(state, namespaces, 3)
+    assert carry_schedulers(state, state, namespaces, namespaces) == (0, [])
+    assert state["sched"].last_epoch == 3
 
 
 def test_the_app_logs_the_schedulers_a_resume_loaded(tmp_path: Path) -> None:
@@ -175,6 +252,17 @@ def test_the_app_logs_the_schedulers_a_resume_loaded(tmp_path: Path) -> None:
     event = ResumeLoaded(ok=True, path=str(tmp_path / "step-00000010.pt"), step=10, tensors=2, optimizers=1, schedulers=1)
     line = render_entry(event, tmp_path, timestamps=False)
     assert isinstance(line, Text) and "2 tensors, 1 optimizer(s), 1 LR scheduler(s) in 0.0 s" in line.plain, line.plain
+
+
+def test_the_app_logs_the_schedules_a_rebuild_carried(tmp_path: Path) -> None:
+    from workbench.frontends.tui.widgets.reload_log import render_entry
+    from workbench.protocol.events import Rebuilt
+
+    event = Rebuilt(ok=True, code_version=2, tensors_carried=2, optimizer_states_carried=1, schedulers_carried=1)
+    line = render_entry(event, tmp_path, timestamps=False)
+    assert "1 optimizer states, and 1 LR schedule(s) going on" in line.plain, line.plain
+    quiet = render_entry(Rebuilt(ok=True, code_version=2), tmp_path, timestamps=False)
+    assert "schedule" not in quiet.plain, quiet.plain
 
 
 def test_a_sharded_snapshot_keeps_tensor_rates_as_numbers_and_says_when_a_state_cannot_be_kept() -> None:

@@ -44,8 +44,8 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
     notes = []
     if fresh:
         shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in fresh)
-        kept = ("A rebuild carries the weights, the optimizers, counters, the tensors training changed, loaders' "
-                "places and random streams" if rebuild else
+        kept = ("A rebuild carries the weights, the optimizers and their LR schedules, counters, the tensors training "
+                "changed, loaders' places and random streams" if rebuild else
                 "A snapshot keeps the weights, the optimizer, the step, the RNG states and counters in globals")
         notes.append(
             f"{shown}: the one {'the new setup() made' if rebuild else 'setup() just made'}, so it starts from its "

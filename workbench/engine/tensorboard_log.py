@@ -222,6 +222,8 @@ def version_text(event: Reload | Rebuilt) -> str | None:
         if names:
             head += f": changed {names}"
         head += f"; carried {event.tensors_carried} tensors, {event.optimizer_states_carried} optimizer states"
+        if event.schedulers_carried:
+            head += f", {event.schedulers_carried} LR schedule(s)"
     else:
         head = f"v{event.code_version}: {event.file}: changed {names}" if names else f"v{event.code_version}: {event.file}"
     lines = [head]

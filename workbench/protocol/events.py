@@ -227,6 +227,7 @@ class Rebuilt(Event):
     tensors_carried: int = 0
     tensors_shared: int = 0  # of those, handed over without a copy (same device and dtype)
     optimizer_states_carried: int = 0
+    schedulers_carried: int = 0  # LR schedulers setup() made again that go on from the old one's place
     new: tuple[str, ...] = ()
     mismatched: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()

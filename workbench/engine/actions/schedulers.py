@@ -78,17 +78,3 @@ def partial_resume_notes(schedulers: dict[str, LRScheduler]) -> list[str]:
     setup() made start over with it, said."""
     return [f"{name} ({type(s).__name__}) starts its schedule over: a partial resume loads no optimizer or scheduler "
             "state" for name, s in schedulers.items()]
-
-
-def made_again_notes(old_state: Any, new_state: Any, old_namespaces: Namespaces, new_namespaces: Namespaces) -> list[str]:
-    """For a rebuild: the schedulers setup() made again, whose schedules start over (a rebuild carries parameters and
-    optimizer state, not the rate a schedule had reached): said, with how far the old one had gone."""
-    old = find_schedulers(old_state, old_namespaces)
-    notes = []
-    for path, new in find_schedulers(new_state, new_namespaces).items():
-        before = old.get(path)
-        if before is not None and before is not new and before.last_epoch > new.last_epoch:
-            notes.append(f"{path} ({type(new).__name__}) was made again by setup(): its schedule starts over (it had "
-                         f"taken {before.last_epoch} steps), from the learning rate setup() gave the optimizer; a "
-                         "snapshot and --resume latest keep a schedule going instead")
-    return notes

@@ -1,4 +1,5 @@
-"""`rebuild`: apply held changes, run setup() again, carry tensors and optimizer state over, free the old state.
+"""`rebuild`: apply held changes, run setup() again, carry the trained state over (tensors, optimizer state, LR
+schedules), free the old state.
 
 Under torchrun every rank rebuilds at the same boundary, and the ranks agree before any keeps its new state:
 if setup() failed on one rank, the others drop what they built and every rank goes on with its old state and
@@ -15,9 +16,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine import random_states
+from workbench.engine.scheduler_carry import carry_schedulers
 from workbench.engine.training_tensors import TrainingTensors, carry as carry_tensors
 from workbench.engine.actions.cleanup import trim_c_heap
-from workbench.engine.actions.schedulers import made_again_notes
 from workbench.engine.actions.sharded_snapshot import has_fsdp1
 from workbench.engine.control_plane import RanksLost
 from workbench.engine.dispatch import handles
@@ -111,7 +112,8 @@ def _rebuild_now(worker: TrainingWorker) -> None:
             report = carry_over(worker.user_state, new_state, before, namespaces)
             init_log.replay(report.carried)  # what is new draws its initial weights here, as a resume's do
         notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
-        notes.extend(made_again_notes(worker.user_state, new_state, before, namespaces))
+        schedulers_carried, schedule_notes = carry_schedulers(worker.user_state, new_state, before, namespaces)
+        notes.extend(schedule_notes)
         notes.extend(report.moved)
         notes.extend(settled_notes(init_log, "rebuild"))
         if report.restarted:
@@ -207,6 +209,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
             tensors_carried=report.tensors,
             tensors_shared=report.shared,
             optimizer_states_carried=report.optimizer_states,
+            schedulers_carried=schedulers_carried,
             new=tuple(report.new),
             mismatched=tuple(report.mismatched),
             dropped=tuple(report.dropped),

@@ -183,6 +183,7 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
                 f"setup() ran again in {event.seconds:.1f} s -> code v{event.code_version}; carried "
                 f"{event.tensors_carried} tensors ({event.tensors_shared} handed over without a copy) and "
                 f"{event.optimizer_states_carried} optimizer states"
+                + (f", and {event.schedulers_carried} LR schedule(s) going on" if event.schedulers_carried else "")
             )
             for label, names in (("new", event.new), ("shape changed", event.mismatched), ("dropped", event.dropped)):
                 if names:

@@ -1,0 +1,128 @@
+"""A rebuild carries an LR schedule on: the scheduler setup() makes again takes the old one's place in its schedule.
+
+A rebuild is a fresh start that keeps the trained state (weights, optimizer state, the data's place, the random
+streams). Where a schedule was, setup() makes a new scheduler at step 0 over the new optimizer, whose param groups
+hold the rate setup() gave them: the schedule began again (OneCycleLR back in its warm-up), and a rebuild with no
+change no longer trained as the run that never stopped. So a scheduler setup() made again at the same path, of the
+same class and with the same settings, is given the old one's state (its step, its last rates), and the new
+optimizer's groups the rates (and, for a cycled momentum, the momentum) the old schedule had set.
+
+When the settings differ (an edited `total_steps`, a new peak rate, another class), what runs is the new schedule as
+setup() made it, from its start, and the rebuild's notes say what changed and how far the old one had gone: a
+scheduler's settings and its place cannot be mixed in general (a chained scheduler's next rate is computed from the
+group's current one).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from workbench.engine.actions.schedulers import find_schedulers
+from workbench.engine.state_walk import Namespaces
+
+# What a scheduler's state_dict() holds of its place in the schedule rather than of its settings: the step and the
+# rates it set (torch's base class), CosineAnnealingWarmRestarts' cycle, ReduceLROnPlateau's plateau count.
+PLACE_KEYS = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "T_cur",
+                        "T_i", "best", "num_bad_epochs", "cooldown_counter"})
+NESTED_KEY = "_schedulers"  # SequentialLR and ChainedScheduler: each inner scheduler's state, in order
+
+
+def carry_schedulers(old_state: Any, new_state: Any, old_namespaces: Namespaces,
+                     new_namespaces: Namespaces) -> tuple[int, list[str]]:
+    """Give each scheduler setup() made again the old one's place when nothing but the place differs; (how many
+    were carried, the notes for the others)."""
+    old = find_schedulers(old_state, old_namespaces)
+    carried, notes = 0, []
+    for path, new in find_schedulers(new_state, new_namespaces).items():
+        before = old.get(path)
+        if before is None or before is new:
+            continue  # new in this setup(), or the same object (a global setup() does not make again)
+        why = _why_not_carried(before, new)
+        if why is None:
+            try:
+                _take_place(before, new)
+            except Exception as exc:  # noqa: BLE001 - a state that does not load: the new schedule from its start
+                why = f"the old one's state could not be loaded ({type(exc).__name__}: {exc})"
+            else:
+                carried += 1
+                continue
+        if before.last_epoch > new.last_epoch:
+            notes.append(f"{path} ({type(new).__name__}) starts its schedule over, from the learning rate setup() "
+                         f"gave the optimizer: {why} (the old one had taken {before.last_epoch} steps); a rebuild with the same "
+                         "settings goes on with the schedule")
+    return carried, notes
+
+
+def _why_not_carried(old: LRScheduler, new: LRScheduler) -> str | None:
+    if type(old) is not type(new):
+        return f"setup() made a {type(new).__name__} where a {type(old).__name__} was"
+    old_groups, new_groups = old.optimizer.param_groups, new.optimizer.param_groups
+    if len(old_groups) != len(new_groups):
+        return f"its optimizer has {len(new_groups)} parameter groups where the old one had {len(old_groups)}"
+    differ = _settings_that_differ(old.state_dict(), new.state_dict())
+    if differ:
+        return "its settings changed (" + ", ".join(differ[:4]) + (", ..." if len(differ) > 4 else "") + ")"
+    return None
+
+
+def _settings_that_differ(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """`name old -> new` for each setting (a state_dict entry that is not a place) that is not the same."""
+    differ = []
+    for key in sorted(set(old) | set(new)):
+        if key in PLACE_KEYS:
+            continue
+        a, b = old.get(key), new.get(key)
+        if key == NESTED_KEY and isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (inner_a, inner_b) in enumerate(zip(a, b)):
+                if isinstance(inner_a, dict) and isinstance(inner_b, dict):
+                    differ.extend(_settings_that_differ(inner_a, inner_b, f"{prefix}{key}[{i}]."))
+                elif not _same(inner_a, inner_b):
+                    differ.append(f"{prefix}{key}[{i}]")
+            continue
+        if not _same(a, b):
+            differ.append(f"{prefix}{key.lstrip('_')} {_short(a)} -> {_short(b)}")
+    return differ
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        both = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        return both and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values that do not compare are taken as different
+        return False
+
+
+def _short(value: Any) -> str:
+    text = repr(value.tolist() if isinstance(value, torch.Tensor) else value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _take_place(old: LRScheduler, new: LRScheduler) -> None:
+    """The old scheduler's state into the new one, and the rates it set into the new optimizer's groups."""
+    new.load_state_dict(old.state_dict())
+    keys = ["lr"]
+    if _cycles_momentum(old):
+        keys += ["momentum", "betas"]
+    for old_group, new_group in zip(old.optimizer.param_groups, new.optimizer.param_groups):
+        for key in keys:
+            if key in old_group and key in new_group:
+                value = old_group[key]
+                new_group[key] = value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _cycles_momentum(scheduler: LRScheduler) -> bool:
+    """OneCycleLR and CyclicLR move the momentum (or Adam's beta1) with the rate, also inside a SequentialLR."""
+    inner = getattr(scheduler, NESTED_KEY, None) or ()
+    return bool(getattr(scheduler, "cycle_momentum", False)) or any(_cycles_momentum(s) for s in inner)
