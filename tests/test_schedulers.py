@@ -17,7 +17,7 @@ from torch.optim import lr_scheduler
 
 from tests.conftest import is_event, make_project, open_session
 from workbench.engine.actions.schedulers import find_schedulers
-from workbench.engine.scheduler_carry import carry_schedulers
+from workbench.engine.scheduler_carry import carry_schedulers, rates_before
 from workbench.engine.actions.snapshot import (
     apply_snapshot,
     load_snapshot,
@@ -184,8 +184,9 @@ def test_a_rebuild_carries_each_schedule_setup_makes_again_with_the_rates_it_set
     straight = train(state, namespaces, 14)
     old_state, old_namespaces = setup_like()
     train(old_state, old_namespaces, 6)
+    rates = rates_before(old_state, old_namespaces)
     new_state, new_namespaces = setup_like()  # setup() run again: each scheduler new, at its step 0
-    carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces)
+    carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces, rates)
     assert (carried, notes) == (2, [])
     assert new_state["sched"].last_epoch == 6 and new_namespaces[0][1]["sched2"].last_epoch == 6
     assert new_state["opt"].param_groups[0]["lr"] == old_state["opt"].param_groups[0]["lr"]
@@ -195,6 +196,7 @@ def test_a_rebuild_carries_each_schedule_setup_makes_again_with_the_rates_it_set
 def test_a_schedule_whose_settings_changed_starts_over_and_the_notes_say_what_changed() -> None:
     old_state, old_namespaces = setup_like()
     train(old_state, old_namespaces, 6)
+    rates = rates_before(old_state, old_namespaces)
     new_state, new_namespaces = setup_like()
     opt = new_state["opt"]
     for group in opt.param_groups:  # a new SequentialLR over the same optimizer: a cosine of another length
@@ -202,7 +204,7 @@ def test_a_schedule_whose_settings_changed_starts_over_and_the_notes_say_what_ch
     warmup = lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=5)
     new_state["sched"] = lr_scheduler.SequentialLR(opt, [warmup, lr_scheduler.CosineAnnealingLR(opt, T_max=30)], milestones=[5])
     new_namespaces[0][1]["sched2"] = lr_scheduler.ExponentialLR(new_namespaces[0][1]["opt2"], gamma=0.5)
-    carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces)
+    carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces, rates)
     assert carried == 0 and new_state["sched"].last_epoch == 0
     assert notes == [
         "sched (SequentialLR) starts its schedule over, from the learning rate setup() gave the optimizer: its settings "
@@ -229,8 +231,9 @@ def test_a_rebuild_carries_a_cycled_momentum_and_a_plateau_count() -> None:
         old["opt"].step()
         old["cycle"].step()
         old["plateau"].step(loss)
+    rates = rates_before(old, ())
     new = made()
-    assert carry_schedulers(old, new, (), ()) == (2, [])
+    assert carry_schedulers(old, new, (), (), rates) == (2, [])
     assert new["opt"].param_groups[0]["momentum"] == old["opt"].param_groups[0]["momentum"] != 0.95
     assert new["other"].param_groups[0]["lr"] == old["other"].param_groups[0]["lr"] == 0.05  # halved once
     assert (new["plateau"].best, new["plateau"].num_bad_epochs) == (0.5, old["plateau"].num_bad_epochs)
@@ -239,8 +242,26 @@ def test_a_rebuild_carries_a_cycled_momentum_and_a_plateau_count() -> None:
 def test_a_rebuild_leaves_a_scheduler_it_did_not_make_again_alone() -> None:
     state, namespaces = setup_like()
     train(state, namespaces, 3)
-    assert carry_schedulers(state, state, namespaces, namespaces) == (0, [])
+    assert carry_schedulers(state, state, namespaces, namespaces, rates_before(state, namespaces)) == (0, [])
     assert state["sched"].last_epoch == 3
+
+
+def test_a_scheduler_made_again_over_the_optimizer_setup_kept_gets_the_rate_the_old_one_had_set() -> None:
+    """A new scheduler sets its optimizer's groups to its own step 0 as it is made: over an optimizer setup() did not
+    make again, the rate to carry is the one recorded before setup() ran."""
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    old = {"opt": opt, "sched": lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)}
+    for _ in range(5):
+        opt.step()
+        old["sched"].step()
+    assert opt.param_groups[0]["lr"] == 0.025
+    rates = rates_before(old, ())
+    new = {"opt": opt, "sched": lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)}  # back to 0.1 as it is made
+    assert carry_schedulers(old, new, (), (), rates) == (1, [])
+    assert opt.param_groups[0]["lr"] == 0.025 and new["sched"].last_epoch == 5
+    new["sched"].step()
+    assert opt.param_groups[0]["lr"] == 0.0125  # step 6 halves it, as in the run that never stopped
 
 
 def test_the_app_logs_the_schedulers_a_resume_loaded(tmp_path: Path) -> None:

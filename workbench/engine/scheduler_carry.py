@@ -29,12 +29,25 @@ from workbench.engine.state_walk import Namespaces
 PLACE_KEYS = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "T_cur",
                         "T_i", "best", "num_bad_epochs", "cooldown_counter"})
 NESTED_KEY = "_schedulers"  # SequentialLR and ChainedScheduler: each inner scheduler's state, in order
+SET_BY_SCHEDULES = ("lr", "momentum", "betas")  # what a scheduler writes into its optimizer's param groups
+
+Rates = dict[int, list[dict[str, Any]]]  # id(scheduler) -> its optimizer's groups' rates, before setup() ran again
 
 
-def carry_schedulers(old_state: Any, new_state: Any, old_namespaces: Namespaces,
-                     new_namespaces: Namespaces) -> tuple[int, list[str]]:
+def rates_before(state: Any, namespaces: Namespaces) -> Rates:
+    """Before setup() runs again: the rates each scheduler's optimizer holds. A new scheduler over the same optimizer
+    (one setup() does not make again) sets its groups to its own step 0 as it is made."""
+    rates: Rates = {}
+    for scheduler in find_schedulers(state, namespaces).values():
+        rates[id(scheduler)] = [{k: _copied(g[k]) for k in SET_BY_SCHEDULES if k in g}
+                                for g in scheduler.optimizer.param_groups]
+    return rates
+
+
+def carry_schedulers(old_state: Any, new_state: Any, old_namespaces: Namespaces, new_namespaces: Namespaces,
+                     rates: Rates) -> tuple[int, list[str]]:
     """Give each scheduler setup() made again the old one's place when nothing but the place differs; (how many
-    were carried, the notes for the others)."""
+    were carried, the notes for the others). `rates`: `rates_before` the new setup() ran."""
     old = find_schedulers(old_state, old_namespaces)
     carried, notes = 0, []
     for path, new in find_schedulers(new_state, new_namespaces).items():
@@ -42,9 +55,11 @@ def carry_schedulers(old_state: Any, new_state: Any, old_namespaces: Namespaces,
         if before is None or before is new:
             continue  # new in this setup(), or the same object (a global setup() does not make again)
         why = _why_not_carried(before, new)
+        if why is None and id(before) not in rates:
+            why = "its rates before the rebuild were not recorded"
         if why is None:
             try:
-                _take_place(before, new)
+                _take_place(before, new, rates[id(before)])
             except Exception as exc:  # noqa: BLE001 - a state that does not load: the new schedule from its start
                 why = f"the old one's state could not be loaded ({type(exc).__name__}: {exc})"
             else:
@@ -109,17 +124,18 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _take_place(old: LRScheduler, new: LRScheduler) -> None:
-    """The old scheduler's state into the new one, and the rates it set into the new optimizer's groups."""
+def _take_place(old: LRScheduler, new: LRScheduler, rates: list[dict[str, Any]]) -> None:
+    """The old scheduler's state into the new one, and the rates it had set into the new optimizer's groups."""
     new.load_state_dict(old.state_dict())
-    keys = ["lr"]
-    if _cycles_momentum(old):
-        keys += ["momentum", "betas"]
-    for old_group, new_group in zip(old.optimizer.param_groups, new.optimizer.param_groups):
+    keys = SET_BY_SCHEDULES if _cycles_momentum(old) else ("lr",)
+    for old_group, new_group in zip(rates, new.optimizer.param_groups):
         for key in keys:
             if key in old_group and key in new_group:
-                value = old_group[key]
-                new_group[key] = value.clone() if isinstance(value, torch.Tensor) else value
+                new_group[key] = _copied(old_group[key])
+
+
+def _copied(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def _cycles_momentum(scheduler: LRScheduler) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine import random_states
-from workbench.engine.scheduler_carry import carry_schedulers
+from workbench.engine.scheduler_carry import carry_schedulers, rates_before
 from workbench.engine.training_tensors import TrainingTensors, carry as carry_tensors
 from workbench.engine.actions.cleanup import trim_c_heap
 from workbench.engine.actions.sharded_snapshot import has_fsdp1
@@ -87,6 +87,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     namespaces = worker._namespaces()
     # The globals as they were: setup() re-binds `global model`; the old ones are carried from, or put back.
     before = copies(namespaces)
+    rates = rates_before(worker.user_state, namespaces)  # a scheduler made again over the same optimizer resets them
     try:
         refuse_fsdp1(worker.user_state, namespaces)
         bound_by_held: list[tuple[int, str, list[str]]] = []  # (version, module, names) of each held change
@@ -112,7 +113,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
             report = carry_over(worker.user_state, new_state, before, namespaces)
             init_log.replay(report.carried)  # what is new draws its initial weights here, as a resume's do
         notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
-        schedulers_carried, schedule_notes = carry_schedulers(worker.user_state, new_state, before, namespaces)
+        schedulers_carried, schedule_notes = carry_schedulers(worker.user_state, new_state, before, namespaces, rates)
         notes.extend(schedule_notes)
         notes.extend(report.moved)
         notes.extend(settled_notes(init_log, "rebuild"))
