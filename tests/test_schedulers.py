@@ -315,3 +315,25 @@ def test_a_partial_resume_says_the_schedules_start_over(tmp_path: Path) -> None:
         "sched (SequentialLR) starts its schedule over: a partial resume loads no optimizer or scheduler state",
         "train.sched2 (StepLR) starts its schedule over: a partial resume loads no optimizer or scheduler state",
     ]
+
+
+def test_a_scheduler_whose_state_cannot_be_read_starts_over_and_the_rebuild_stands() -> None:
+    class Fragile(lr_scheduler.StepLR):
+        def state_dict(self) -> dict[str, Any]:
+            raise RuntimeError("no state here")
+
+    def made() -> dict[str, Any]:
+        opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        return {"opt": opt, "sched": Fragile(opt, step_size=1, gamma=0.5)}
+
+    old = made()
+    for _ in range(3):
+        old["opt"].step()
+        old["sched"].step()
+    rates = rates_before(old, ())
+    new = made()
+    carried, notes = carry_schedulers(old, new, (), (), rates)
+    assert carried == 0 and new["sched"].last_epoch == 0
+    assert notes == ["sched (Fragile) starts its schedule over, from the learning rate setup() gave the optimizer: the "
+                     "schedulers' states could not be compared (RuntimeError: no state here) (the old one had taken 3 "
+                     "steps); a rebuild with the same settings goes on with the schedule"], notes

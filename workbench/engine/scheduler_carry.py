@@ -38,9 +38,16 @@ def rates_before(state: Any, namespaces: Namespaces) -> Rates:
     """Before setup() runs again: the rates each scheduler's optimizer holds. A new scheduler over the same optimizer
     (one setup() does not make again) sets its groups to its own step 0 as it is made."""
     rates: Rates = {}
-    for scheduler in find_schedulers(state, namespaces).values():
-        rates[id(scheduler)] = [{k: _copied(g[k]) for k in SET_BY_SCHEDULES if k in g}
-                                for g in scheduler.optimizer.param_groups]
+    try:
+        schedulers = list(find_schedulers(state, namespaces).values())
+    except Exception:  # noqa: BLE001 - a state that cannot be walked: nothing carried, said per scheduler later
+        return rates
+    for scheduler in schedulers:
+        try:
+            rates[id(scheduler)] = [{k: _copied(g[k]) for k in SET_BY_SCHEDULES if k in g}
+                                    for g in scheduler.optimizer.param_groups]
+        except Exception:  # noqa: BLE001 - no optimizer to read (a scheduler of a library's own): not carried
+            continue
     return rates
 
 
@@ -54,22 +61,40 @@ def carry_schedulers(old_state: Any, new_state: Any, old_namespaces: Namespaces,
         before = old.get(path)
         if before is None or before is new:
             continue  # new in this setup(), or the same object (a global setup() does not make again)
-        why = _why_not_carried(before, new)
+        try:
+            why = _why_not_carried(before, new)
+        except Exception as exc:  # noqa: BLE001 - a scheduler whose state cannot be read: the rebuild stands
+            why = f"the schedulers' states could not be compared ({type(exc).__name__}: {exc})"
         if why is None and id(before) not in rates:
-            why = "its rates before the rebuild were not recorded"
+            why = "the rates its optimizer held before the rebuild could not be read"
         if why is None:
+            made = new.state_dict()
             try:
                 _take_place(before, new, rates[id(before)])
             except Exception as exc:  # noqa: BLE001 - a state that does not load: the new schedule from its start
+                _put_back(new, made)
                 why = f"the old one's state could not be loaded ({type(exc).__name__}: {exc})"
             else:
                 carried += 1
                 continue
-        if before.last_epoch > new.last_epoch:
+        if _steps_taken(before) > _steps_taken(new):
             notes.append(f"{path} ({type(new).__name__}) starts its schedule over, from the learning rate setup() "
-                         f"gave the optimizer: {why} (the old one had taken {before.last_epoch} steps); a rebuild with the same "
-                         "settings goes on with the schedule")
+                         f"gave the optimizer: {why} (the old one had taken {_steps_taken(before)} steps); a rebuild with "
+                         "the same settings goes on with the schedule")
     return carried, notes
+
+
+def _steps_taken(scheduler: LRScheduler) -> int:
+    last = getattr(scheduler, "last_epoch", 0)
+    return last if isinstance(last, int) else 0
+
+
+def _put_back(scheduler: LRScheduler, state: dict[str, Any]) -> None:
+    """The new scheduler as setup() made it, after a load that failed half-way."""
+    try:
+        scheduler.load_state_dict(state)
+    except Exception:  # noqa: BLE001 - as good as it gets; the note says the schedule starts over
+        pass
 
 
 def _why_not_carried(old: LRScheduler, new: LRScheduler) -> str | None:
