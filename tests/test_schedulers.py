@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch.optim import lr_scheduler
 
@@ -208,8 +209,8 @@ def test_a_schedule_whose_settings_changed_starts_over_and_the_notes_say_what_ch
     assert carried == 0 and new_state["sched"].last_epoch == 0
     assert notes == [
         "sched (SequentialLR) starts its schedule over, from the learning rate setup() gave the optimizer: its settings "
-        "changed (_schedulers[1].T_max 20 -> 30) (the old one had taken 6 steps); a rebuild with the same settings goes "
-        "on with the schedule",
+        "changed (schedulers[1].T_max 20 -> 30), and a SequentialLR's rate at a step cannot be computed from its "
+        "settings alone (the old one had taken 6 steps); a rebuild with the same settings goes on with the schedule",
         "train.sched2 (ExponentialLR) starts its schedule over, from the learning rate setup() gave the optimizer: "
         "setup() made a ExponentialLR where a StepLR was (the old one had taken 6 steps); a rebuild with the same "
         "settings goes on with the schedule",
@@ -337,3 +338,60 @@ def test_a_scheduler_whose_state_cannot_be_read_starts_over_and_the_rebuild_stan
     assert notes == ["sched (Fragile) starts its schedule over, from the learning rate setup() gave the optimizer: the "
                      "schedulers' states could not be compared (RuntimeError: no state here) (the old one had taken 3 "
                      "steps); a rebuild with the same settings goes on with the schedule"], notes
+
+
+def test_a_schedule_whose_settings_changed_goes_on_from_the_run_s_step_at_the_new_schedule_s_rate() -> None:
+    """An edited `gamma` or `total_steps`, then R: the new schedule at the run's step, as a fresh start with the new
+    code would have it there (not back in its warm-up, not the old schedule's rate)."""
+
+    def made(gamma: float, total: int) -> dict[str, Any]:
+        opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1, momentum=0.9)
+        other = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        return {"opt": opt, "step": lr_scheduler.StepLR(opt, step_size=2, gamma=gamma),
+                "other": other, "cycle": lr_scheduler.OneCycleLR(other, max_lr=0.1, total_steps=total)}
+
+    def stepped(state: dict[str, Any], steps: int) -> dict[str, Any]:
+        for _ in range(steps):
+            state["opt"].step()
+            state["other"].step()
+            state["step"].step()
+            state["cycle"].step()
+        return state
+
+    old = stepped(made(0.5, 40), 7)
+    rates = rates_before(old, ())
+    new = made(0.1, 80)
+    carried, notes = carry_schedulers(old, new, (), (), rates)
+    fresh = stepped(made(0.1, 80), 7)  # a fresh start with the new code, at the same step
+    assert carried == 2 and new["step"].last_epoch == new["cycle"].last_epoch == 7
+    for key in ("lr", "momentum"):
+        assert new["opt"].param_groups[0][key] == pytest.approx(fresh["opt"].param_groups[0][key], rel=1e-12)
+        assert new["other"].param_groups[0][key] == pytest.approx(fresh["other"].param_groups[0][key], rel=1e-12)
+    assert notes == [
+        "step (StepLR) goes on from step 7 with the new settings (gamma 0.5 -> 0.1): learning rate 0.1 as setup() made "
+        "it, 0.0001 at step 7 of the new schedule",
+        "cycle (OneCycleLR) goes on from step 7 with the new settings (total_steps 40 -> 80): learning rate 0.004 as "
+        "setup() made it, 0.02432 at step 7 of the new schedule",
+    ], notes
+    after = stepped(new, 5)
+    fresh = stepped(fresh, 5)
+    assert after["opt"].param_groups[0]["lr"] == pytest.approx(fresh["opt"].param_groups[0]["lr"], rel=1e-12)
+    assert after["other"].param_groups[0]["lr"] == pytest.approx(fresh["other"].param_groups[0]["lr"], rel=1e-12)
+
+
+def test_a_one_cycle_schedule_cut_shorter_than_the_run_starts_over_and_says_so() -> None:
+    def made(total: int) -> dict[str, Any]:
+        opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        return {"opt": opt, "cycle": lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total)}
+
+    old = made(40)
+    for _ in range(12):
+        old["opt"].step()
+        old["cycle"].step()
+    rates = rates_before(old, ())
+    new = made(10)
+    carried, notes = carry_schedulers(old, new, (), (), rates)
+    assert carried == 0 and new["cycle"].last_epoch == 0 and new["opt"].param_groups[0]["lr"] == pytest.approx(0.004)
+    assert len(notes) == 1 and notes[0].startswith("cycle (OneCycleLR) starts its schedule over") and (
+        "its settings changed (total_steps 40 -> 10), and the new schedule has no rate at step 12 (ValueError: Tried "
+        "to step 12 times" in notes[0]), notes

@@ -7,10 +7,13 @@ change no longer trained as the run that never stopped. So a scheduler setup() m
 same class and with the same settings, is given the old one's state (its step, its last rates), and the new
 optimizer's groups the rates (and, for a cycled momentum, the momentum) the old schedule had set.
 
-When the settings differ (an edited `total_steps`, a new peak rate, another class), what runs is the new schedule as
-setup() made it, from its start, and the rebuild's notes say what changed and how far the old one had gone: a
-scheduler's settings and its place cannot be mixed in general (a chained scheduler's next rate is computed from the
-group's current one).
+When the settings differ (an edited `total_steps`, `T_max` or peak rate), the new schedule is what runs, at the run's
+step: a torch scheduler whose rate at a step follows from its settings alone (StepLR, CosineAnnealingLR, OneCycleLR,
+a LambdaLR warm-up, ...) is put at the old one's step and the groups given the rate the new schedule has there, as a
+fresh start with the new code would have at that step; the notes say what changed and the rate before and after.
+Where the rate cannot be computed that way (a SequentialLR or ChainedScheduler, ReduceLROnPlateau, which follows the
+loss, a class of the project's own, another class at that path, a schedule that ends before the run's step), the new
+scheduler starts from its beginning, as setup() made it, and the notes say why and how far the old one had gone.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import math
 from typing import Any
 
 import torch
+from torch.optim import lr_scheduler
 from torch.optim.lr_scheduler import LRScheduler
 
 from workbench.engine.actions.schedulers import find_schedulers
@@ -29,6 +33,9 @@ from workbench.engine.state_walk import Namespaces
 PLACE_KEYS = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "T_cur",
                         "T_i", "best", "num_bad_epochs", "cooldown_counter"})
 NESTED_KEY = "_schedulers"  # SequentialLR and ChainedScheduler: each inner scheduler's state, in order
+# torch schedulers whose get_lr() computes the rate from the step alone (the others with a closed form say so with
+# `_get_closed_form_lr`); their chained get_lr() would go on from the group's current rate instead.
+RATE_FROM_STEP = (lr_scheduler.OneCycleLR, lr_scheduler.LambdaLR, lr_scheduler.CyclicLR)
 SET_BY_SCHEDULES = ("lr", "momentum", "betas")  # what a scheduler writes into its optimizer's param groups
 
 Rates = dict[int, list[dict[str, Any]]]  # id(scheduler) -> its optimizer's groups' rates, before setup() ran again
@@ -61,10 +68,20 @@ def carry_schedulers(old_state: Any, new_state: Any, old_namespaces: Namespaces,
         before = old.get(path)
         if before is None or before is new:
             continue  # new in this setup(), or the same object (a global setup() does not make again)
+        settings: list[str] = []
         try:
             why = _why_not_carried(before, new)
+            if why is None:
+                settings = _settings_that_differ(before.state_dict(), new.state_dict())
         except Exception as exc:  # noqa: BLE001 - a scheduler whose state cannot be read: the rebuild stands
             why = f"the schedulers' states could not be compared ({type(exc).__name__}: {exc})"
+        if why is None and settings:
+            moved = _new_settings_at_old_place(before, new, settings, path)
+            if moved.startswith(path):
+                carried += 1
+                notes.append(moved)
+                continue
+            why = moved
         if why is None and id(before) not in rates:
             why = "the rates its optimizer held before the rebuild could not be read"
         if why is None:
@@ -103,10 +120,50 @@ def _why_not_carried(old: LRScheduler, new: LRScheduler) -> str | None:
     old_groups, new_groups = old.optimizer.param_groups, new.optimizer.param_groups
     if len(old_groups) != len(new_groups):
         return f"its optimizer has {len(new_groups)} parameter groups where the old one had {len(old_groups)}"
-    differ = _settings_that_differ(old.state_dict(), new.state_dict())
-    if differ:
-        return "its settings changed (" + ", ".join(differ[:4]) + (", ..." if len(differ) > 4 else "") + ")"
     return None
+
+
+def _listed(settings: list[str]) -> str:
+    """The settings that changed, the public ones alone when there are any (OneCycleLR's `_schedule_phases` follow
+    from its `total_steps`)."""
+    shown = [s for s in settings if not s.startswith("_")] or [s.lstrip("_") for s in settings]
+    return ", ".join(shown[:4]) + (", ..." if len(shown) > 4 else "")
+
+
+def _new_settings_at_old_place(old: LRScheduler, new: LRScheduler, settings: list[str], path: str) -> str:
+    """Put the new scheduler at the old one's step and its groups at the new schedule's rate there. Returns the note
+    (which starts with `path`), or why it cannot be done (the schedule then starts over)."""
+    changed = f"its settings changed ({_listed(settings)})"
+    kind = type(new)
+    closed = kind.__module__ == lr_scheduler.__name__ and (hasattr(kind, "_get_closed_form_lr") or kind in RATE_FROM_STEP)
+    if not closed:
+        return f"{changed}, and a {kind.__name__}'s rate at a step cannot be computed from its settings alone"
+    groups = new.optimizer.param_groups
+    made, set_before = new.state_dict(), [{k: _copied(g[k]) for k in SET_BY_SCHEDULES if k in g} for g in groups]
+    place = _steps_taken(old)
+    try:
+        new.last_epoch, new._step_count = place, max(getattr(old, "_step_count", place + 1), 1)
+        if hasattr(kind, "_get_closed_form_lr"):
+            rates = list(new._get_closed_form_lr())  # type: ignore[attr-defined]
+        else:
+            with lr_scheduler._enable_get_lr_call(new):
+                rates = list(new.get_lr())  # computed from the step; a cycled momentum is set in the groups here
+        before = [g["lr"] for g in groups]
+        for group, rate in zip(groups, rates):
+            group["lr"] = rate
+        new._last_lr = [g["lr"] for g in groups]
+    except Exception as exc:  # noqa: BLE001 - a schedule that ends before this step (OneCycleLR): from its start
+        _put_back(new, made)
+        for group, values in zip(groups, set_before):
+            group.update(values)
+        return f"{changed}, and the new schedule has no rate at step {place} ({type(exc).__name__}: {exc})"
+    return (f"{path} ({kind.__name__}) goes on from step {place} with the new settings ({_listed(settings)}): learning "
+            f"rate {_rate(before)} as setup() made it, {_rate(new._last_lr)} at step {place} of the new schedule")
+
+
+def _rate(rates: list[Any]) -> str:
+    shown = [f"{float(r):.4g}" for r in rates[:3]]
+    return ", ".join(shown) + (", ..." if len(rates) > 3 else "")
 
 
 def _settings_that_differ(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -119,12 +176,12 @@ def _settings_that_differ(old: dict[str, Any], new: dict[str, Any], prefix: str 
         if key == NESTED_KEY and isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
             for i, (inner_a, inner_b) in enumerate(zip(a, b)):
                 if isinstance(inner_a, dict) and isinstance(inner_b, dict):
-                    differ.extend(_settings_that_differ(inner_a, inner_b, f"{prefix}{key}[{i}]."))
+                    differ.extend(_settings_that_differ(inner_a, inner_b, f"{prefix}{key.lstrip('_')}[{i}]."))
                 elif not _same(inner_a, inner_b):
-                    differ.append(f"{prefix}{key}[{i}]")
+                    differ.append(f"{prefix}{key.lstrip('_')}[{i}]")
             continue
         if not _same(a, b):
-            differ.append(f"{prefix}{key.lstrip('_')} {_short(a)} -> {_short(b)}")
+            differ.append(f"{prefix}{key} {_short(a)} -> {_short(b)}")
     return differ
 
 
