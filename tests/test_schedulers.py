@@ -18,7 +18,7 @@ from torch.optim import lr_scheduler
 
 from tests.conftest import is_event, make_project, open_session
 from workbench.engine.actions.schedulers import find_schedulers
-from workbench.engine.scheduler_carry import carry_schedulers, rates_before
+from workbench.engine.scheduler_carry import as_made, carry_schedulers, rates_before
 from workbench.engine.actions.snapshot import (
     apply_snapshot,
     load_snapshot,
@@ -178,16 +178,25 @@ def test_a_rebuild_with_no_change_goes_on_with_the_schedule_as_the_run_that_neve
     assert after == straight, [(k + 1, a, b) for k, (a, b) in enumerate(zip(straight, after)) if a != b]
 
 
+def rebuilt(old_state: Any, old_namespaces: Any, old_made: Any, make_new: Any) -> tuple[Any, Any, int, list[str]]:
+    """What a rebuild does with the schedulers: the rates before setup() runs again, the new ones as made, carried.
+    `old_made`: `as_made` taken when the old state was made."""
+    rates = rates_before(old_state, old_namespaces)
+    new_state, new_namespaces = make_new()
+    carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces, rates, old_made,
+                                      as_made(new_state, new_namespaces))
+    return new_state, new_namespaces, carried, notes
+
+
 def test_a_rebuild_carries_each_schedule_setup_makes_again_with_the_rates_it_set() -> None:
     """A SequentialLR (warm-up, then cosine) in the state and a StepLR a module global holds: after the rebuild the
     new schedulers give the rates the old ones would have, step for step."""
     state, namespaces = setup_like()
     straight = train(state, namespaces, 14)
     old_state, old_namespaces = setup_like()
+    old_made = as_made(old_state, old_namespaces)
     train(old_state, old_namespaces, 6)
-    rates = rates_before(old_state, old_namespaces)
-    new_state, new_namespaces = setup_like()  # setup() run again: each scheduler new, at its step 0
-    carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces, rates)
+    new_state, new_namespaces, carried, notes = rebuilt(old_state, old_namespaces, old_made, setup_like)
     assert (carried, notes) == (2, [])
     assert new_state["sched"].last_epoch == 6 and new_namespaces[0][1]["sched2"].last_epoch == 6
     assert new_state["opt"].param_groups[0]["lr"] == old_state["opt"].param_groups[0]["lr"]
@@ -196,45 +205,48 @@ def test_a_rebuild_carries_each_schedule_setup_makes_again_with_the_rates_it_set
 
 def test_a_schedule_whose_settings_changed_starts_over_and_the_notes_say_what_changed() -> None:
     old_state, old_namespaces = setup_like()
+    old_made = as_made(old_state, old_namespaces)
     train(old_state, old_namespaces, 6)
-    rates = rates_before(old_state, old_namespaces)
-    new_state, new_namespaces = setup_like()
-    opt = new_state["opt"]
-    for group in opt.param_groups:  # a new SequentialLR over the same optimizer: a cosine of another length
-        group["lr"] = group["initial_lr"]
-    warmup = lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=5)
-    new_state["sched"] = lr_scheduler.SequentialLR(opt, [warmup, lr_scheduler.CosineAnnealingLR(opt, T_max=30)], milestones=[5])
-    new_namespaces[0][1]["sched2"] = lr_scheduler.ExponentialLR(new_namespaces[0][1]["opt2"], gamma=0.5)
-    carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces, rates)
+
+    def edited() -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+        state, namespaces = setup_like()
+        opt = state["opt"]
+        for group in opt.param_groups:  # a new SequentialLR over the same optimizer: a cosine of another length
+            group["lr"] = group["initial_lr"]
+        warmup = lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=5)
+        state["sched"] = lr_scheduler.SequentialLR(opt, [warmup, lr_scheduler.CosineAnnealingLR(opt, T_max=30)], milestones=[5])
+        namespaces[0][1]["sched2"] = lr_scheduler.ExponentialLR(namespaces[0][1]["opt2"], gamma=0.5)
+        return state, namespaces
+
+    new_state, _, carried, notes = rebuilt(old_state, old_namespaces, old_made, edited)
     assert carried == 0 and new_state["sched"].last_epoch == 0
     assert notes == [
-        "sched (SequentialLR) starts its schedule over, from the learning rate setup() gave the optimizer: its settings "
-        "changed (schedulers[1].T_max 20 -> 30), and a SequentialLR's rate at a step cannot be computed from its "
-        "settings alone (the old one had taken 6 steps); a rebuild with the same settings goes on with the schedule",
-        "train.sched2 (ExponentialLR) starts its schedule over, from the learning rate setup() gave the optimizer: "
-        "setup() made a ExponentialLR where a StepLR was (the old one had taken 6 steps); a rebuild with the same "
-        "settings goes on with the schedule",
+        "sched (SequentialLR) starts its schedule over, as setup() made it: its settings changed "
+        "(schedulers[1].T_max 20 -> 30), and a SequentialLR's rate at a step does not follow from its settings alone "
+        "(the old one was at step 6); a rebuild that leaves its settings as they are goes on with the schedule",
+        "train.sched2 (ExponentialLR) starts its schedule over, as setup() made it: setup() made a scheduler of another "
+        "class there (it was a StepLR) (the old one was at step 6)",
     ], notes
 
 
 def test_a_rebuild_carries_a_cycled_momentum_and_a_plateau_count() -> None:
     """OneCycleLR moves SGD's momentum with the rate; ReduceLROnPlateau's place is its best loss and bad-epoch count."""
 
-    def made() -> dict[str, Any]:
+    def made() -> tuple[dict[str, Any], tuple[()]]:
         model = torch.nn.Linear(2, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         other = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
         return {"opt": opt, "cycle": lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=50),
-                "other": other, "plateau": lr_scheduler.ReduceLROnPlateau(other, patience=1, factor=0.5)}
+                "other": other, "plateau": lr_scheduler.ReduceLROnPlateau(other, patience=1, factor=0.5)}, ()
 
-    old = made()
+    old, _ = made()
+    old_made = as_made(old, ())
     for loss in (1.0, 0.5, 0.6, 0.7, 0.8):
         old["opt"].step()
         old["cycle"].step()
         old["plateau"].step(loss)
-    rates = rates_before(old, ())
-    new = made()
-    assert carry_schedulers(old, new, (), (), rates) == (2, [])
+    new, _, carried, notes = rebuilt(old, (), old_made, made)
+    assert (carried, notes) == (2, [])
     assert new["opt"].param_groups[0]["momentum"] == old["opt"].param_groups[0]["momentum"] != 0.95
     assert new["other"].param_groups[0]["lr"] == old["other"].param_groups[0]["lr"] == 0.05  # halved once
     assert (new["plateau"].best, new["plateau"].num_bad_epochs) == (0.5, old["plateau"].num_bad_epochs)
@@ -242,9 +254,10 @@ def test_a_rebuild_carries_a_cycled_momentum_and_a_plateau_count() -> None:
 
 def test_a_rebuild_leaves_a_scheduler_it_did_not_make_again_alone() -> None:
     state, namespaces = setup_like()
+    made = as_made(state, namespaces)
     train(state, namespaces, 3)
-    assert carry_schedulers(state, state, namespaces, namespaces, rates_before(state, namespaces)) == (0, [])
-    assert state["sched"].last_epoch == 3
+    _, _, carried, notes = rebuilt(state, namespaces, made, lambda: (state, namespaces))
+    assert (carried, notes) == (0, []) and state["sched"].last_epoch == 3
 
 
 def test_a_scheduler_made_again_over_the_optimizer_setup_kept_gets_the_rate_the_old_one_had_set() -> None:
@@ -253,13 +266,14 @@ def test_a_scheduler_made_again_over_the_optimizer_setup_kept_gets_the_rate_the_
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     old = {"opt": opt, "sched": lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)}
+    old_made = as_made(old, ())
     for _ in range(5):
         opt.step()
         old["sched"].step()
     assert opt.param_groups[0]["lr"] == 0.025
-    rates = rates_before(old, ())
-    new = {"opt": opt, "sched": lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)}  # back to 0.1 as it is made
-    assert carry_schedulers(old, new, (), (), rates) == (1, [])
+    new, _, carried, notes = rebuilt(old, (), old_made, lambda: ({"opt": opt, "sched": lr_scheduler.StepLR(
+        opt, step_size=2, gamma=0.5)}, ()))  # the new one sets the rate back to 0.1 as it is made
+    assert (carried, notes) == (1, [])
     assert opt.param_groups[0]["lr"] == 0.025 and new["sched"].last_epoch == 5
     new["sched"].step()
     assert opt.param_groups[0]["lr"] == 0.0125  # step 6 halves it, as in the run that never stopped
@@ -318,26 +332,53 @@ def test_a_partial_resume_says_the_schedules_start_over(tmp_path: Path) -> None:
     ]
 
 
-def test_a_scheduler_whose_state_cannot_be_read_starts_over_and_the_rebuild_stands() -> None:
-    class Fragile(lr_scheduler.StepLR):
-        def state_dict(self) -> dict[str, Any]:
-            raise RuntimeError("no state here")
+def test_a_scheduler_whose_state_dict_raises_is_carried_by_its_attributes() -> None:
+    """torch's LambdaLR.state_dict() raises for a callable with __slots__ (it copies the callable's __dict__)."""
 
-    def made() -> dict[str, Any]:
+    class Warm:
+        __slots__ = ("total",)
+
+        def __init__(self, total: int) -> None:
+            self.total = total
+
+        def __call__(self, epoch: int) -> float:
+            return min(1.0, (epoch + 1) / self.total)
+
+    def made() -> tuple[dict[str, Any], tuple[()]]:
         opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
-        return {"opt": opt, "sched": Fragile(opt, step_size=1, gamma=0.5)}
+        return {"opt": opt, "sched": lr_scheduler.LambdaLR(opt, Warm(10))}, ()
 
-    old = made()
+    old, _ = made()
+    old_made = as_made(old, ())
+    for _ in range(4):
+        old["opt"].step()
+        old["sched"].step()
+    new, _, carried, notes = rebuilt(old, (), old_made, made)
+    assert (carried, notes) == (1, []) and new["sched"].last_epoch == 4
+    new["opt"].step()
+    new["sched"].step()
+    assert new["opt"].param_groups[0]["lr"] == pytest.approx(0.06)  # the warm-up's step 5, as in the straight run
+
+
+def test_a_scheduler_whose_state_does_not_load_starts_over_as_made_and_the_rebuild_stands() -> None:
+    class Fragile(lr_scheduler.StepLR):
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            self.last_epoch = 99  # half-way, then
+            raise RuntimeError("no loading here")
+
+    def made() -> tuple[dict[str, Any], tuple[()]]:
+        opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        return {"opt": opt, "sched": Fragile(opt, step_size=1, gamma=0.5)}, ()
+
+    old, _ = made()
+    old_made = as_made(old, ())
     for _ in range(3):
         old["opt"].step()
         old["sched"].step()
-    rates = rates_before(old, ())
-    new = made()
-    carried, notes = carry_schedulers(old, new, (), (), rates)
-    assert carried == 0 and new["sched"].last_epoch == 0
-    assert notes == ["sched (Fragile) starts its schedule over, from the learning rate setup() gave the optimizer: the "
-                     "schedulers' states could not be compared (RuntimeError: no state here) (the old one had taken 3 "
-                     "steps); a rebuild with the same settings goes on with the schedule"], notes
+    new, _, carried, notes = rebuilt(old, (), old_made, made)
+    assert carried == 0 and new["sched"].last_epoch == 0 and new["opt"].param_groups[0]["lr"] == 0.1
+    assert notes == ["sched (Fragile) starts its schedule over, as setup() made it: the old one's state could not be "
+                     "loaded (RuntimeError: no loading here) (the old one was at step 3)"], notes
 
 
 def test_a_schedule_whose_settings_changed_goes_on_from_the_run_s_step_at_the_new_schedule_s_rate() -> None:
@@ -358,10 +399,10 @@ def test_a_schedule_whose_settings_changed_goes_on_from_the_run_s_step_at_the_ne
             state["cycle"].step()
         return state
 
-    old = stepped(made(0.5, 40), 7)
-    rates = rates_before(old, ())
-    new = made(0.1, 80)
-    carried, notes = carry_schedulers(old, new, (), (), rates)
+    old = made(0.5, 40)
+    old_made = as_made(old, ())
+    stepped(old, 7)
+    new, _, carried, notes = rebuilt(old, (), old_made, lambda: (made(0.1, 80), ()))
     fresh = stepped(made(0.1, 80), 7)  # a fresh start with the new code, at the same step
     assert carried == 2 and new["step"].last_epoch == new["cycle"].last_epoch == 7
     for key in ("lr", "momentum"):
@@ -385,12 +426,11 @@ def test_a_one_cycle_schedule_cut_shorter_than_the_run_starts_over_and_says_so()
         return {"opt": opt, "cycle": lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=total)}
 
     old = made(40)
+    old_made = as_made(old, ())
     for _ in range(12):
         old["opt"].step()
         old["cycle"].step()
-    rates = rates_before(old, ())
-    new = made(10)
-    carried, notes = carry_schedulers(old, new, (), (), rates)
+    new, _, carried, notes = rebuilt(old, (), old_made, lambda: (made(10), ()))
     assert carried == 0 and new["cycle"].last_epoch == 0 and new["opt"].param_groups[0]["lr"] == pytest.approx(0.004)
     assert len(notes) == 1 and notes[0].startswith("cycle (OneCycleLR) starts its schedule over") and (
         "its settings changed (total_steps 40 -> 10), and the new schedule has no rate at step 12 (ValueError: Tried "

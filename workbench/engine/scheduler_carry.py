@@ -1,24 +1,31 @@
 """A rebuild carries an LR schedule on: the scheduler setup() makes again takes the old one's place in its schedule.
 
 A rebuild is a fresh start that keeps the trained state (weights, optimizer state, the data's place, the random
-streams). Where a schedule was, setup() makes a new scheduler at step 0 over the new optimizer, whose param groups
-hold the rate setup() gave them: the schedule began again (OneCycleLR back in its warm-up), and a rebuild with no
-change no longer trained as the run that never stopped. So a scheduler setup() made again at the same path, of the
-same class and with the same settings, is given the old one's state (its step, its last rates), and the new
-optimizer's groups the rates (and, for a cycled momentum, the momentum) the old schedule had set.
+streams). Where a schedule was, setup() makes a new scheduler at its start over the new optimizer: the schedule began
+again (OneCycleLR back in its warm-up), and a rebuild with no change no longer trained as the run that never stopped.
 
-When the settings differ (an edited `total_steps`, `T_max` or peak rate), the new schedule is what runs, at the run's
-step: a torch scheduler whose rate at a step follows from its settings alone (StepLR, CosineAnnealingLR, OneCycleLR,
-a LambdaLR warm-up, ...) is put at the old one's step and the groups given the rate the new schedule has there, as a
-fresh start with the new code would have at that step; the notes say what changed and the rate before and after.
-Where the rate cannot be computed that way (a SequentialLR or ChainedScheduler, ReduceLROnPlateau, which follows the
-loss, a class of the project's own, another class at that path, a schedule that ends before the run's step), the new
-scheduler starts from its beginning, as setup() made it, and the notes say why and how far the old one had gone.
+Which schedule is the same is decided on the schedulers as made (`schedule_settings.fingerprint`, taken as each
+setup() returns): the one the last setup() made against the one the new setup() made, class, attributes, functions'
+code and the rates given to the optimizer. Training moves a scheduler on (its step, a plateau count, a project
+class's own counter), never its as-made settings.
+
+- Nothing differs: the new scheduler is given the old one's state (a scheduler it holds, as a warm-up wrapper holds
+  the schedule after it, is given its old counterpart's in turn) and the new optimizer's groups the rates the old
+  schedule had set (and beta1 or the momentum it cycles), so a rebuild with no change trains as the run that never
+  stopped.
+- Settings differ (an edited `gamma`, `T_max` or `total_steps`, another rate): the new schedule is what runs, at the
+  run's step, for a torch scheduler whose rate at a step follows from its settings (StepLR, CosineAnnealingLR,
+  OneCycleLR, a LambdaLR warm-up, ...): put at the old one's step, the groups at the new schedule's rate there, as a
+  fresh start with the new code would be at that step. Otherwise (a SequentialLR or ChainedScheduler,
+  ReduceLROnPlateau, which follows the loss, a class of the project's own, another class at that place, a schedule
+  that ends before the run's step) the new scheduler starts from its beginning, as setup() made it.
+
+The notes say every case but the first, with what changed and the rates.
 """
 
 from __future__ import annotations
 
-import math
+import copy
 from typing import Any
 
 import torch
@@ -26,24 +33,36 @@ from torch.optim import lr_scheduler
 from torch.optim.lr_scheduler import LRScheduler
 
 from workbench.engine.actions.schedulers import find_schedulers
+from workbench.engine.schedule_settings import MOMENTUM_KEYS, cycles_momentum, differences, fingerprint
 from workbench.engine.state_walk import Namespaces
 
-# What a scheduler's state_dict() holds of its place in the schedule rather than of its settings: the step and the
-# rates it set (torch's base class), CosineAnnealingWarmRestarts' cycle, ReduceLROnPlateau's plateau count.
-PLACE_KEYS = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial", "T_cur",
-                        "T_i", "best", "num_bad_epochs", "cooldown_counter"})
-NESTED_KEY = "_schedulers"  # SequentialLR and ChainedScheduler: each inner scheduler's state, in order
 # torch schedulers whose get_lr() computes the rate from the step alone (the others with a closed form say so with
 # `_get_closed_form_lr`); their chained get_lr() would go on from the group's current rate instead.
 RATE_FROM_STEP = (lr_scheduler.OneCycleLR, lr_scheduler.LambdaLR, lr_scheduler.CyclicLR)
-SET_BY_SCHEDULES = ("lr", "momentum", "betas")  # what a scheduler writes into its optimizer's param groups
 
+AsMade = dict[str, dict[str, Any]]  # path -> the scheduler's fingerprint as setup() made it
 Rates = dict[int, list[dict[str, Any]]]  # id(scheduler) -> its optimizer's groups' rates, before setup() ran again
+
+
+def as_made(state: Any, namespaces: Namespaces) -> AsMade:
+    """Each scheduler's settings as setup() just made it (taken right after it returns; one that cannot be read is
+    left out, and a rebuild then starts its schedule over, said)."""
+    made: AsMade = {}
+    try:
+        schedulers = find_schedulers(state, namespaces)
+    except Exception:  # noqa: BLE001 - a state that cannot be walked: no schedule is carried
+        return made
+    for path, scheduler in schedulers.items():
+        try:
+            made[path] = fingerprint(scheduler)
+        except Exception:  # noqa: BLE001 - settings that cannot be read: compared as unknown
+            continue
+    return made
 
 
 def rates_before(state: Any, namespaces: Namespaces) -> Rates:
     """Before setup() runs again: the rates each scheduler's optimizer holds. A new scheduler over the same optimizer
-    (one setup() does not make again) sets its groups to its own step 0 as it is made."""
+    (one setup() does not make again) sets its groups to its own start as it is made."""
     rates: Rates = {}
     try:
         schedulers = list(find_schedulers(state, namespaces).values())
@@ -51,7 +70,7 @@ def rates_before(state: Any, namespaces: Namespaces) -> Rates:
         return rates
     for scheduler in schedulers:
         try:
-            rates[id(scheduler)] = [{k: _copied(g[k]) for k in SET_BY_SCHEDULES if k in g}
+            rates[id(scheduler)] = [{k: _copied(g[k]) for k in ("lr", *MOMENTUM_KEYS) if k in g}
                                     for g in scheduler.optimizer.param_groups]
         except Exception:  # noqa: BLE001 - no optimizer to read (a scheduler of a library's own): not carried
             continue
@@ -59,90 +78,127 @@ def rates_before(state: Any, namespaces: Namespaces) -> Rates:
 
 
 def carry_schedulers(old_state: Any, new_state: Any, old_namespaces: Namespaces, new_namespaces: Namespaces,
-                     rates: Rates) -> tuple[int, list[str]]:
-    """Give each scheduler setup() made again the old one's place when nothing but the place differs; (how many
-    were carried, the notes for the others). `rates`: `rates_before` the new setup() ran."""
-    old = find_schedulers(old_state, old_namespaces)
+                     rates: Rates, old_made: AsMade, new_made: AsMade) -> tuple[int, list[str]]:
+    """Give each scheduler setup() made again its place in the schedule (see the module docstring); (how many go on
+    from the old one's step, the notes). `rates`: `rates_before` the new setup() ran; `old_made`, `new_made`: `as_made`
+    after the last setup() and after this one."""
+    try:
+        old, new_schedulers = find_schedulers(old_state, old_namespaces), find_schedulers(new_state, new_namespaces)
+    except Exception as exc:  # noqa: BLE001 - the rebuild stands; the schedules start over, said
+        return 0, [f"the LR schedulers were not looked at ({type(exc).__name__}: {_brief(exc)}): any setup() made "
+                   "again starts its schedule over"]
     carried, notes = 0, []
-    for path, new in find_schedulers(new_state, new_namespaces).items():
+    for path, new in new_schedulers.items():
         before = old.get(path)
         if before is None or before is new:
             continue  # new in this setup(), or the same object (a global setup() does not make again)
-        settings: list[str] = []
         try:
-            why = _why_not_carried(before, new)
-            if why is None:
-                settings = _settings_that_differ(before.state_dict(), new.state_dict())
-        except Exception as exc:  # noqa: BLE001 - a scheduler whose state cannot be read: the rebuild stands
-            why = f"the schedulers' states could not be compared ({type(exc).__name__}: {exc})"
-        if why is None and settings:
-            moved = _new_settings_at_old_place(before, new, settings, path)
-            if moved.startswith(path):
-                carried += 1
-                notes.append(moved)
-                continue
-            why = moved
-        if why is None and id(before) not in rates:
-            why = "the rates its optimizer held before the rebuild could not be read"
-        if why is None:
-            made = new.state_dict()
-            try:
-                _take_place(before, new, rates[id(before)])
-            except Exception as exc:  # noqa: BLE001 - a state that does not load: the new schedule from its start
-                _put_back(new, made)
-                why = f"the old one's state could not be loaded ({type(exc).__name__}: {exc})"
-            else:
-                carried += 1
-                continue
-        if _steps_taken(before) > _steps_taken(new):
-            notes.append(f"{path} ({type(new).__name__}) starts its schedule over, from the learning rate setup() "
-                         f"gave the optimizer: {why} (the old one had taken {_steps_taken(before)} steps); a rebuild with "
-                         "the same settings goes on with the schedule")
+            went_on, note = _carry_one(path, before, new, rates.get(id(before)), old_made.get(path), new_made.get(path))
+        except Exception as exc:  # noqa: BLE001 - the rebuild stands whatever a scheduler does
+            went_on, note = False, _over(path, new, _steps_taken(before), f"it could not be looked at "
+                                         f"({type(exc).__name__}: {_brief(exc)})")
+        carried += went_on
+        if note is not None:
+            notes.append(note)
+    live = set(map(id, new_schedulers.values()))
+    unmatched = [path for path in new_schedulers if path not in old]
+    for path, before in old.items():
+        if path not in new_schedulers and id(before) not in live and (_steps_taken(before) or 0) > 0:
+            elsewhere = f"; setup() made {', '.join(unmatched)}, which starts from its beginning" if unmatched else ""
+            notes.append(f"{path} ({type(before).__name__}, at step {_steps_taken(before)}) has no scheduler at its "
+                         f"place in the rebuilt state, so its schedule is not carried{elsewhere}")
     return carried, notes
 
 
-def _steps_taken(scheduler: LRScheduler) -> int:
-    last = getattr(scheduler, "last_epoch", 0)
-    return last if isinstance(last, int) else 0
-
-
-def _put_back(scheduler: LRScheduler, state: dict[str, Any]) -> None:
-    """The new scheduler as setup() made it, after a load that failed half-way."""
-    try:
-        scheduler.load_state_dict(state)
-    except Exception:  # noqa: BLE001 - as good as it gets; the note says the schedule starts over
-        pass
-
-
-def _why_not_carried(old: LRScheduler, new: LRScheduler) -> str | None:
+def _carry_one(path: str, old: LRScheduler, new: LRScheduler, rates: list[dict[str, Any]] | None,
+               old_made: dict[str, Any] | None, new_made: dict[str, Any] | None) -> tuple[bool, str | None]:
+    """(whether the new scheduler goes on from the old one's step, the note if any)."""
+    steps = _steps_taken(old)
     if type(old) is not type(new):
-        return f"setup() made a {type(new).__name__} where a {type(old).__name__} was"
-    old_groups, new_groups = old.optimizer.param_groups, new.optimizer.param_groups
-    if len(old_groups) != len(new_groups):
-        return f"its optimizer has {len(new_groups)} parameter groups where the old one had {len(old_groups)}"
-    return None
+        return False, _over(path, new, steps, f"setup() made a scheduler of another class there (it was a {type(old).__name__})")
+    if rates is None:
+        return False, _over(path, new, steps, "the rates its optimizer held before the rebuild could not be read")
+    if len(rates) != len(new.optimizer.param_groups):
+        return False, _over(path, new, steps, f"its optimizer has {len(new.optimizer.param_groups)} parameter groups, "
+                            f"the old one's had {len(rates)}")
+    if old_made is None or new_made is None:
+        return False, _over(path, new, steps, "its settings as made could not be read")
+    changed = differences(old_made, new_made)
+    if not changed:
+        made = _as_it_is(new)
+        try:
+            _take_place(old, new, rates)
+        except Exception as exc:  # noqa: BLE001 - a state that does not load: the new schedule from its start
+            _put_back(new, made)
+            return False, _over(path, new, steps, f"the old one's state could not be loaded ({type(exc).__name__}: "
+                                f"{_brief(exc)})")
+        return True, None
+    return _new_settings_at_old_place(path, old, new, changed)
 
 
-def _listed(settings: list[str]) -> str:
-    """The settings that changed, the public ones alone when there are any (OneCycleLR's `_schedule_phases` follow
-    from its `total_steps`)."""
-    shown = [s for s in settings if not s.startswith("_")] or [s.lstrip("_") for s in settings]
-    return ", ".join(shown[:4]) + (", ..." if len(shown) > 4 else "")
+def _over(path: str, new: LRScheduler, steps: int | None, why: str, settings: bool = False) -> str:
+    where = f" (the old one was at step {steps})" if steps is not None else ""
+    tail = "; a rebuild that leaves its settings as they are goes on with the schedule" if settings else ""
+    return f"{path} ({type(new).__name__}) starts its schedule over, as setup() made it: {why}{where}{tail}"
 
 
-def _new_settings_at_old_place(old: LRScheduler, new: LRScheduler, settings: list[str], path: str) -> str:
-    """Put the new scheduler at the old one's step and its groups at the new schedule's rate there. Returns the note
-    (which starts with `path`), or why it cannot be done (the schedule then starts over)."""
-    changed = f"its settings changed ({_listed(settings)})"
+def _take_place(old: LRScheduler, new: LRScheduler, rates: list[dict[str, Any]]) -> None:
+    """The old scheduler's place into the new one, and the rates it had set into the new optimizer's groups."""
+    _load_place(old, new)
+    cycled = cycles_momentum(old)
+    for old_group, new_group in zip(rates, new.optimizer.param_groups):
+        new_group["lr"] = _copied(old_group["lr"]) if "lr" in old_group else new_group["lr"]
+        if cycled and "momentum" in old_group and "momentum" in new_group:
+            new_group["momentum"] = old_group["momentum"]
+        if cycled and "betas" in old_group and "betas" in new_group:  # only beta1 is cycled: beta2 is the code's
+            new_group["betas"] = (old_group["betas"][0], *tuple(new_group["betas"])[1:])
+
+
+def _load_place(old: LRScheduler, new: LRScheduler) -> None:
+    """`load_state_dict` of the old state's plain entries; a scheduler it holds (a warm-up's `after_scheduler`) is
+    given its old counterpart's place rather than replaced by it, which would step the discarded optimizer."""
+    try:
+        old_state, new_state = old.state_dict(), new.state_dict()
+    except Exception:  # noqa: BLE001 - torch's LambdaLR cannot say a slotted callable's state: its attributes then
+        old_state, new_state = dict(vars(old)), dict(vars(new))
+        for key in ("optimizer", "lr_lambdas"):
+            old_state.pop(key, None)
+        new.__dict__.update({key: copy.deepcopy(value) for key, value in old_state.items() if _plain(value)})
+        return
+    held = [(key, value, new_state.get(key)) for key, value in old_state.items() if not _plain(value)]
+    new.load_state_dict({key: (new_state.get(key) if not _plain(value) else value) for key, value in old_state.items()})
+    for _, old_inner, new_inner in held:
+        if isinstance(old_inner, LRScheduler) and isinstance(new_inner, LRScheduler) and type(old_inner) is type(new_inner):
+            _load_place(old_inner, new_inner)
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.Tensor)):
+        return True
+    if isinstance(value, dict):
+        return all(_plain(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return False
+
+
+def _new_settings_at_old_place(path: str, old: LRScheduler, new: LRScheduler, changed: list[str]) -> tuple[bool, str]:
+    """Put the new scheduler at the old one's step and its groups at the new schedule's rate there: (whether it was
+    done, the note)."""
+    listed = _listed(changed)
+    steps = _steps_taken(old)
     kind = type(new)
     closed = kind.__module__ == lr_scheduler.__name__ and (hasattr(kind, "_get_closed_form_lr") or kind in RATE_FROM_STEP)
     if not closed:
-        return f"{changed}, and a {kind.__name__}'s rate at a step cannot be computed from its settings alone"
+        return False, _over(path, new, steps, f"its settings changed ({listed}), and a {kind.__name__}'s rate at a step "
+                            "does not follow from its settings alone", settings=True)
     groups = new.optimizer.param_groups
-    made, set_before = new.state_dict(), [{k: _copied(g[k]) for k in SET_BY_SCHEDULES if k in g} for g in groups]
-    place = _steps_taken(old)
+    set_before = [{k: _copied(g[k]) for k in ("lr", *MOMENTUM_KEYS) if k in g} for g in groups]
+    made = _as_it_is(new)
     try:
-        new.last_epoch, new._step_count = place, max(getattr(old, "_step_count", place + 1), 1)
+        if steps is None:
+            raise ValueError("the old scheduler does not count its steps")
+        new.last_epoch, new._step_count = steps, max(getattr(old, "_step_count", steps + 1), 1)
         if hasattr(kind, "_get_closed_form_lr"):
             rates = list(new._get_closed_form_lr())  # type: ignore[attr-defined]
         else:
@@ -156,9 +212,35 @@ def _new_settings_at_old_place(old: LRScheduler, new: LRScheduler, settings: lis
         _put_back(new, made)
         for group, values in zip(groups, set_before):
             group.update(values)
-        return f"{changed}, and the new schedule has no rate at step {place} ({type(exc).__name__}: {exc})"
-    return (f"{path} ({kind.__name__}) goes on from step {place} with the new settings ({_listed(settings)}): learning "
-            f"rate {_rate(before)} as setup() made it, {_rate(new._last_lr)} at step {place} of the new schedule")
+        return False, _over(path, new, steps, f"its settings changed ({listed}), and the new schedule has no rate at "
+                            f"step {steps} ({type(exc).__name__}: {_brief(exc)})")
+    return True, (f"{path} ({kind.__name__}) goes on from step {steps} with the new settings ({listed}): learning rate "
+            f"{_rate(before)} as setup() made it, {_rate(new._last_lr)} at step {steps} of the new schedule")
+
+
+def _steps_taken(scheduler: LRScheduler) -> int | None:
+    """How far it had gone (None: a scheduler of a library's own that does not count steps as torch's do)."""
+    last = getattr(scheduler, "last_epoch", None)
+    return last if isinstance(last, int) and not isinstance(last, bool) else None
+
+
+def _as_it_is(scheduler: LRScheduler) -> dict[str, Any]:
+    """Its plain attributes (what `load_state_dict` sets, without a `state_dict()` that may raise), to put back."""
+    return {key: copy.deepcopy(value) for key, value in vars(scheduler).items() if key != "optimizer" and _plain(value)}
+
+
+def _put_back(scheduler: LRScheduler, attributes: dict[str, Any]) -> None:
+    """The new scheduler as setup() made it, after a load that failed half-way."""
+    scheduler.__dict__.update(attributes)
+
+
+def _listed(changed: list[str]) -> str:
+    """The settings that changed, those not derived from others when there are any (OneCycleLR's schedule phases and
+    a scheduler's starting rates follow from its `total_steps` and the optimizer's rate)."""
+    derived = ("schedule_phases", "last_lr", "base_lrs", "param_groups")
+    rates = [c for c in changed if c.startswith("param_groups") and ".lr " in c]
+    shown = [c for c in changed if not c.startswith(derived)] or rates or changed
+    return ", ".join(shown[:4]) + (", ..." if len(shown) > 4 else "")
 
 
 def _rate(rates: list[Any]) -> str:
@@ -166,61 +248,10 @@ def _rate(rates: list[Any]) -> str:
     return ", ".join(shown) + (", ..." if len(rates) > 3 else "")
 
 
-def _settings_that_differ(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """`name old -> new` for each setting (a state_dict entry that is not a place) that is not the same."""
-    differ = []
-    for key in sorted(set(old) | set(new)):
-        if key in PLACE_KEYS:
-            continue
-        a, b = old.get(key), new.get(key)
-        if key == NESTED_KEY and isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-            for i, (inner_a, inner_b) in enumerate(zip(a, b)):
-                if isinstance(inner_a, dict) and isinstance(inner_b, dict):
-                    differ.extend(_settings_that_differ(inner_a, inner_b, f"{prefix}{key.lstrip('_')}[{i}]."))
-                elif not _same(inner_a, inner_b):
-                    differ.append(f"{prefix}{key.lstrip('_')}[{i}]")
-            continue
-        if not _same(a, b):
-            differ.append(f"{prefix}{key} {_short(a)} -> {_short(b)}")
-    return differ
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        both = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-        return both and a.shape == b.shape and bool(torch.equal(a, b))
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - values that do not compare are taken as different
-        return False
-
-
-def _short(value: Any) -> str:
-    text = repr(value.tolist() if isinstance(value, torch.Tensor) else value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _take_place(old: LRScheduler, new: LRScheduler, rates: list[dict[str, Any]]) -> None:
-    """The old scheduler's state into the new one, and the rates it had set into the new optimizer's groups."""
-    new.load_state_dict(old.state_dict())
-    keys = SET_BY_SCHEDULES if _cycles_momentum(old) else ("lr",)
-    for old_group, new_group in zip(rates, new.optimizer.param_groups):
-        for key in keys:
-            if key in old_group and key in new_group:
-                new_group[key] = _copied(old_group[key])
+def _brief(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _copied(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
-
-
-def _cycles_momentum(scheduler: LRScheduler) -> bool:
-    """OneCycleLR and CyclicLR move the momentum (or Adam's beta1) with the rate, also inside a SequentialLR."""
-    inner = getattr(scheduler, NESTED_KEY, None) or ()
-    return bool(getattr(scheduler, "cycle_momentum", False)) or any(_cycles_momentum(s) for s in inner)

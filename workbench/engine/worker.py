@@ -93,6 +93,7 @@ from workbench.engine.rebuild import restore_globals
 from workbench.engine.setup_rebinds import SetupRebinds, copies
 from workbench.engine.training_globals import TrainingGlobals, put_back, shown, state_namespace
 from workbench.engine.run_state import AUTO_RESUME_REASONS, DATA_EXHAUSTED, ENDS_RUN_WITHOUT_INPUT, RunState
+from workbench.engine.scheduler_carry import AsMade, as_made
 from workbench.engine.runs import RunRecord
 from workbench.engine.saved_bytes import SavedBytes
 from workbench.engine.step_values import StepOutputError, StepRecord, scalar_now, start_reading
@@ -198,6 +199,7 @@ class TrainingWorker(threading.Thread):
         self.step_ms_history: deque[float] = deque(maxlen=50)
         self._recording = False
         self.eval_watch = EvalModeWatch()  # warns when steps run with the trained model in eval mode
+        self.schedules_as_made: AsMade = {}  # the LR schedulers as the last setup() made them (scheduler_carry.py)
 
         self.state = RunState.SETUP
         self.pause_reason: str | None = None
@@ -352,6 +354,7 @@ class TrainingWorker(threading.Thread):
             with skipping_init(active=self.resume_path is not None) as init_log:
                 self.user_state = setup(self.bench)
             self._state_built_at = self.reloader.version
+            self.schedules_as_made = as_made(self.user_state, self._namespaces())  # what a rebuild compares with
             self.setup_rebinds.record(found, self._namespaces())
             self.training_globals.mark(self._training_namespaces())
             self.training_tensors.mark(self._training_namespaces())

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine import random_states
-from workbench.engine.scheduler_carry import carry_schedulers, rates_before
+from workbench.engine.scheduler_carry import as_made, carry_schedulers, rates_before
 from workbench.engine.training_tensors import TrainingTensors, carry as carry_tensors
 from workbench.engine.actions.cleanup import trim_c_heap
 from workbench.engine.actions.sharded_snapshot import has_fsdp1
@@ -109,11 +109,13 @@ def _rebuild_now(worker: TrainingWorker) -> None:
                 built_at_import = _build_what_import_built(worker, committed)
                 found = copies(namespaces)
                 new_state = _call_setup(worker)
+            new_made = as_made(new_state, namespaces)  # before anything is carried into them
             reset_compiled_code()
             report = carry_over(worker.user_state, new_state, before, namespaces)
             init_log.replay(report.carried)  # what is new draws its initial weights here, as a resume's do
         notes = carry_optimizers_setup_did_not_make(worker.user_state, new_state, report, namespaces)
-        schedulers_carried, schedule_notes = carry_schedulers(worker.user_state, new_state, before, namespaces, rates)
+        schedulers_carried, schedule_notes = carry_schedulers(worker.user_state, new_state, before, namespaces, rates,
+                                                              worker.schedules_as_made, new_made)
         notes.extend(schedule_notes)
         notes.extend(report.moved)
         notes.extend(settled_notes(init_log, "rebuild"))
@@ -176,6 +178,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     notes.extend(release_iterators(worker.user_state, new_state))
     notes.extend(_release_rebuilt_loaders(worker, before))
     worker.user_state = new_state
+    worker.schedules_as_made = new_made
     if worker.broken is not None and not worker.broken.renew_group:
         worker.broken = None  # a new state: what the old one could not do (an ended generator, a DDP reducer) is gone
     worker._state_built_at = worker.reloader.version
