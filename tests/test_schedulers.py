@@ -435,3 +435,73 @@ def test_a_one_cycle_schedule_cut_shorter_than_the_run_starts_over_and_says_so()
     assert len(notes) == 1 and notes[0].startswith("cycle (OneCycleLR) starts its schedule over") and (
         "its settings changed (total_steps 40 -> 10), and the new schedule has no rate at step 12 (ValueError: Tried "
         "to step 12 times" in notes[0]), notes
+
+
+LAZY_GLOBAL = """\
+import torch
+
+OPT = SCHED = None
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    return {"model": torch.nn.Linear(4, 1)}
+
+
+def step(state, bench):
+    global OPT, SCHED
+    if OPT is None:  # made on first use, as some trainers do: setup() never makes them
+        OPT = torch.optim.SGD(state["model"].parameters(), lr=0.1)
+        SCHED = torch.optim.lr_scheduler.StepLR(OPT, step_size=2, gamma=0.5)
+    loss = state["model"](torch.ones(2, 4)).pow(2).mean()
+    OPT.zero_grad()
+    loss.backward()
+    OPT.step()
+    SCHED.step()
+    return {"loss": loss, "lr": OPT.param_groups[0]["lr"]}
+"""
+
+LAZY_STATE = """\
+import torch
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    return {"model": torch.nn.Linear(4, 1)}
+
+
+def step(state, bench):
+    if "opt" not in state:  # made on first use, as some trainers do: setup() never makes them
+        state["opt"] = torch.optim.SGD(state["model"].parameters(), lr=0.1)
+        state["sched"] = torch.optim.lr_scheduler.StepLR(state["opt"], step_size=2, gamma=0.5)
+    loss = state["model"](torch.ones(2, 4)).pow(2).mean()
+    state["opt"].zero_grad()
+    loss.backward()
+    state["opt"].step()
+    state["sched"].step()
+    return {"loss": loss, "lr": state["opt"].param_groups[0]["lr"]}
+"""
+
+
+@pytest.mark.parametrize("source", [LAZY_GLOBAL, LAZY_STATE], ids=["global", "state"])
+def test_a_scheduler_step_makes_follows_its_optimizer_made_again_by_a_rebuild(tmp_path: Path, source: str) -> None:
+    """Before, a global one kept stepping the discarded optimizer (the rate training used froze at 0.05) and one in the
+    state was dropped while its optimizer was put back (the next step raised KeyError: 'sched')."""
+    from workbench.protocol.events import Rebuild, Resume
+
+    root = make_project(tmp_path, {"train.py": source}, folder="straight")
+    with open_session(root / "train.py", max_steps=10, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        straight = [(e.loss, e.scalars["lr"]) for e in live.events.of("step")]
+    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
+    with open_session(root / "train.py", max_steps=5, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=30)
+        assert rebuilt.ok and any("an LR scheduler setup() does not make, now steps" in n for n in rebuilt.notes), rebuilt
+        live.session.worker.max_steps = 10
+        live.send(Resume())
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        after = [(e.loss, e.scalars["lr"]) for e in live.events.of("step")]
+    assert len({lr for _, lr in straight}) > 3, "the rate moves: the comparison means something"
+    assert after == straight, [(k + 1, a, b) for k, (a, b) in enumerate(zip(straight, after)) if a != b]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from workbench.engine.memory.shards import local_shard
 from workbench.engine.moved_layers import match_moved, shapes_of
@@ -213,7 +214,43 @@ def carry_optimizers_setup_did_not_make(
             f"{where}, an optimizer setup() does not make, was made again over the new parameters with its "
             f"hyperparameters and the state of {len(made.state)} parameters"
         )
+        notes.extend(_schedulers_follow(old_opt, made, where, old_state, new_state, namespaces))
     return notes
+
+
+def _schedulers_follow(old_opt: torch.optim.Optimizer, made: torch.optim.Optimizer, where: str, old_state: Any,
+                       new_state: Any, namespaces: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The LR schedulers over an optimizer made again here drive the new one: a scheduler `step()` makes with it
+    (`state["sched"]`, `global SCHED`) kept stepping the discarded optimizer, the rate training used never moved
+    again, and one in the state was dropped while its optimizer was put back (the next step's `state["sched"]`
+    raised KeyError). Returns a note per scheduler."""
+    found: dict[str, LRScheduler] = {}
+    if isinstance(old_state, dict) and isinstance(new_state, dict):
+        for key, value in old_state.items():
+            if isinstance(value, LRScheduler) and key not in new_state and _over(value, old_opt):
+                new_state[key] = value  # its place in the schedule is its own: the scheduler itself goes on
+                found[f"state[{key!r}]"] = value
+    for module_name, namespace in namespaces:
+        for key, value in namespace.items():
+            if isinstance(value, LRScheduler) and _over(value, old_opt):
+                found[f"{module_name}.{key}"] = value
+    for scheduler in found.values():
+        _point_at(scheduler, old_opt, made)
+    return [f"{path} ({type(s).__name__}), an LR scheduler setup() does not make, now steps {where}'s new optimizer "
+            "and goes on with its schedule" for path, s in found.items()]
+
+
+def _over(scheduler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    return getattr(scheduler, "optimizer", None) is optimizer or any(
+        _over(inner, optimizer) for inner in getattr(scheduler, "_schedulers", None) or ())
+
+
+def _point_at(scheduler: Any, old: torch.optim.Optimizer, made: torch.optim.Optimizer) -> None:
+    """`scheduler.optimizer` (and a SequentialLR's or ChainedScheduler's inner ones') from `old` to `made`."""
+    if getattr(scheduler, "optimizer", None) is old:
+        scheduler.optimizer = made
+    for inner in getattr(scheduler, "_schedulers", None) or ():
+        _point_at(inner, old, made)
 
 
 def _made_again(old: torch.optim.Optimizer, report: CarryReport) -> torch.optim.Optimizer | str:
