@@ -154,26 +154,32 @@ def test_a_session_resumed_from_a_snapshot_goes_on_with_the_schedule_and_the_eve
         assert [e.scalars["lr"] for e in live.events.of("step")] == rates[10:12]
 
 
-def test_a_rebuild_with_no_change_goes_on_with_the_schedule_as_the_run_that_never_stopped(tmp_path: Path) -> None:
-    """Before, setup()'s new OneCycleLR began its warm-up again at the rebuild (the rate fell from 0.0294 to 0.0020):
-    a rebuild with no change trained otherwise than the run that never stopped."""
+def straight_and_rebuilt(tmp_path: Path, source: str, at: int, until: int) -> tuple[list[Any], list[Any], Any]:
+    """(loss, lr) of each step of a session straight to `until`, and of one rebuilt after step `at` and resumed to
+    `until`; the rebuild event."""
     from workbench.protocol.events import Rebuild, Resume
 
-    root = make_project(tmp_path, {"train.py": PROJECT}, folder="straight")
-    with open_session(root / "train.py", max_steps=12, exit_at_max_steps=False) as live:
+    root = make_project(tmp_path, {"train.py": source}, folder="straight")
+    with open_session(root / "train.py", max_steps=until, exit_at_max_steps=False) as live:
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
         straight = [(e.loss, e.scalars["lr"]) for e in live.events.of("step")]
-    root = make_project(tmp_path, {"train.py": PROJECT}, folder="rebuilt")
-    with open_session(root / "train.py", max_steps=6, exit_at_max_steps=False) as live:
+    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
+    with open_session(root / "train.py", max_steps=at, exit_at_max_steps=False) as live:
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
         live.send(Rebuild())
         rebuilt = live.wait_for(is_event("rebuild"), timeout=30)
-        assert rebuilt.ok and rebuilt.schedulers_carried == 1 and rebuilt.notes == (), rebuilt
-        assert live.session.worker.user_state["sched"].last_epoch == 6
-        live.session.worker.max_steps = 12
+        live.session.worker.max_steps = until
         live.send(Resume())
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
         after = [(e.loss, e.scalars["lr"]) for e in live.events.of("step")]
+    return straight, after, rebuilt
+
+
+def test_a_rebuild_with_no_change_goes_on_with_the_schedule_as_the_run_that_never_stopped(tmp_path: Path) -> None:
+    """Before, setup()'s new OneCycleLR began its warm-up again at the rebuild (the rate fell from 0.0294 to 0.0020):
+    a rebuild with no change trained otherwise than the run that never stopped."""
+    straight, after, rebuilt = straight_and_rebuilt(tmp_path, PROJECT, 6, 12)
+    assert rebuilt.ok and rebuilt.schedulers_carried == 1 and rebuilt.notes == (), rebuilt
     assert len(straight) == 12 and len({lr for _, lr in straight}) > 6, "the rate moves: the comparison means something"
     assert after == straight, [(k + 1, a, b) for k, (a, b) in enumerate(zip(straight, after)) if a != b]
 
@@ -186,6 +192,18 @@ def rebuilt(old_state: Any, old_namespaces: Any, old_made: Any, make_new: Any) -
     carried, notes = carry_schedulers(old_state, new_state, old_namespaces, new_namespaces, rates, old_made,
                                       as_made(new_state, new_namespaces))
     return new_state, new_namespaces, carried, notes
+
+
+def stepped_then_rebuilt(made: Any, steps: int) -> tuple[dict[str, Any], int, list[str]]:
+    """`made()` -> ({"opt": ..., "sched": ...}, namespaces) stepped `steps` times, then rebuilt: (the new state, how
+    many schedules went on, the notes)."""
+    old, namespaces = made()
+    old_made = as_made(old, namespaces)
+    for _ in range(steps):
+        old["opt"].step()
+        old["sched"].step()
+    new, _, carried, notes = rebuilt(old, namespaces, old_made, made)
+    return new, carried, notes
 
 
 def test_a_rebuild_carries_each_schedule_setup_makes_again_with_the_rates_it_set() -> None:
@@ -348,12 +366,7 @@ def test_a_scheduler_whose_state_dict_raises_is_carried_by_its_attributes() -> N
         opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
         return {"opt": opt, "sched": lr_scheduler.LambdaLR(opt, Warm(10))}, ()
 
-    old, _ = made()
-    old_made = as_made(old, ())
-    for _ in range(4):
-        old["opt"].step()
-        old["sched"].step()
-    new, _, carried, notes = rebuilt(old, (), old_made, made)
+    new, carried, notes = stepped_then_rebuilt(made, 4)
     assert (carried, notes) == (1, []) and new["sched"].last_epoch == 4
     new["opt"].step()
     new["sched"].step()
@@ -370,12 +383,7 @@ def test_a_scheduler_whose_state_does_not_load_starts_over_as_made_and_the_rebui
         opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
         return {"opt": opt, "sched": Fragile(opt, step_size=1, gamma=0.5)}, ()
 
-    old, _ = made()
-    old_made = as_made(old, ())
-    for _ in range(3):
-        old["opt"].step()
-        old["sched"].step()
-    new, _, carried, notes = rebuilt(old, (), old_made, made)
+    new, carried, notes = stepped_then_rebuilt(made, 3)
     assert carried == 0 and new["sched"].last_epoch == 0 and new["opt"].param_groups[0]["lr"] == 0.1
     assert notes == ["sched (Fragile) starts its schedule over, as setup() made it: the old one's state could not be "
                      "loaded (RuntimeError: no loading here) (the old one was at step 3)"], notes
@@ -487,21 +495,7 @@ def step(state, bench):
 def test_a_scheduler_step_makes_follows_its_optimizer_made_again_by_a_rebuild(tmp_path: Path, source: str) -> None:
     """Before, a global one kept stepping the discarded optimizer (the rate training used froze at 0.05) and one in the
     state was dropped while its optimizer was put back (the next step raised KeyError: 'sched')."""
-    from workbench.protocol.events import Rebuild, Resume
-
-    root = make_project(tmp_path, {"train.py": source}, folder="straight")
-    with open_session(root / "train.py", max_steps=10, exit_at_max_steps=False) as live:
-        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
-        straight = [(e.loss, e.scalars["lr"]) for e in live.events.of("step")]
-    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
-    with open_session(root / "train.py", max_steps=5, exit_at_max_steps=False) as live:
-        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
-        live.send(Rebuild())
-        rebuilt = live.wait_for(is_event("rebuild"), timeout=30)
-        assert rebuilt.ok and any("an LR scheduler setup() does not make, now steps" in n for n in rebuilt.notes), rebuilt
-        live.session.worker.max_steps = 10
-        live.send(Resume())
-        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
-        after = [(e.loss, e.scalars["lr"]) for e in live.events.of("step")]
+    straight, after, rebuilt = straight_and_rebuilt(tmp_path, source, 5, 10)
+    assert rebuilt.ok and any("an LR scheduler setup() does not make, now steps" in n for n in rebuilt.notes), rebuilt
     assert len({lr for _, lr in straight}) > 3, "the rate moves: the comparison means something"
     assert after == straight, [(k + 1, a, b) for k, (a, b) in enumerate(zip(straight, after)) if a != b]
