@@ -499,3 +499,20 @@ def test_a_scheduler_step_makes_follows_its_optimizer_made_again_by_a_rebuild(tm
     assert rebuilt.ok and any("an LR scheduler setup() does not make, now steps" in n for n in rebuilt.notes), rebuilt
     assert len({lr for _, lr in straight}) > 3, "the rate moves: the comparison means something"
     assert after == straight, [(k + 1, a, b) for k, (a, b) in enumerate(zip(straight, after)) if a != b]
+
+
+def test_a_fingerprint_sees_an_edited_warm_up_and_reads_what_it_closes_over_only_so_far() -> None:
+    from workbench.engine.schedule_settings import MAX_ITEMS, differences, fingerprint
+
+    def made(divisor: str, rows: list[int]) -> lr_scheduler.LambdaLR:
+        opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        factory = eval(f"lambda rows: (lambda e: min(1.0, (e + 1) / {divisor}) + 0 * len(rows))")  # a file's warm-up
+        return lr_scheduler.LambdaLR(opt, factory(rows))
+
+    rows = list(range(1_000_000))
+    old = fingerprint(made("10", rows))
+    assert fingerprint(made("10", rows)) == old
+    closed_over = old["lr_lambdas"][0]["closure"][0]
+    assert len(closed_over) == MAX_ITEMS + 1 and closed_over[-1] == {"items": 1_000_000}  # its length, not its rows
+    changed = differences(old, fingerprint(made("100", rows)))
+    assert changed == ["lr_lambdas[0] (the code of <lambda>.<locals>.<lambda>)"], changed

@@ -22,7 +22,10 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 MAX_DEPTH = 6  # how deep into a scheduler's attributes (a config object, a wrapped scheduler) settings are read
+MAX_VALUES = 20_000  # values read in all, per scheduler: beyond them, a type name stands for what is left
+MAX_ITEMS = 256  # items of one list or dict: a longer one by its length and first items
 SMALL_TENSOR = 4096  # elements: a tensor up to this size is compared by value, a larger one by a digest
+LARGE_ARRAY = 1 << 24  # bytes: a tensor or array larger than this by its shape and dtype alone
 # What a scheduler reads or writes in its optimizer's groups besides the keys the optimizer itself defines (those
 # OneCycleLR and CyclicLR add: `initial_lr`, `max_lr`, `min_lr`, `max_momentum`, `base_momentum`, ...).
 RATE_KEYS = ("lr",)
@@ -32,8 +35,8 @@ ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # a default repr's address differs 
 
 def fingerprint(scheduler: LRScheduler) -> dict[str, Any]:
     """The scheduler's settings as plain data: its class, its attributes (functions by their code), and the groups'
-    rates and the keys it added to them."""
-    return _scheduler(scheduler, 0)
+    rates and the keys it added to them. Read within a budget (a lambda closing over a dataset is not walked whole)."""
+    return _scheduler(scheduler, 0, [MAX_VALUES])
 
 
 def differences(old: Any, new: Any, path: str = "") -> list[str]:
@@ -63,11 +66,11 @@ def cycles_momentum(scheduler: Any) -> bool:
     return bool(getattr(scheduler, "cycle_momentum", False)) or any(cycles_momentum(s) for s in inner)
 
 
-def _scheduler(scheduler: LRScheduler, depth: int) -> dict[str, Any]:
+def _scheduler(scheduler: LRScheduler, depth: int, left: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {"class": _qualname(type(scheduler))}
     for key, value in vars(scheduler).items():
         if key not in ("optimizer", "_last_lr"):  # the rates it set last are where it is, not what it was made with
-            out[key.lstrip("_") or key] = _plain(value, depth + 1)
+            out[key.lstrip("_") or key] = _plain(value, depth + 1, left)
     optimizer = getattr(scheduler, "optimizer", None)
     if isinstance(optimizer, torch.optim.Optimizer):
         defined = set(optimizer.defaults) - set(RATE_KEYS)
@@ -75,47 +78,55 @@ def _scheduler(scheduler: LRScheduler, depth: int) -> dict[str, Any]:
         # The rate setup() gave is `initial_lr` once a scheduler has seen the group: its `lr` as made is the schedule's
         # start over a new optimizer, and wherever training had taken the rate over one setup() kept.
         out["param_groups"] = [
-            {k: _plain(v, depth + 1) for k, v in group.items() if k != "params" and (k in owned or k not in defined)
+            {k: _plain(v, depth + 1, left) for k, v in group.items() if k != "params" and (k in owned or k not in defined)
              and not (k == "lr" and "initial_lr" in group)}
             for group in optimizer.param_groups
         ]
     return out
 
 
-def _plain(value: Any, depth: int) -> Any:
+def _plain(value: Any, depth: int, left: list[int]) -> Any:
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
-    if depth > MAX_DEPTH:
+    left[0] -= 1
+    if depth > MAX_DEPTH or left[0] < 0:
         return f"<{_qualname(type(value))}>"
     if isinstance(value, torch.Tensor):
+        if value.numel() * value.element_size() > LARGE_ARRAY:
+            return {"tensor": list(value.shape), "dtype": str(value.dtype)}
         data = value.detach().cpu()
         shown = data.tolist() if data.numel() <= SMALL_TENSOR else _digest(data.contiguous().numpy().tobytes())
         return {"tensor": list(data.shape), "dtype": str(data.dtype), "values": shown}
     if isinstance(value, dict):
-        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+        items = list(value.items())
+        out = {str(k): _plain(v, depth + 1, left) for k, v in items[:MAX_ITEMS]}
+        return out if len(items) <= MAX_ITEMS else {**out, "items": len(items)}
     if isinstance(value, (list, tuple)):
-        return [_plain(v, depth + 1) for v in value]
+        out_list = [_plain(v, depth + 1, left) for v in value[:MAX_ITEMS]]
+        return out_list if len(value) <= MAX_ITEMS else [*out_list, {"items": len(value)}]
     if isinstance(value, (set, frozenset)):
-        return sorted(repr(_plain(v, depth + 1)) for v in value)
+        return sorted(repr(_plain(v, depth + 1, left)) for v in list(value)[:MAX_ITEMS]) + [f"items {len(value)}"]
     if isinstance(value, LRScheduler):
-        return _scheduler(value, depth)
+        return _scheduler(value, depth, left)
     if isinstance(value, (torch.optim.Optimizer, torch.nn.Module)):
         return f"<{_qualname(type(value))}>"  # what it holds is the state's, not the schedule's
     if isinstance(value, functools.partial):
-        return {"partial": _plain(value.func, depth + 1), "args": _plain(value.args, depth + 1),
-                "keywords": _plain(value.keywords, depth + 1)}
+        return {"partial": _plain(value.func, depth + 1, left), "args": _plain(value.args, depth + 1, left),
+                "keywords": _plain(value.keywords, depth + 1, left)}
     if isinstance(value, (types.FunctionType, types.MethodType)):
         function = value.__func__ if isinstance(value, types.MethodType) else value
-        return {"function": function.__qualname__, "code": _code(function.__code__, depth + 1),
-                "defaults": _plain(function.__defaults__, depth + 1),
-                "closure": [_plain(cell.cell_contents, depth + 1) for cell in function.__closure__ or ()
+        return {"function": function.__qualname__, "code": _code(function.__code__, depth + 1, left),
+                "defaults": _plain(function.__defaults__, depth + 1, left),
+                "closure": [_plain(cell.cell_contents, depth + 1, left) for cell in function.__closure__ or ()
                             if _filled(cell)]}
     if type(value).__module__.split(".")[0] == "numpy" and hasattr(value, "tobytes"):
-        return {"array": _qualname(type(value)), "shape": list(getattr(value, "shape", ())),
-                "values": _digest(str(getattr(value, "dtype", "")).encode() + value.tobytes())}
+        nbytes = getattr(value, "nbytes", 0)
+        values = _digest(str(getattr(value, "dtype", "")).encode() + value.tobytes()) if nbytes <= LARGE_ARRAY else None
+        return {"array": _qualname(type(value)), "shape": list(getattr(value, "shape", ())), "values": values}
     attributes = _attributes(value)
     if attributes:
-        return {"object": _qualname(type(value)), **{k: _plain(v, depth + 1) for k, v in attributes.items()}}
+        return {"object": _qualname(type(value)),
+                **{k: _plain(v, depth + 1, left) for k, v in list(attributes.items())[:MAX_ITEMS]}}
     return {"value": _qualname(type(value)), "repr": ADDRESS.sub("", repr(value))[:200]}
 
 
@@ -131,9 +142,10 @@ def _attributes(value: Any) -> dict[str, Any]:
     return found
 
 
-def _code(code: types.CodeType, depth: int) -> Any:
+def _code(code: types.CodeType, depth: int, left: list[int]) -> Any:
     """A function's code, so an edited lambda or warm-up function reads as changed (its constants: `10` -> `100`)."""
-    consts = [_code(c, depth + 1) if isinstance(c, types.CodeType) else _plain(c, depth + 1) for c in code.co_consts]
+    consts = [_code(c, depth + 1, left) if isinstance(c, types.CodeType) else _plain(c, depth + 1, left)
+              for c in code.co_consts]
     return {"bytecode": _digest(code.co_code), "consts": consts, "names": list(code.co_names)}
 
 
