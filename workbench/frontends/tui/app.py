@@ -271,7 +271,7 @@ class VramBenchApp(App[None]):
             "data loader whose workers run old code), then setup(). Parameters, buffers and optimizer state "
             "carry over by name and shape (layers renumbered by one inserted into a Sequential: by their place); "
             "so do, where the new setup() makes them alike, the counters and tensors training changed, loaders' "
-            "places, random streams and objects with a state_dict() (an EMA). Iterators start fresh. "
+            "places, random streams, LR schedules and objects with a state_dict() (an EMA). Iterators start fresh. "
             "If the new setup() fails, nothing changes."
         )
 
