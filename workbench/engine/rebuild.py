@@ -227,12 +227,12 @@ def _schedulers_follow(old_opt: torch.optim.Optimizer, made: torch.optim.Optimiz
     found: dict[str, LRScheduler] = {}
     if isinstance(old_state, dict) and isinstance(new_state, dict):
         for key, value in old_state.items():
-            if isinstance(value, LRScheduler) and key not in new_state and _over(value, old_opt):
+            if isinstance(value, LRScheduler) and key not in new_state and _drives(value, old_opt):
                 new_state[key] = value  # its place in the schedule is its own: the scheduler itself goes on
                 found[f"state[{key!r}]"] = value
     for module_name, namespace in namespaces:
         for key, value in namespace.items():
-            if isinstance(value, LRScheduler) and _over(value, old_opt):
+            if isinstance(value, LRScheduler) and _drives(value, old_opt):
                 found[f"{module_name}.{key}"] = value
     for scheduler in found.values():
         _point_at(scheduler, old_opt, made)
@@ -240,9 +240,10 @@ def _schedulers_follow(old_opt: torch.optim.Optimizer, made: torch.optim.Optimiz
             "and goes on with its schedule" for path, s in found.items()]
 
 
-def _over(scheduler: Any, optimizer: torch.optim.Optimizer) -> bool:
+def _drives(scheduler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the scheduler (or one a SequentialLR or ChainedScheduler holds) sets this optimizer's rates."""
     return getattr(scheduler, "optimizer", None) is optimizer or any(
-        _over(inner, optimizer) for inner in getattr(scheduler, "_schedulers", None) or ())
+        _drives(inner, optimizer) for inner in getattr(scheduler, "_schedulers", None) or ())
 
 
 def _point_at(scheduler: Any, old: torch.optim.Optimizer, made: torch.optim.Optimizer) -> None:
