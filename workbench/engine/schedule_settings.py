@@ -78,8 +78,8 @@ def _scheduler(scheduler: LRScheduler, depth: int, left: list[int]) -> dict[str,
         # The rate setup() gave is `initial_lr` once a scheduler has seen the group: its `lr` as made is the schedule's
         # start over a new optimizer, and wherever training had taken the rate over one setup() kept.
         out["param_groups"] = [
-            {k: _plain(v, depth + 1, left) for k, v in group.items() if k != "params" and (k in owned or k not in defined)
-             and not (k == "lr" and "initial_lr" in group)}
+            {k: _plain(v, depth + 1, left) for k, v in group.items()
+             if k != "params" and (k in owned or k not in defined) and not (k == "lr" and "initial_lr" in group)}
             for group in optimizer.param_groups
         ]
     return out

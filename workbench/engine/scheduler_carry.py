@@ -95,8 +95,8 @@ def carry_schedulers(old_state: Any, new_state: Any, old_namespaces: Namespaces,
         try:
             went_on, note = _carry_one(path, before, new, rates.get(id(before)), old_made.get(path), new_made.get(path))
         except Exception as exc:  # noqa: BLE001 - the rebuild stands whatever a scheduler does
-            went_on, note = False, _over(path, new, _steps_taken(before), f"it could not be looked at "
-                                         f"({type(exc).__name__}: {_brief(exc)})")
+            went_on, note = False, _starts_over(path, new, _steps_taken(before), f"it could not be looked at "
+                                                f"({type(exc).__name__}: {_brief(exc)})")
         carried += went_on
         if note is not None:
             notes.append(note)
@@ -114,29 +114,32 @@ def _carry_one(path: str, old: LRScheduler, new: LRScheduler, rates: list[dict[s
                old_made: dict[str, Any] | None, new_made: dict[str, Any] | None) -> tuple[bool, str | None]:
     """(whether the new scheduler goes on from the old one's step, the note if any)."""
     steps = _steps_taken(old)
+
+    def over(why: str) -> tuple[bool, str]:
+        return False, _starts_over(path, new, steps, why)
+
     if type(old) is not type(new):
-        return False, _over(path, new, steps, f"setup() made a scheduler of another class there (it was a {type(old).__name__})")
+        return over(f"setup() made a scheduler of another class there (it was a {type(old).__name__})")
     if rates is None:
-        return False, _over(path, new, steps, "the rates its optimizer held before the rebuild could not be read")
-    if len(rates) != len(new.optimizer.param_groups):
-        return False, _over(path, new, steps, f"its optimizer has {len(new.optimizer.param_groups)} parameter groups, "
-                            f"the old one's had {len(rates)}")
+        return over("the rates its optimizer held before the rebuild could not be read")
+    groups = len(new.optimizer.param_groups)
+    if len(rates) != groups:
+        return over(f"its optimizer has {groups} parameter groups, the old one's had {len(rates)}")
     if old_made is None or new_made is None:
-        return False, _over(path, new, steps, "its settings as made could not be read")
+        return over("its settings as made could not be read")
     changed = differences(old_made, new_made)
-    if not changed:
-        made = _as_it_is(new)
-        try:
-            _take_place(old, new, rates)
-        except Exception as exc:  # noqa: BLE001 - a state that does not load: the new schedule from its start
-            _put_back(new, made)
-            return False, _over(path, new, steps, f"the old one's state could not be loaded ({type(exc).__name__}: "
-                                f"{_brief(exc)})")
-        return True, None
-    return _new_settings_at_old_place(path, old, new, changed)
+    if changed:
+        return _new_settings_at_old_place(path, old, new, changed)
+    made = _as_it_is(new)
+    try:
+        _take_place(old, new, rates)
+    except Exception as exc:  # noqa: BLE001 - a state that does not load: the new schedule from its start
+        _put_back(new, made)
+        return over(f"the old one's state could not be loaded ({type(exc).__name__}: {_brief(exc)})")
+    return True, None
 
 
-def _over(path: str, new: LRScheduler, steps: int | None, why: str, settings: bool = False) -> str:
+def _starts_over(path: str, new: LRScheduler, steps: int | None, why: str, settings: bool = False) -> str:
     where = f" (the old one was at step {steps})" if steps is not None else ""
     tail = "; a rebuild that leaves its settings as they are goes on with the schedule" if settings else ""
     return f"{path} ({type(new).__name__}) starts its schedule over, as setup() made it: {why}{where}{tail}"
@@ -168,7 +171,7 @@ def _load_place(old: LRScheduler, new: LRScheduler) -> None:
     held = [(key, value, new_state.get(key)) for key, value in old_state.items() if not _plain(value)]
     new.load_state_dict({key: (new_state.get(key) if not _plain(value) else value) for key, value in old_state.items()})
     for _, old_inner, new_inner in held:
-        if isinstance(old_inner, LRScheduler) and isinstance(new_inner, LRScheduler) and type(old_inner) is type(new_inner):
+        if isinstance(old_inner, LRScheduler) and type(new_inner) is type(old_inner):
             _load_place(old_inner, new_inner)
 
 
@@ -188,10 +191,10 @@ def _new_settings_at_old_place(path: str, old: LRScheduler, new: LRScheduler, ch
     listed = _listed(changed)
     steps = _steps_taken(old)
     kind = type(new)
-    closed = kind.__module__ == lr_scheduler.__name__ and (hasattr(kind, "_get_closed_form_lr") or kind in RATE_FROM_STEP)
-    if not closed:
-        return False, _over(path, new, steps, f"its settings changed ({listed}), and a {kind.__name__}'s rate at a step "
-                            "does not follow from its settings alone", settings=True)
+    from_step = hasattr(kind, "_get_closed_form_lr") or kind in RATE_FROM_STEP
+    if kind.__module__ != lr_scheduler.__name__ or not from_step:
+        return False, _starts_over(path, new, steps, f"its settings changed ({listed}), and a {kind.__name__}'s rate "
+                                   "at a step does not follow from its settings alone", settings=True)
     groups = new.optimizer.param_groups
     set_before = [{k: _copied(g[k]) for k in ("lr", *MOMENTUM_KEYS) if k in g} for g in groups]
     made = _as_it_is(new)
@@ -212,8 +215,8 @@ def _new_settings_at_old_place(path: str, old: LRScheduler, new: LRScheduler, ch
         _put_back(new, made)
         for group, values in zip(groups, set_before):
             group.update(values)
-        return False, _over(path, new, steps, f"its settings changed ({listed}), and the new schedule has no rate at "
-                            f"step {steps} ({type(exc).__name__}: {_brief(exc)})")
+        return False, _starts_over(path, new, steps, f"its settings changed ({listed}), and the new schedule has no "
+                                   f"rate at step {steps} ({type(exc).__name__}: {_brief(exc)})")
     return True, (f"{path} ({kind.__name__}) goes on from step {steps} with the new settings ({listed}): learning rate "
             f"{_rate(before)} as setup() made it, {_rate(new._last_lr)} at step {steps} of the new schedule")
 
@@ -238,7 +241,7 @@ def _listed(changed: list[str]) -> str:
     """The settings that changed, those not derived from others when there are any (OneCycleLR's schedule phases and
     a scheduler's starting rates follow from its `total_steps` and the optimizer's rate)."""
     derived = ("schedule_phases", "last_lr", "base_lrs", "param_groups")
-    rates = [c for c in changed if c.startswith("param_groups") and ".lr " in c]
+    rates = [c for c in changed if c.startswith("param_groups") and (".lr " in c or ".initial_lr " in c)]
     shown = [c for c in changed if not c.startswith(derived)] or rates or changed
     return ", ".join(shown[:4]) + (", ..." if len(shown) > 4 else "")
 
