@@ -30,6 +30,7 @@ LARGE_ARRAY = 1 << 24  # bytes: a tensor or array larger than this by its shape 
 # OneCycleLR and CyclicLR add: `initial_lr`, `max_lr`, `min_lr`, `max_momentum`, `base_momentum`, ...).
 RATE_KEYS = ("lr",)
 MOMENTUM_KEYS = ("momentum", "betas")
+SCHEDULED_KEYS = RATE_KEYS + MOMENTUM_KEYS  # what a schedule may set in a group: what a rebuild carries of it
 ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # a default repr's address differs between two equal objects
 
 

@@ -33,7 +33,7 @@ from torch.optim import lr_scheduler
 from torch.optim.lr_scheduler import LRScheduler
 
 from workbench.engine.actions.schedulers import find_schedulers
-from workbench.engine.schedule_settings import MOMENTUM_KEYS, cycles_momentum, differences, fingerprint
+from workbench.engine.schedule_settings import SCHEDULED_KEYS, cycles_momentum, differences, fingerprint
 from workbench.engine.state_walk import Namespaces
 
 # torch schedulers whose get_lr() computes the rate from the step alone (the others with a closed form say so with
@@ -70,7 +70,7 @@ def rates_before(state: Any, namespaces: Namespaces) -> Rates:
         return rates
     for scheduler in schedulers:
         try:
-            rates[id(scheduler)] = [{k: _copied(g[k]) for k in ("lr", *MOMENTUM_KEYS) if k in g}
+            rates[id(scheduler)] = [{k: _copied(g[k]) for k in SCHEDULED_KEYS if k in g}
                                     for g in scheduler.optimizer.param_groups]
         except Exception:  # noqa: BLE001 - no optimizer to read (a scheduler of a library's own): not carried
             continue
@@ -163,25 +163,24 @@ def _load_place(old: LRScheduler, new: LRScheduler) -> None:
     try:
         old_state, new_state = old.state_dict(), new.state_dict()
     except Exception:  # noqa: BLE001 - torch's LambdaLR cannot say a slotted callable's state: its attributes then
-        old_state, new_state = dict(vars(old)), dict(vars(new))
-        for key in ("optimizer", "lr_lambdas"):
-            old_state.pop(key, None)
-        new.__dict__.update({key: copy.deepcopy(value) for key, value in old_state.items() if _plain(value)})
+        _put_back(new, _as_it_is(old))  # made alike (compared as made), so its plain attributes are its place
         return
-    held = [(key, value, new_state.get(key)) for key, value in old_state.items() if not _plain(value)]
-    new.load_state_dict({key: (new_state.get(key) if not _plain(value) else value) for key, value in old_state.items()})
+    held = [(key, value, new_state.get(key)) for key, value in old_state.items() if not _is_data(value)]
+    new.load_state_dict({key: value if _is_data(value) else new_state.get(key) for key, value in old_state.items()})
     for _, old_inner, new_inner in held:
         if isinstance(old_inner, LRScheduler) and type(new_inner) is type(old_inner):
             _load_place(old_inner, new_inner)
 
 
-def _plain(value: Any) -> bool:
+def _is_data(value: Any) -> bool:
+    """Numbers, strings, tensors and containers of them: what can be loaded into another scheduler as it is (not a
+    scheduler, optimizer or function of the old state's)."""
     if value is None or isinstance(value, (bool, int, float, str, bytes, torch.Tensor)):
         return True
     if isinstance(value, dict):
-        return all(_plain(v) for v in value.values())
+        return all(_is_data(v) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return all(_plain(v) for v in value)
+        return all(_is_data(v) for v in value)
     return False
 
 
@@ -196,7 +195,7 @@ def _new_settings_at_old_place(path: str, old: LRScheduler, new: LRScheduler, ch
         return False, _starts_over(path, new, steps, f"its settings changed ({listed}), and a {kind.__name__}'s rate "
                                    "at a step does not follow from its settings alone", settings=True)
     groups = new.optimizer.param_groups
-    set_before = [{k: _copied(g[k]) for k in ("lr", *MOMENTUM_KEYS) if k in g} for g in groups]
+    set_before = [{k: _copied(g[k]) for k in SCHEDULED_KEYS if k in g} for g in groups]
     made = _as_it_is(new)
     try:
         if steps is None:
@@ -229,7 +228,7 @@ def _steps_taken(scheduler: LRScheduler) -> int | None:
 
 def _as_it_is(scheduler: LRScheduler) -> dict[str, Any]:
     """Its plain attributes (what `load_state_dict` sets, without a `state_dict()` that may raise), to put back."""
-    return {key: copy.deepcopy(value) for key, value in vars(scheduler).items() if key != "optimizer" and _plain(value)}
+    return {key: copy.deepcopy(value) for key, value in vars(scheduler).items() if _is_data(value)}
 
 
 def _put_back(scheduler: LRScheduler, attributes: dict[str, Any]) -> None:
