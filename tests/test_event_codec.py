@@ -223,3 +223,9 @@ def test_a_quick_step_is_the_step_the_dataclass_makes():
         plain.to_dict(), separators=(",", ":"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         quick.loss = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("command", [ev.ReloadNow(), ev.ReloadNow(file="model.py"), ev.ReloadNow(file="my models/gpt.py"),
+                                     ev.RunProfile(steps=5), ev.Quit(final_snapshot=True), ev.Quit(), ev.Pause()])
+def test_a_command_crosses_a_socket_as_the_line_that_reads_back_as_it(command) -> None:
+    assert ev.parse_command(ev.command_line(command)) == command

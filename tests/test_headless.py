@@ -295,3 +295,29 @@ def test_closing_stdin_does_not_stop_the_run(headless) -> None:
     exit_event = run.wait_event("exit", 30)
     assert (exit_event["reason"], exit_event["step"]) == ("max steps", 30)
     assert run.finish() == 0, run.explain()
+
+
+def test_reload_of_one_file_answers_once_for_it_whatever_it_finds(headless) -> None:
+    """`reload FILE` (saves not watched): one `reload` event for that file, whether it applied a change or found none,
+    so a script knows when its save took effect; a file that is not the project's is refused, nothing reloaded."""
+    run = headless(None, "--paused", "--no-watch")
+    run.wait_event("paused", STARTUP_TIMEOUT)
+    save(run.entry, TRAIN_PY.replace('"scale": SCALE}', '"scale": SCALE, "by_hand": 1.0}'))
+    run.send("reload train.py")
+    applied = run.wait_event("reload", 15, file="train.py")
+    assert applied["ok"] is True and applied["changed"] == ["step"], applied
+    run.send("step")
+    assert run.wait_event("step")["scalars"] == {"scale": 1.0, "by_hand": 1.0}
+    run.send("reload train.py")
+    unchanged = run.wait_event("reload", 15, file="train.py")
+    assert unchanged["notes"] == ["no code changes"] and unchanged["code_version"] == 1, unchanged
+    (run.entry.parent / "notes.txt").write_text("not code\n")
+    (run.entry.parent.parent / "outside.py").write_text("X = 1\n")
+    for name, why in (("missing.py", "does not exist"), ("notes.txt", "is not a Python file of the project"),
+                      ("../outside.py", "is not a Python file of the project")):
+        run.send(f"reload {name}")
+        refused = run.wait_event("error", 15, where="command")
+        assert refused["message"].startswith(f"reload {name}: ") and why in refused["message"], refused
+    run.send("quit")
+    assert run.finish() == 0, run.explain()
+    assert [e["file"] for e in run.events if e["event"] == "reload"] == ["train.py", "train.py"], run.explain()

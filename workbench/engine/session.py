@@ -397,7 +397,7 @@ class Session:
     def send(self, command: Command) -> None:
         """Non-blocking; applied by the training thread between steps (reloads by the reload thread)."""
         if isinstance(command, ReloadNow):
-            self.reload_service.rescan()
+            self._reload(command.file)
         elif isinstance(command, Interrupt):
             if self._interrupt_board is not None:
                 self._interrupt_ranks()
@@ -411,6 +411,21 @@ class Session:
                 # Applied at the step boundary: said at once, so a long step does not look like an ignored key.
                 self.bus.publish(Error(where="pausing", message=f"pausing after the current step (running for {running:.0f} s; "
                                        "i interrupts it)"))
+
+    def _reload(self, file: str) -> None:
+        """Every project file, or the one named: a file outside the project or not there is the caller's mistake,
+        said, not a "no code changes" that would read as if the reload had looked at it."""
+        if not file:
+            self.reload_service.rescan()
+            return
+        path = self.project.root / file
+        if not path.is_file() or not self.project.owns(path) or path.suffix != ".py":
+            why = "is not a Python file of the project" if path.exists() else "does not exist"
+            self.bus.publish(Error(where="command", message=f"reload {file}: {path} {why}; name a .py file by its "
+                                   f"path relative to the project folder ({self.project.root}), or send `reload` "
+                                   "alone to re-read every file"))
+            return
+        self.reload_service.files_changed({path}, time.monotonic())
 
     def _interrupt_ranks(self) -> None:
         """Under torchrun: this rank's step, and every other rank held in a step (they read the store's counter)."""

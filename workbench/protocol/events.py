@@ -589,7 +589,12 @@ class StepOnce(Command):
 
 @dataclass(frozen=True)
 class ReloadNow(Command):
+    """Re-read every project file (`reload`), or one (`reload FILE`): the way to reload where saves are not watched
+    (`--no-watch`, a network filesystem without file events, an editor's save hook). One file is answered by exactly
+    one `reload` event for it, "no code changes" included, so a script knows when it took effect."""
+
     word: ClassVar[str] = "reload"
+    file: str = ""  # relative to the project folder; "" for every file
 
 
 @dataclass(frozen=True)
@@ -702,6 +707,8 @@ def parse_command(line: str) -> Command:
                 )
             return RunProfile(steps=steps)
         return RunProfile()
+    if kind is ReloadNow and args:
+        return ReloadNow(file=line.strip().split(maxsplit=1)[1])  # the rest of the line: a path may hold spaces
     if kind is Quit and args:
         if args != ["snapshot"]:
             raise CommandError("usage: quit [snapshot]  (snapshot: write a final snapshot first)")
@@ -717,4 +724,6 @@ def command_line(command: Command) -> str:
         return f"profile {command.steps}"
     if isinstance(command, Quit):
         return "quit snapshot" if command.final_snapshot else "quit"
+    if isinstance(command, ReloadNow) and command.file:
+        return f"reload {command.file}"
     return command.word
