@@ -27,12 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=None, help="first seed (default: a random one, printed)")
     parser.add_argument("--progress", type=int, default=100, help="print a line every N sequences (0: never)")
     parser.add_argument("--family", choices=FAMILIES, default="two_file", help="the project family (default two_file)")
+    parser.add_argument("--ranks", type=int, choices=(1, 2), default=1,
+                        help="2: run each sequence under torchrun on 2 ranks, each judged (tests/differential/ranks.py)")
     args = parser.parse_args(argv)
     first = args.first if args.first is not None else random.randrange(10**6, 10**9)
-    print(f"{args.family} family, seeds {first} to {first + args.count - 1}", flush=True)
+    print(f"{args.family} family{' on 2 ranks' if args.ranks == 2 else ''}, seeds {first} to {first + args.count - 1}", flush=True)
     started = time.monotonic()
     results = []
-    with Harness() as harness:
+    with Harness(args.ranks) as harness:
         for number, seed in enumerate(range(first, first + args.count), start=1):
             result = harness.run(generate(seed, args.family))
             results.append(result)

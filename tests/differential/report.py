@@ -42,6 +42,7 @@ def explain(result: Result) -> str:
     args = f", the script run with {' '.join(seq.argv)}" if seq.argv else ""
     lines = [f"seed {seq.seed} ({seq.family} family{args}): {result.outcome}"]
     lines.extend(f"  PROBLEM: {p}" for p in result.problems)
+    lines.extend(f"  RANKS APART: {apart}" for apart in result.ranks_apart)
     lines.append("  edits:")
     lines.extend(edits(seq))
     lines.append("  checks:")

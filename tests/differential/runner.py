@@ -21,6 +21,7 @@ from differential.judge import Verdict, judge, unchanged
 from differential.ledger import Ledger, texts_of
 from differential.live import LiveProject
 from differential.oracle import Oracle
+from differential.ranks import RANKS, LiveRanks
 from differential.script import RunStatementsNow, ScriptSequence
 
 APPLIED, REPORTED, SILENT = "applied", "held/noted", "silent"
@@ -44,10 +45,11 @@ class Result:
     sequence: Sequence | ScriptSequence
     checks: list[Check] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # the harness could not judge: a bug here or a hung session
+    ranks_apart: list[str] = field(default_factory=list)  # under torchrun: steps where rank 1 trained otherwise
 
     @property
     def outcome(self) -> str:
-        if any(c.verdict.silent for c in self.checks):
+        if self.ranks_apart or any(c.verdict.silent for c in self.checks):
             return SILENT
         if any(c.verdict.differing for c in self.checks):
             return REPORTED
@@ -55,9 +57,12 @@ class Result:
 
 
 class Harness:
-    """One oracle process and one scratch folder for many sequences."""
+    """One oracle process and one scratch folder for many sequences; `ranks=2`: each sequence under torchrun."""
 
-    def __init__(self) -> None:
+    def __init__(self, ranks: int = 1) -> None:
+        if ranks not in (1, RANKS):
+            raise ValueError(f"ranks is 1 or {RANKS}, not {ranks}")
+        self.live = LiveProject if ranks == 1 else LiveRanks
         self.oracle = Oracle()
         self.root = Path(tempfile.mkdtemp(prefix="vram-bench-differential-"))
         self.count = 0
@@ -76,13 +81,15 @@ class Harness:
         self.count += 1
         folder = self.root / f"seq{self.count}"
         try:
-            return _Run(sequence, self.oracle, folder).run()
+            return _Run(sequence, self.oracle, folder, self.live).run()
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
 
 class _Run:
-    def __init__(self, sequence: Sequence | ScriptSequence, oracle: Oracle, folder: Path) -> None:
+    def __init__(self, sequence: Sequence | ScriptSequence, oracle: Oracle, folder: Path,
+                 live: type[LiveProject | LiveRanks] = LiveProject) -> None:
+        self.live_kind = live
         self.sequence = sequence
         self.oracle = oracle
         self.folder = folder
@@ -94,7 +101,7 @@ class _Run:
         self.last_live: dict[str, float] = {}
 
     def run(self) -> Result:
-        with LiveProject(self.folder, self.sequence.initial_files(), self.sequence.argv) as live:
+        with self.live_kind(self.folder, self.sequence.initial_files(), self.sequence.argv) as live:
             self.live = live
             if not self._check("start", []):
                 return self.result
@@ -102,6 +109,7 @@ class _Run:
                 events = self._act(action)
                 if events is None or not self._check(action.what, events, action.file if isinstance(action, Save) and action.broken else None):
                     break
+        self.result.ranks_apart = getattr(live, "ranks_apart", [])
         return self.result
 
     def _act(self, action: Action | RunStatementsNow) -> list[Event] | None:
