@@ -73,6 +73,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         "a snapshot's time: snapshot and pause (default), pause, or only warn")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
+    parser.add_argument("--poll-saves", type=poll_seconds, default=None, metavar="SECONDS",
+                        help="find saves by looking at the files the session runs every SECONDS, not by file events; "
+                        "the default where the project is on a network filesystem (NFS, Lustre, sshfs...), whose saves "
+                        "from other machines give no file event (1 s there); 0: file events even there")
     parser.add_argument("--training-nice", type=nice_increment, default=0, metavar="N",
                         help="lower the training thread's CPU priority by N (0-19): keys reach the screen sooner "
                         "when training saturates the CPU, at some cost in steps/s (default 0)")
@@ -103,6 +107,17 @@ def _whole_number(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def poll_seconds(text: str) -> float:
+    """--poll-saves: how often to look at the files, 0 for file events; a typo is the user's, said at once."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (e.g. 1 or 0.5), or 0 for file events, not {text!r}") from None
+    if not (value == 0 or 0.05 <= value <= 60):
+        raise argparse.ArgumentTypeError(f"between 0.05 and 60 seconds, or 0 for file events, not {text}")
+    return value
 
 
 def nice_increment(text: str) -> int:
@@ -404,6 +419,7 @@ def _session_config(args: argparse.Namespace, device):  # type: ignore[no-untype
         exit_on_setup_failure=args.headless,
         start_paused=args.paused,
         watch=not args.no_watch,
+        poll_seconds=args.poll_saves,
         write_event_log=not args.headless,
         eval_every=args.eval_every,
         max_history=args.history,

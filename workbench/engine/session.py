@@ -28,6 +28,8 @@ from workbench.engine.actions.snapshot import DEFAULT_KEEP
 from workbench.engine.hotswap.planner import ChangeSet
 from workbench.engine.hotswap.reloader import DEFAULT_MAX_HISTORY, Reloader
 from workbench.engine.hotswap.service import ReloadService
+from workbench.engine.hotswap.filesystem import filesystem_type, is_shared
+from workbench.engine.hotswap.poller import SHARED_POLL_SECONDS, SavePoller
 from workbench.engine.hotswap.watcher import DEBOUNCE_MS, STEP_MS, SourceWatcher
 from workbench.engine.memory.device import DeviceProbe, TorchNvmlProbe
 from workbench.engine.memory.cgroup import previous_oom_kills_note
@@ -78,6 +80,7 @@ class SessionConfig:
     memory_event_interval: float = 2.0
     debounce_ms: int = DEBOUNCE_MS
     step_ms: int = STEP_MS
+    poll_seconds: float | None = None  # saves found by looking every N s (poller.py); None: where file events are blind
     freeze_gc: bool = True  # gc.freeze() after setup: full collections skip the long-lived objects
     training_nice: int = 0  # lower the training thread's CPU priority by this much (thread_priority.py)
     tensorboard: bool = False  # TensorBoard event files in the run folder (tensorboard_log.py; optional extra)
@@ -177,17 +180,10 @@ class Session:
         self.reload_service = ReloadService(self.reloader, self._submit_changes, self.bus.publish,
                                             announce=self._announce_source if ranks is not None else None,
                                             on_start=lambda: use_on_this_thread(self.bench.device))
-        self.watcher = (
-            SourceWatcher(
-                project.root,
-                self.reload_service.files_changed,
-                self._watch_failed,
-                debounce_ms=config.debounce_ms,
-                step_ms=config.step_ms,
-            )
-            if config.watch and self.is_main  # rank 0 watches; the others receive its sources
-            else None
-        )
+        self.watcher: SourceWatcher | SavePoller | None = None
+        self._watching_note: str | None = None
+        if config.watch and self.is_main:  # rank 0 watches; the others receive its sources
+            self.watcher, self._watching_note = self._make_watcher(config)
         self.memory_guard = MemoryGuard(
             self.bus.publish, self.worker.commands.put, self.worker.seconds_to_act, config.on_memory_limit,
             step_count=lambda: self.worker.step,
@@ -269,6 +265,8 @@ class Session:
         for note in self.ranks.groups.skipped_inits if self.ranks is not None else ():
             self.bus.publish(Error(where="torchrun", message=note))
         self.run_record.start(str(self.project.entry), self.config.resume)
+        if self._watching_note is not None:
+            self.bus.publish(Error(where="watching", message=self._watching_note))
         for leftover in remove_leftovers(leftover_folders(self.state_dir)):
             self.bus.publish(
                 Error(
@@ -507,6 +505,26 @@ class Session:
         """Ranks > 0, on the planning-ahead thread: rank 0's source for a file, planned as rank 0 planned it."""
         use_on_this_thread(self.bench.device)  # planning runs the file's new imports: on this rank's GPU
         return self.reloader.prepare((self.project.root / path).resolve(), source=source)
+
+    def _make_watcher(self, config: SessionConfig) -> tuple[SourceWatcher | SavePoller, str | None]:
+        """File events, or a poller of the files the session runs where file events cannot see every save; the note
+        that says which, and why, when it is the poller."""
+        fstype = filesystem_type(self.project.root)
+        interval = config.poll_seconds
+        if interval is None:
+            interval = SHARED_POLL_SECONDS if is_shared(fstype) else 0.0
+        if not interval:
+            watcher = SourceWatcher(self.project.root, self.reload_service.files_changed, self._watch_failed,
+                                    debounce_ms=config.debounce_ms, step_ms=config.step_ms)
+            return watcher, None
+        poller = SavePoller(self.reloader.tracked_files, self.reload_service.files_changed, self._watch_failed, interval)
+        if config.poll_seconds is None:
+            why = (f"the project folder is on {fstype}, where a save made on another machine gives no file event here, "
+                   f"so the files the session runs are looked at every {interval:g} s instead (--poll-saves N sets "
+                   "how often; --poll-saves 0 uses file events)")
+        else:
+            why = f"saves are found by looking at the files the session runs every {interval:g} s (--poll-saves)"
+        return poller, why
 
     def _watch_failed(self, message: str) -> None:
         self.bus.publish(Error(where="watcher", message=message))

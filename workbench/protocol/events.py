@@ -357,7 +357,7 @@ class Memory(Event):
 # `where` values of errors that are warnings: nothing failed and training goes on.
 WARNINGS = frozenset({"slow step", "eval mode", "contract", "run folder", "time limit", "pausing", "memory limit", "requeued",
                       "torchrun", "restart", "stopping", "waiting", "recovery",
-                      "parameters", "loader"})
+                      "parameters", "loader", "watching"})
 
 
 @dataclass(frozen=True)
