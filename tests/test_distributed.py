@@ -293,6 +293,58 @@ def test_a_rebuild_whose_setup_fails_on_rank_1_only_is_dropped_on_every_rank(ran
         max(e["code_version"] for e in one if e["event"] == "step" and e["time"] > rebuilt["time"])
 
 
+RANK_SCHEDULES = textwrap.dedent(
+    """
+    import torch
+
+    SWITCH = False  # edited to True: rank 1 alone makes its schedule of another class
+
+
+    def setup(bench):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        other = SWITCH and bench.rank == 1
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.9) if other else torch.optim.lr_scheduler.StepLR(opt, 1, 0.9)
+        return {"model": model, "opt": opt, "sched": sched}
+
+
+    def step(state, bench):
+        loss = state["model"](torch.ones(4)).pow(2).sum()
+        state["opt"].zero_grad()
+        loss.backward()
+        state["opt"].step()
+        state["sched"].step()
+        return loss
+    """
+)
+
+
+def test_a_rebuild_that_carried_otherwise_on_rank_1_says_so_in_rank_0s_event(tmp_path: Path):
+    """Each rank decides what it carries; rank 0's event speaks for every rank, so a rank that carried other counts is
+    named with its own notes (here its schedule, made of another class on rank 1 alone, starts over)."""
+    run = Headless(project_folder(tmp_path, RANK_SCHEDULES) / "train.py", "--nproc-per-node", "2", "--paused")
+    try:
+        run.wait_event("paused", timeout=90)
+        run.send("step")
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 0, timeout=30, what="a step")
+        run.send("rebuild")  # the same code on both ranks: nothing to add
+        same = run.wait_event("rebuild", timeout=60)
+        assert same["ok"] and same["schedulers_carried"] == 1 and not [n for n in same["notes"] if "rank 1" in n], same
+        save(run.entry, "SWITCH = False", "SWITCH = True")
+        run.wait_event("reload", timeout=30)
+        run.send("rebuild")
+        rebuilt = run.wait_event("rebuild", timeout=60)
+        assert rebuilt["ok"] and rebuilt["schedulers_carried"] == 1, rebuilt
+        told = [n for n in rebuilt["notes"] if n.startswith("rank 1 carried otherwise than rank 0: ")]
+        assert len(told) == 1 and "0 LR schedules carried (rank 0: 1)" in told[0], rebuilt["notes"]
+        assert "ExponentialLR" in told[0] and "another class" in told[0], told
+        run.send("quit")
+        assert run.finish(timeout=60) == 0, run.explain()
+    finally:
+        run.close()
+
+
 def test_each_rank_runs_the_command_without_the_launchers_options():
     from workbench.cli.launch import worker_argv
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine import random_states
+from workbench.engine.ranks_carried import carried_summary, differing_ranks_notes
 from workbench.engine.scheduler_carry import as_made, carry_schedulers, rates_before
 from workbench.engine.training_tensors import TrainingTensors, carry as carry_tensors
 from workbench.engine.actions.cleanup import trim_c_heap
@@ -204,6 +205,12 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     worker.telemetry.record_version(worker.step, version, ("rebuild", *changed))
     if not changed:  # same code, new state: still its own row in the versions table
         worker.telemetry.versions.start(version, ("rebuild",), worker.step, fresh_state=True)
+    if worker.lockstep is not None:  # every rank reaches this line together: each agreed its setup() succeeded
+        summaries = worker.lockstep.plane.gather_json(carried_summary(
+            report.tensors, report.shared, report.optimizer_states, schedulers_carried, tuple(report.new),
+            tuple(report.mismatched), tuple(report.dropped), notes))
+        if worker.lockstep.rank == 0:
+            notes.extend(differing_ranks_notes(summaries))
     worker.bus.publish(
         Rebuilt(
             ok=True,
