@@ -26,13 +26,18 @@ CASES = (("two_file", 0), ("two_file", 7), ("two_file", 11), ("script", 0), ("sc
          ("script_config", 0), ("script_config", 10))
 
 
-def test_every_rank_runs_what_a_fresh_start_runs_after_every_kind_of_action(one_torch_thread) -> None:
-    sequences = [generate(seed, family) for family, seed in CASES]
+# Running: each action comes while the ranks train, and rank 1's every step is compared with rank 0's.
+RUNNING_CASES = (("two_file", 7), ("two_file", 11), ("script", 8), ("script_config", 10))
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["paused", "running"])
+def test_every_rank_runs_what_a_fresh_start_runs_after_every_kind_of_action(one_torch_thread, running: bool) -> None:
+    sequences = [generate(seed, family) for family, seed in (RUNNING_CASES if running else CASES)]
     kinds = {type(action) for sequence in sequences for action in sequence.actions}
     assert {RebuildNow, RollbackNow, RunStatementsNow, Save} <= kinds
     assert any(isinstance(a, Save) and a.broken for s in sequences for a in s.actions), "a save that does not parse"
     started = time.monotonic()
-    with Harness(ranks=2) as harness:
+    with Harness(ranks=2, running=running) as harness:
         results = [harness.run(sequence) for sequence in sequences]
     took = summary(results, time.monotonic() - started)
     bad = [r for r in results if r.outcome not in (APPLIED, REPORTED) or r.problems]

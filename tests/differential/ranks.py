@@ -8,6 +8,11 @@ crosses as its text, each rank plans it and applies it at the same boundary, and
 
 Driven through the headless protocol, as a script would: started paused and unwatched, a save is `reload FILE` (one
 `reload` event answers it), a step is `step`. The protocol, the launcher and the ranks are all real.
+
+`running=True`: every action comes while the ranks train (resumed, then paused again some steps after its answer, for
+the judged step), so saves, rebuilds, rollbacks and x land wherever the ranks are, through the doorbell's proposed
+boundary rather than the paused exchange of every turn. Rank 1's steps are then compared with rank 0's over every
+step trained: a change applied at another step on one rank shows there.
 """
 
 from __future__ import annotations
@@ -31,14 +36,17 @@ REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 90.0  # two ranks importing torch on a busy 2-core CI machine
 TIMEOUT = 30.0
 RANKS = 2
+SHOWN_APART = 5  # steps listed where rank 1 trained otherwise (running, thousands may)
+STEPS_AFTER = 20  # running: steps trained after an action's answer before the pause for the judged step
 
 
 class LiveRanks:
     """`vram-bench run train.py --nproc-per-node 2 --headless` on `folder`: LiveProject's actions, on every rank."""
 
-    def __init__(self, folder: Path, files: dict[str, str], argv: tuple[str, ...] = ()) -> None:
+    def __init__(self, folder: Path, files: dict[str, str], argv: tuple[str, ...] = (), running: bool = False) -> None:
         self.folder = folder
         self.argv = argv
+        self.running = running
         folder.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             write(folder / name, text)
@@ -72,23 +80,39 @@ class LiveRanks:
 
     # Actions ----------------------------------------------------------------------------
     def save(self, file: str, text: str) -> list[Event]:
-        write(self.folder / file, text)
-        self._send(f"reload {file}")
-        return self._until(lambda e: e.name == "reload" and e.file == file, f"the reload of {file}")
+        return self._act(f"reload {file}", lambda e: e.name == "reload" and e.file == file, f"the reload of {file}",
+                         before=lambda: write(self.folder / file, text))
 
     def rebuild(self) -> list[Event]:
-        self._send("rebuild")
-        return self._until(lambda e: isinstance(e, Rebuilt), "a rebuild event")
+        return self._act("rebuild", lambda e: isinstance(e, Rebuilt), "a rebuild event")
 
     def rollback(self) -> list[Event]:
-        self._send("rollback")
-        return self._until(lambda e: e.name == "reload" or (isinstance(e, Error) and e.where == "command"),
-                           "a rollback's answer")
+        return self._act("rollback", lambda e: e.name == "reload" or (isinstance(e, Error) and e.where == "command"),
+                         "a rollback's answer")
 
     def run_statements(self) -> list[Event]:
-        self._send("run-statements")
-        return self._until(lambda e: e.name == "reload" or (isinstance(e, Error) and e.where in ("command", "reload")),
-                           "the answer to run-statements")
+        return self._act("run-statements",
+                         lambda e: e.name == "reload" or (isinstance(e, Error) and e.where in ("command", "reload")),
+                         "the answer to run-statements")
+
+    def _act(self, line: str, answered: Callable[[Event], bool], what: str,
+             before: Callable[[], None] | None = None) -> list[Event]:
+        """Send `line` (after `before`, the file's write), and return the events up to its answer, the answer last (the
+        runner reads it there). Running: sent while the ranks train, paused again STEPS_AFTER steps after the answer
+        (the events until then come before the answer; the steps' are left out)."""
+        if self.running:
+            self._send("resume")
+            self._until(lambda e: e.name == "resumed", "the ranks to resume")
+        if before is not None:
+            before()
+        self._send(line)
+        *events, answer = self._until(answered, what)
+        if self.running:
+            after = self._last_step + STEPS_AFTER
+            events += self._until(lambda e: isinstance(e, Step) and not e.rank and e.step >= after, "steps after it")
+            self._send("pause")
+            events += self._until(lambda e: e.name == "paused", "the ranks to pause")
+        return [*(e for e in events if not isinstance(e, Step)), answer]
 
     def step(self) -> tuple[StepResult, list[Event]]:
         self._send("step")
@@ -96,11 +120,13 @@ class LiveRanks:
                              or (isinstance(e, Error) and e.where in ("step", "command")), "one step")
         last = events[-1]
         if isinstance(last, Step):
-            scalars = dict(last.scalars)
-            self._steps[last.step] = (last.loss, scalars)
-            return StepResult(scalars | {"loss": last.loss}), events[:-1]
+            return StepResult(dict(last.scalars) | {"loss": last.loss}), events[:-1]
         assert isinstance(last, Error)
         return StepResult({}, error=last.message), events[:-1]
+
+    @property
+    def _last_step(self) -> int:
+        return max(self._steps, default=0)
 
     # Rank 1 ------------------------------------------------------------------------------
     def _rank_one_apart(self) -> list[str]:
@@ -122,6 +148,8 @@ class LiveRanks:
             elif mine != theirs:
                 apart.append(f"step {event['step']}: rank 1 loss {mine[0]} scalars {mine[1]}, "
                              f"rank 0 loss {theirs[0]} scalars {theirs[1]}")
+        if len(apart) > SHOWN_APART:
+            apart[SHOWN_APART:] = [f"... and {len(apart) - SHOWN_APART} more steps"]
         if trained != len(self._steps):
             apart.append(f"rank 1 trained {trained} steps, rank 0 {len(self._steps)}")
         return apart
@@ -150,6 +178,8 @@ class LiveRanks:
             if line is None:
                 raise LiveError(f"waiting for {what}: the run's output ended; events: {_shown(out)}")
             event = event_from_dict(json.loads(line))
+            if isinstance(event, Step) and not event.rank:
+                self._steps[event.step] = (event.loss, dict(event.scalars))
             out.append(event)
             if predicate(event):
                 return out

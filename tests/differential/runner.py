@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from workbench.protocol.events import Error, Event, Rebuilt, Reload
@@ -59,10 +61,10 @@ class Result:
 class Harness:
     """One oracle process and one scratch folder for many sequences; `ranks=2`: each sequence under torchrun."""
 
-    def __init__(self, ranks: int = 1) -> None:
-        if ranks not in (1, RANKS):
-            raise ValueError(f"ranks is 1 or {RANKS}, not {ranks}")
-        self.live = LiveProject if ranks == 1 else LiveRanks
+    def __init__(self, ranks: int = 1, running: bool = False) -> None:
+        if ranks not in (1, RANKS) or (running and ranks == 1):
+            raise ValueError(f"ranks is 1 or {RANKS}, not {ranks}; running (actions while training) needs {RANKS}")
+        self.live = LiveProject if ranks == 1 else partial(LiveRanks, running=running)
         self.oracle = Oracle()
         self.root = Path(tempfile.mkdtemp(prefix="vram-bench-differential-"))
         self.count = 0
@@ -88,7 +90,7 @@ class Harness:
 
 class _Run:
     def __init__(self, sequence: Sequence | ScriptSequence, oracle: Oracle, folder: Path,
-                 live: type[LiveProject | LiveRanks] = LiveProject) -> None:
+                 live: Callable[..., LiveProject | LiveRanks] = LiveProject) -> None:
         self.live_kind = live
         self.sequence = sequence
         self.oracle = oracle
