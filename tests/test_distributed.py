@@ -345,6 +345,29 @@ def test_a_rebuild_that_carried_otherwise_on_rank_1_says_so_in_rank_0s_event(tmp
         run.close()
 
 
+def test_reload_of_one_file_is_answered_once_under_torchrun_for_a_file_no_rank_imports_too(tmp_path: Path):
+    """`reload FILE` on 2 ranks: a change every rank applies, and a file no rank imports (rank 0 answers it alone)."""
+    run = Headless(project_folder(tmp_path) / "train.py", "--nproc-per-node", "2", "--paused", "--no-watch")
+    try:
+        run.wait_event("paused", timeout=90)
+        (run.entry.parent / "helper.py").write_text("X = 1\n")
+        run.send("reload helper.py")
+        skipped = run.wait_event("reload", timeout=30, file="helper.py")
+        assert skipped["notes"] == ["helper.py is not imported by the session: nothing to patch"], skipped
+        save(run.entry, "LR = 0.05", "LR = 0.01")
+        run.send("reload train.py")
+        applied = run.wait_event("reload", timeout=30, file="train.py")
+        assert applied["ok"] and applied["changed"] == ["LR"] and applied["code_version"] == 1, applied
+        run.send("step")
+        ones = run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1, timeout=30, what="rank 1's step")
+        assert ones["code_version"] == 1
+        run.send("quit")
+        assert run.finish(timeout=60) == 0, run.explain()
+        assert [e["file"] for e in run.events if e["event"] == "reload"] == ["helper.py", "train.py"]
+    finally:
+        run.close()
+
+
 def test_each_rank_runs_the_command_without_the_launchers_options():
     from workbench.cli.launch import worker_argv
 

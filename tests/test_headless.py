@@ -311,6 +311,10 @@ def test_reload_of_one_file_answers_once_for_it_whatever_it_finds(headless) -> N
     run.send("reload train.py")
     unchanged = run.wait_event("reload", 15, file="train.py")
     assert unchanged["notes"] == ["no code changes"] and unchanged["code_version"] == 1, unchanged
+    (run.entry.parent / "helper.py").write_text("X = 1\n")
+    run.send("reload helper.py")  # a project file the session does not import: said, nothing to patch
+    skipped = run.wait_event("reload", 15, file="helper.py")
+    assert skipped["notes"] == ["helper.py is not imported by the session: nothing to patch"], skipped
     (run.entry.parent / "notes.txt").write_text("not code\n")
     (run.entry.parent.parent / "outside.py").write_text("X = 1\n")
     for name, why in (("missing.py", "does not exist"), ("notes.txt", "is not a Python file of the project"),
@@ -320,4 +324,4 @@ def test_reload_of_one_file_answers_once_for_it_whatever_it_finds(headless) -> N
         assert refused["message"].startswith(f"reload {name}: ") and why in refused["message"], refused
     run.send("quit")
     assert run.finish() == 0, run.explain()
-    assert [e["file"] for e in run.events if e["event"] == "reload"] == ["train.py", "train.py"], run.explain()
+    assert [e["file"] for e in run.events if e["event"] == "reload"] == ["train.py", "train.py", "helper.py"], run.explain()

@@ -178,13 +178,14 @@ def unpack_payload(raw: bytes) -> tuple[list[dict[str, Any]], list[tuple[float, 
 
 
 def encode(command: Command, worker: TrainingWorker) -> dict[str, Any] | None:
-    """A command as JSON for the other ranks; None for what only this rank acts on."""
+    """A command as JSON for the other ranks; None for what only this rank acts on (run on this rank alone, at once:
+    it must make no collective)."""
     if isinstance(command, ApplyChanges):
         change = command.changeset
         if isinstance(change, SourceUnchanged):
             return _as_json(AgreedSource(worker.project.relative(change.path), "", change.manual, unchanged=True))
         if change.module is None:
-            return None  # a file the session does not import: rank 0 says so, nothing to agree on
+            return None  # a file the session does not import: rank 0 says so at once (`_post`), nothing to agree on
         return _as_json(AgreedSource(worker.project.relative(change.path), change.new_source))
     if type(command).__name__ not in _WIRE:
         return None
@@ -304,7 +305,11 @@ class Lockstep:
         """Post this rank's row, with its commands (unless `commands_too` is False: the last exchange, which carries
         every step not sent yet) and, when due, its steps."""
         local = self._drain(worker, block) if commands_too else []
-        commands = [item for item in (encode(c, worker) for c in local) if item is not None]
+        encoded = [(command, encode(command, worker)) for command in local]
+        commands = [item for _, item in encoded if item is not None]
+        for command, item in encoded:
+            if item is None:  # this rank's alone (a save of a file no rank imports): answered here, no collective
+                dispatch(worker, command)
         now = time.monotonic()
         row = self._row(worker)
         steps = array("d")
