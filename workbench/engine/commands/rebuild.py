@@ -68,15 +68,18 @@ class OtherRanksFailed(Exception):
     """This rank built its new state, another rank's setup() failed: every rank keeps its old state."""
 
 
-def _agree(worker: TrainingWorker, error: str | None) -> None:
-    """Under torchrun: every rank's outcome; raises OtherRanksFailed if this rank succeeded and another did not."""
+def _agree(worker: TrainingWorker, error: str | None, carried: dict[str, Any] | None = None) -> list[str]:
+    """Under torchrun: every rank's outcome, with what it carried (`carried_summary`); raises OtherRanksFailed if this
+    rank succeeded and another did not. Rank 0's notes on any rank that carried otherwise than it (one collective for
+    both: no other point of the rebuild where every rank must meet)."""
     if worker.lockstep is None:
-        return
-    outcomes = worker.lockstep.plane.gather_json(error)
-    failed = [(rank, why) for rank, why in enumerate(outcomes) if why is not None]
+        return []
+    outcomes = worker.lockstep.plane.gather_json([error, carried])
+    failed = [(rank, why) for rank, (why, _) in enumerate(outcomes) if why is not None]
     if failed and error is None:
         named = "; ".join(f"rank {rank}: {why}" for rank, why in failed)
         raise OtherRanksFailed(f"setup() failed on {named}")
+    return differing_ranks_notes([summary for _, summary in outcomes]) if worker.lockstep.rank == 0 else []
 
 
 def _rebuild_now(worker: TrainingWorker) -> None:
@@ -129,7 +132,9 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         notes.extend(statement_notes)
         notes.extend(built_at_import)
         agreed = True
-        _agree(worker, None)
+        notes.extend(_agree(worker, None, carried_summary(
+            report.tensors, report.shared, report.optimizer_states, schedulers_carried, tuple(report.new),
+            tuple(report.mismatched), tuple(report.dropped), notes)))
     except RanksLost:
         raise  # another rank is gone: the worker ends this one (workbench/engine/worker.py)
     except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running
@@ -205,12 +210,6 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     worker.telemetry.record_version(worker.step, version, ("rebuild", *changed))
     if not changed:  # same code, new state: still its own row in the versions table
         worker.telemetry.versions.start(version, ("rebuild",), worker.step, fresh_state=True)
-    if worker.lockstep is not None:  # every rank reaches this line together: each agreed its setup() succeeded
-        summaries = worker.lockstep.plane.gather_json(carried_summary(
-            report.tensors, report.shared, report.optimizer_states, schedulers_carried, tuple(report.new),
-            tuple(report.mismatched), tuple(report.dropped), notes))
-        if worker.lockstep.rank == 0:
-            notes.extend(differing_ranks_notes(summaries))
     worker.bus.publish(
         Rebuilt(
             ok=True,
