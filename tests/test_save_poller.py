@@ -45,9 +45,17 @@ def test_the_filesystem_of_a_path_is_its_deepest_mount(path: str, fstype: str) -
     assert filesystem_type(Path(path), MOUNTINFO) == fstype
 
 
+def test_a_mount_hidden_by_a_later_one_over_its_parent_is_not_the_paths() -> None:
+    """NFS mounted at /mnt/cluster/scratch, then a local disk over /mnt/cluster: the path's device tells them apart."""
+    hidden = MOUNTINFO + "36 22 0:50 / /mnt/cluster/scratch rw - nfs4 server:/scratch rw\n" \
+                         "37 22 8:3 / /mnt/cluster rw - ext4 /dev/sdd1 rw\n"
+    assert filesystem_type(Path("/mnt/cluster/scratch/train.py"), hidden, device="8:3") == "ext4"
+    assert filesystem_type(Path("/mnt/cluster/scratch/train.py"), hidden) == "nfs4"  # without the device: the deepest
+
+
 def test_shared_filesystems_are_told_from_local_ones(tmp_path: Path) -> None:
     assert [t for t in ("nfs4", "nfs", "lustre", "gpfs", "cifs", "fuse.sshfs", "9p", "virtiofs") if not is_shared(t)] == []
-    assert [t for t in ("ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", None) if is_shared(t)] == []
+    assert [t for t in ("ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "fuse.fuse-overlayfs", None) if is_shared(t)] == []
     here = filesystem_type(tmp_path)  # this machine's own table
     assert here is not None and not is_shared(here), here
 
@@ -125,3 +133,55 @@ def test_poll_saves_takes_seconds_or_zero(value: str, accepted: float | None, ca
         assert "--poll-saves" in capsys.readouterr().err
     else:
         assert run.parse_args(["train.py", "--poll-saves", value]).poll_saves == accepted
+
+
+def test_a_save_that_keeps_size_and_time_on_a_whole_second_clock_is_found_by_its_content(tmp_path: Path) -> None:
+    """sshfs and Lustre keep whole seconds: `lr = 0.1` -> `lr = 0.2` within the second of the last save keeps the
+    time, the size and the inode. A file written that recently is compared by content."""
+    path = tmp_path / "train.py"
+    path.write_text("lr = 0.1\n")
+    second = (time.time_ns() // 1_000_000_000) * 1_000_000_000
+    os.utime(path, ns=(second, second))
+    reports: list[set[Path]] = []
+    poller = SavePoller(lambda: [path], lambda paths, at: reports.append(paths), reports.append, 60)
+    assert poller.look() == set()  # the first look
+    with open(path, "r+") as file:  # in place: the same inode
+        file.write("lr = 0.2\n")
+    os.utime(path, ns=(second, second))
+    assert poller.look() == {path} and reports == [{path}]
+    assert poller.look() == set()  # the same content again: nothing
+
+
+def test_a_failing_look_is_said_once_and_the_poller_keeps_looking(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    path.write_text("X = 1\n")
+    calls = 0
+    failures: list[str] = []
+    found = threading.Event()
+
+    def files() -> list[Path]:
+        nonlocal calls
+        calls += 1
+        if 2 <= calls <= 5:
+            raise OSError(116, "Stale file handle")  # ESTALE, as NFS gives it after the server replaced a file
+        return [path]
+
+    poller = SavePoller(files, lambda paths, at: found.set(), failures.append, 0.02)
+    poller.start()
+    try:
+        deadline = time.monotonic() + 5
+        while calls < 7 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        path.write_text("X = 22\n")
+        assert found.wait(5), "the save after the failures was not found"
+    finally:
+        poller.stop()
+        poller.join(5)
+    assert len(failures) == 1 and "Stale file handle" in failures[0] and "tried again" in failures[0], failures
+
+
+def test_poll_saves_and_no_watch_are_one_choice(capsys) -> None:
+    _, run = build_parsers()
+    with pytest.raises(SystemExit):
+        run.parse_args(["train.py", "--no-watch", "--poll-saves", "1"])
+    assert "not allowed with argument" in capsys.readouterr().err

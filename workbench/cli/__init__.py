@@ -72,8 +72,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="when memory's trend reaches its ceiling (a cgroup's limit, the machine's RAM, a GPU's) within "
                         "a snapshot's time: snapshot and pause (default), pause, or only warn")
     parser.add_argument("--paused", action="store_true", help="run setup, then wait paused for the first command")
-    parser.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
-    parser.add_argument("--poll-saves", type=poll_seconds, default=None, metavar="SECONDS",
+    saves = parser.add_mutually_exclusive_group()  # how saves are found, or not at all
+    saves.add_argument("--no-watch", action="store_true", help="do not watch the folder for saves (reload with r)")
+    saves.add_argument("--poll-saves", type=poll_seconds, default=None, metavar="SECONDS",
                         help="find saves by looking at the files the session runs every SECONDS, not by file events; "
                         "the default where the project is on a network filesystem (NFS, Lustre, sshfs...), whose saves "
                         "from other machines give no file event (1 s there); 0: file events even there")
