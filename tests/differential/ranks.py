@@ -109,9 +109,11 @@ class LiveRanks:
         *events, answer = self._until(answered, what)
         if self.running:
             after = self._last_step + STEPS_AFTER
-            events += self._until(lambda e: isinstance(e, Step) and not e.rank and e.step >= after, "steps after it")
-            self._send("pause")
-            events += self._until(lambda e: e.name == "paused", "the ranks to pause")
+            events += self._until(lambda e: (isinstance(e, Step) and not e.rank and e.step >= after)
+                                  or e.name == "paused", "steps after it")  # or a pause for a step that failed
+            if events[-1].name != "paused":
+                self._send("pause")
+                events += self._until(lambda e: e.name == "paused", "the ranks to pause")
         return [*(e for e in events if not isinstance(e, Step)), answer]
 
     def step(self) -> tuple[StepResult, list[Event]]:

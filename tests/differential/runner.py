@@ -21,7 +21,7 @@ from workbench.protocol.events import Error, Event, Rebuilt, Reload
 from differential.generator import Action, RebuildNow, RollbackNow, Save, Sequence
 from differential.judge import Verdict, judge, unchanged
 from differential.ledger import Ledger, texts_of
-from differential.live import LiveProject
+from differential.live import LiveError, LiveProject
 from differential.oracle import Oracle
 from differential.ranks import RANKS, LiveRanks
 from differential.script import RunStatementsNow, ScriptSequence
@@ -84,6 +84,8 @@ class Harness:
         folder = self.root / f"seq{self.count}"
         try:
             return _Run(sequence, self.oracle, folder, self.live).run()
+        except LiveError as exc:  # a session that did not answer: this sequence's problem, the run goes on
+            return Result(sequence, problems=[f"the live session: {exc}"])
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
