@@ -185,3 +185,15 @@ def test_poll_saves_and_no_watch_are_one_choice(capsys) -> None:
     with pytest.raises(SystemExit):
         run.parse_args(["train.py", "--no-watch", "--poll-saves", "1"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_file_saved_after_its_import_and_before_its_first_look_is_reported_at_that_look(tmp_path: Path) -> None:
+    """A module setup() imports is tracked up to an interval after: a save in between is not lost."""
+    imported, untouched = tmp_path / "helper.py", tmp_path / "model.py"
+    imported.write_text("X = 2\n")  # saved after the import, whose source was X = 1
+    untouched.write_text("Y = 1\n")
+    live = {imported: "X = 1\n", untouched: "Y = 1\n"}
+    poller = SavePoller(lambda: [imported, untouched], lambda paths, at: None, lambda message: None, 60,
+                        live_source=live.get)
+    assert poller.look() == {imported}
+    assert poller.look() == set()

@@ -48,12 +48,15 @@ class Signature:
 
 class SavePoller(threading.Thread):
     """Calls `on_change(paths, detected_at)` for the tracked files whose content may have changed since the last look,
-    like SourceWatcher; a file is first looked at when it becomes tracked, and only a later change is reported."""
+    like SourceWatcher. A file is first looked at when it becomes tracked, and reported then only if it no longer holds
+    the source its running code came from (`live_source`)."""
 
     def __init__(self, files: Callable[[], list[Path]], on_change: Callable[[set[Path], float], None],
-                 on_failure: Callable[[str], None], interval: float) -> None:
+                 on_failure: Callable[[str], None], interval: float,
+                 live_source: Callable[[Path], str | None] | None = None) -> None:
         super().__init__(name="vram-bench-save-poller", daemon=True)
         self._files = files
+        self._live_source = live_source  # the source a file's running code came from, for its first look
         self._on_change = on_change
         self._on_failure = on_failure
         self.interval = interval
@@ -102,10 +105,24 @@ class SavePoller(threading.Thread):
         for path in paths:
             old = self._seen.get(path)
             now = _signature(path, old is not None and old.recent)
-            if path in self._seen and now is not None and (old is None or old.differs(now)):
+            if path in self._seen:
+                if now is not None and (old is None or old.differs(now)):
+                    out.add(path)
+            elif now is not None and self._saved_before_first_look(path):
                 out.add(path)
             self._seen[path] = now
         return out
+
+    def _saved_before_first_look(self, path: Path) -> bool:
+        """A file first looked at up to an interval after it was imported (a module setup() imports): saved since,
+        it holds other code than what runs."""
+        if self._live_source is None:
+            return False
+        live = self._live_source(path)
+        try:
+            return live is not None and path.read_text(encoding="utf-8") != live
+        except (OSError, UnicodeDecodeError):
+            return False
 
     def stop(self) -> None:
         self._stop_event.set()
