@@ -423,7 +423,7 @@ class Session:
                                    f"path relative to the project folder ({self.project.root}), or send `reload` "
                                    "alone to re-read every file"))
             return
-        self.reload_service.files_changed({path}, time.monotonic())
+        self.reload_service.files_changed({path.resolve()}, time.monotonic())  # as a watcher names it (held changes)
 
     def _interrupt_ranks(self) -> None:
         """Under torchrun: this rank's step, and every other rank held in a step (they read the store's counter)."""
@@ -517,8 +517,8 @@ class Session:
             watcher = SourceWatcher(self.project.root, self.reload_service.files_changed, self._watch_failed,
                                     debounce_ms=config.debounce_ms, step_ms=config.step_ms)
             return watcher, None
-        poller = SavePoller(self.reloader.tracked_files, self.reload_service.files_changed, self._watch_failed, interval,
-                            live_source=self.reloader.applied_source)
+        poller = SavePoller(self.reloader.tracked_files, self.reload_service.files_changed, self._watch_failed,
+                            interval, live_source=self.reloader.applied_source)
         if config.poll_seconds is None:
             why = (f"the project folder is on {fstype}, where a save made on another machine gives no file event here, "
                    f"so the files the session runs are looked at every {interval:g} s instead (--poll-saves N sets "
