@@ -28,14 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", type=int, default=100, help="print a line every N sequences (0: never)")
     parser.add_argument("--family", choices=FAMILIES, default="two_file", help="the project family (default two_file)")
     parser.add_argument("--ranks", type=int, choices=(1, 2), default=1,
-                        help="2: run each sequence under torchrun on 2 ranks, each judged (tests/differential/ranks.py)")
+                        help="2: each sequence under torchrun on 2 ranks, each judged (tests/differential/ranks.py)")
     parser.add_argument("--running", action="store_true",
                         help="with --ranks 2: every save and command comes while the ranks train")
     args = parser.parse_args(argv)
     if args.running and args.ranks != 2:
         parser.error("--running needs --ranks 2")
     first = args.first if args.first is not None else random.randrange(10**6, 10**9)
-    print(f"{args.family} family{' on 2 ranks' if args.ranks == 2 else ''}{', running' if args.running else ''}, seeds {first} to {first + args.count - 1}", flush=True)
+    how = (" on 2 ranks" if args.ranks == 2 else "") + (", running" if args.running else "")
+    print(f"{args.family} family{how}, seeds {first} to {first + args.count - 1}", flush=True)
     started = time.monotonic()
     results = []
     with Harness(args.ranks, args.running) as harness:

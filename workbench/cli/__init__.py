@@ -115,7 +115,8 @@ def poll_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (e.g. 1 or 0.5), or 0 for file events, not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected seconds (e.g. 1 or 0.5), or 0 for file events, not {text!r}") from None
     if not (value == 0 or 0.05 <= value <= 60):
         raise argparse.ArgumentTypeError(f"between 0.05 and 60 seconds, or 0 for file events, not {text}")
     return value

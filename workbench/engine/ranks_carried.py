@@ -10,6 +10,7 @@ rather than left unsaid.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import Any
 
 MAX_NOTES = 3  # of a differing rank's own notes, the first few
@@ -26,8 +27,8 @@ COUNTS = {  # the summary's field -> how the note names it
 }
 
 
-def carried_summary(tensors: int, shared: int, optimizer_states: int, schedulers: int, new: tuple[str, ...],
-                    mismatched: tuple[str, ...], dropped: tuple[str, ...], notes: list[str]) -> dict[str, Any]:
+def carried_summary(tensors: int, shared: int, optimizer_states: int, schedulers: int, new: Sized,
+                    mismatched: Sized, dropped: Sized, notes: list[str]) -> dict[str, Any]:
     """This rank's rebuild, as JSON for the other ranks: its counts, and its notes to explain a difference."""
     return {"tensors": tensors, "shared": shared, "optimizer_states": optimizer_states, "schedulers": schedulers,
             "new": len(new), "mismatched": len(mismatched), "dropped": len(dropped), "notes": notes}

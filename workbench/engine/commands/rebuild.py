@@ -133,8 +133,8 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         notes.extend(built_at_import)
         agreed = True
         notes.extend(_agree(worker, None, carried_summary(
-            report.tensors, report.shared, report.optimizer_states, schedulers_carried, tuple(report.new),
-            tuple(report.mismatched), tuple(report.dropped), notes)))
+            report.tensors, report.shared, report.optimizer_states, schedulers_carried, report.new, report.mismatched,
+            report.dropped, notes)))
     except RanksLost:
         raise  # another rank is gone: the worker ends this one (workbench/engine/worker.py)
     except Exception as exc:  # noqa: BLE001 - a failed rebuild leaves the old state and code running

@@ -3,7 +3,8 @@
 inotify (what watchfiles uses on Linux) reports changes made through this machine's kernel only. On a network or
 shared filesystem (NFS, Lustre, GPFS, CIFS, sshfs and other FUSE mounts, a VM's 9p or virtiofs share) a save made on
 another machine (a cluster's login node, a laptop's editor over sshfs, the host of a VM) gives no event here: every
-save would be silently missed. On those the session polls the files it runs instead (workbench/engine/hotswap/poller.py).
+save would be silently missed. On those the session polls the files it runs instead
+(workbench/engine/hotswap/poller.py).
 """
 
 from __future__ import annotations

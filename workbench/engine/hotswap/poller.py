@@ -1,4 +1,4 @@
-"""Find saves by looking, where file events cannot see them (a network filesystem: workbench/engine/hotswap/filesystem.py).
+"""Find saves by looking, where file events cannot see them (a network filesystem: hotswap/filesystem.py).
 
 Only the files the session runs are looked at (the reloader's tracked files: the project's imported modules), never
 the folder's tree: a project folder on shared storage often holds a dataset or checkpoints, and a poll that walked
