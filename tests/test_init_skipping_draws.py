@@ -8,6 +8,8 @@ The skipped calls are now owed draws, made in setup()'s order before any such dr
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import shutil
 from pathlib import Path
 
@@ -317,3 +319,76 @@ def test_an_embeddings_padding_row_is_written_after_its_initialization_and_reads
         embedding = torch.nn.Embedding(10, 4)
         row = embedding.weight[3]  # kept past setup(), where nothing watches its reads
     assert kept.parameters == [] and row.abs().sum() > 0, "a view kept is made at the end"
+
+
+_CAPTURED = {"normal_": torch.nn.init.normal_, "zeros_": torch.nn.init.zeros_}  # a library's, taken at its import
+
+
+class _Library:
+    """A library's own initializers, named as torch's (transformers' `initialization` module)."""
+
+    @staticmethod
+    def normal_(tensor: torch.Tensor, mean: float = 0.0, std: float = 1.0,  # type: ignore[no-untyped-def]
+                generator=None):
+        return _CAPTURED["normal_"](tensor, mean=mean, std=std, generator=generator)
+
+    @staticmethod
+    def zeros_(tensor: torch.Tensor):  # type: ignore[no-untyped-def]
+        return _CAPTURED["zeros_"](tensor)
+
+
+class _LibraryModel(torch.nn.Module):
+    """As transformers' `PreTrainedModel` builds: torch.nn.init's functions are the library's own while it builds
+    (`guard_torch_init_functions`), and its `_init_weights` calls the originals it took at import. Their calls
+    reach torch.nn.init's dispatch with the tensor by keyword and the library's function as the one called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        saved = torch.nn.init.normal_, torch.nn.init.zeros_
+        torch.nn.init.normal_, torch.nn.init.zeros_ = _Library.normal_, _Library.zeros_
+        try:
+            self.wte = torch.nn.Embedding(32, 8)
+            self.proj = torch.nn.Linear(8, 8)
+            self.head = torch.nn.Linear(8, 32, bias=False)
+            self.head.weight = self.wte.weight  # tied, as GPT-2's head is
+            for module in self.modules():
+                if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                    _CAPTURED["normal_"](module.weight, mean=0.0, std=0.02)
+                if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                    _CAPTURED["zeros_"](module.bias)
+        finally:
+            torch.nn.init.normal_, torch.nn.init.zeros_ = saved
+
+
+def test_a_librarys_own_initializers_put_in_torchs_place_are_skipped_too() -> None:
+    """A transformers model built from its config ran its whole initialization in a resume's setup(), and the notes
+    blamed a draw "after building its model" at the library's own line."""
+    plain, model, log = skipping_against_plain(_LibraryModel)
+    assert log.settled == [], "nothing ran while the model was built"
+    assert model.head.weight is model.wte.weight
+    log.replay_all()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, plain.state_dict()[name]), name
+    torch.manual_seed(0)
+    _LibraryModel()
+    plain_next = torch.rand(4)
+    torch.manual_seed(0)
+    with skipping_init() as drawn:
+        _LibraryModel()
+        next_draw = torch.rand(4)
+    assert torch.equal(next_draw, plain_next) and [s.reason for s in drawn.settled] == ["torch.rand"]
+
+
+def test_a_draw_made_inside_an_installed_package_is_placed_at_the_projects_line(tmp_path: Path) -> None:
+    """The note's place is the line the project can move: where it called the package, not the package's own."""
+    package = tmp_path / "site-packages" / "drawing_library.py"
+    package.parent.mkdir()
+    package.write_text("import torch\n\ndef noise():\n    return torch.randn(3)\n")
+    spec = importlib.util.spec_from_file_location("drawing_library", package)
+    assert spec is not None and spec.loader is not None
+    library = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(library)
+    with skipping_init() as log:
+        torch.nn.Linear(4, 4)
+        library.noise(); line = inspect.currentframe().f_lineno  # type: ignore[union-attr]  # noqa: E702
+    assert [(s.reason, s.where) for s in log.settled] == [("torch.randn", f"{Path(__file__).name}:{line}")]

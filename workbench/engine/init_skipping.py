@@ -396,6 +396,13 @@ class _RunWhenUsed(TorchFunctionMode):
         elif name in _RANDOM_FILLS and access is None and args and isinstance(args[0], torch.nn.Parameter):
             log.defer(func, args[0], args[1:], kwargs)  # a layer filling its own parameter: initialization
             return args[0]
+        elif (name in _INITIALIZERS and access is None and not args
+              and isinstance(kwargs.get("tensor"), torch.nn.Parameter)):
+            # torch.nn.init's dispatch to a library's own initializer put in its place while the library builds
+            # a model (transformers' `guard_torch_init_functions`): initialization, deferred as torch.nn.init's is
+            rest = {key: value for key, value in kwargs.items() if key != "tensor"}
+            log.defer(func, kwargs["tensor"], (), rest)
+            return kwargs["tensor"]
         if log.owed and _draws(name, access, args, kwargs) and log.owes_draws_from(
             kwargs.get("generator"), _device_of(args, kwargs)
         ):
@@ -524,15 +531,24 @@ def _default_generator(device: torch.device) -> torch.Generator | None:
 
 
 def _project_frame() -> str | None:
-    """`train.py:57`: the innermost frame outside torch, this package and the standard library."""
-    frame = sys._getframe(1)
+    """`train.py:57`: the innermost frame outside torch, this package, the standard library and installed packages
+    (a transformers model's own `_init_weights` is not where the project can move a draw); failing that, the
+    innermost outside torch, this package and the standard library."""
     skipped = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]), str(Path(contextlib.__file__).parent))
+    fallback = None
+    frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(skipped) and not filename.startswith("<"):
-            return f"{Path(filename).name}:{frame.f_lineno}"
+            place = f"{Path(filename).name}:{frame.f_lineno}"
+            if not _INSTALLED.intersection(Path(filename).parts):
+                return place
+            fallback = fallback or place
         frame = frame.f_back
-    return None
+    return fallback
+
+
+_INSTALLED = frozenset({"site-packages", "dist-packages"})  # folders installed packages live in
 
 
 def _name_of(func: Any) -> tuple[str | None, str | None]:
