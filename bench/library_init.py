@@ -1,4 +1,4 @@
-"""A transformers model built from its config: construction time plain, and as a resume's or rebuild's setup() builds it.
+"""A transformers model built from its config: construction time plain, and as a resume's or rebuild's setup() does.
 
 A resume fills every parameter from the snapshot and a rebuild carries them over, so vram-bench builds the model
 inside `skipping_init()` (workbench/engine/init_skipping.py) and its random initialization is deferred, then
