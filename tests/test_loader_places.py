@@ -182,8 +182,8 @@ def test_a_sampler_epoch_that_started_over_is_named_after_the_first_resumed_step
     assert done.epoch_check.after_step() == (
         "after the resume, batches(loader)'s sampler is at epoch 0, where step 40 was in epoch 3: the loader went on "
         "from its place, but in that epoch's order, so it reads other batches than the run would have. The code that "
-        "calls set_epoch() started its count over: keep the epoch in a module global it reads (`global epoch` ... "
-        "`epoch += 1`), which snapshots keep")
+        "counts its epochs (set_epoch()'s caller, or the sampler itself) started its count over: keep the epoch in a "
+        "module global it reads (`global epoch` ... `epoch += 1`), which snapshots keep")
     fresh_sampler.set_epoch(3)
     assert done.epoch_check.after_step() is None
 

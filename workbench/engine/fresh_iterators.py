@@ -27,10 +27,11 @@ from workbench.engine.state_walk import top_values
 
 def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
                          in_project: Callable[[str], str | None], placed: dict[int, str] | None = None,
-                         rebuild: bool = False) -> tuple[str, ...]:
+                         rebuild: bool = False, reshuffled: frozenset[int] = frozenset()) -> tuple[str, ...]:
     """The resume's notes (a rebuild's with `rebuild`: its new setup() made the iterators). `put_back`: the
     qualified globals the resume set (`train.epoch`); `in_project`: a file's path relative to the project, or None
-    outside it; `placed`: the stateful loaders given back their place (loader_places.py; by id, their paths)."""
+    outside it; `placed`: the stateful loaders given back their place (loader_places.py; by id, their paths), of
+    which `reshuffled` were given a count of batches, not an order."""
     placed = placed or {}
     found = [(label, value) for label, value in top_values(state)
              if isinstance(value, Iterator) and not isinstance(value, io.IOBase)]  # an open file is no data's place
@@ -58,9 +59,11 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
         if reading.get(label):
             streams = all(isinstance(loader, torch.Generator) for loader in read[label])
             what = "the random stream it draws from" if streams else "the loader it reads"
+            where = (f"how far into its epoch step {step} left it (in another order: see its note)"
+                     if any(id(loader) in reshuffled for loader in read[label]) else f"where step {step} left it")
             notes.append(f"{label} ({_what(value, in_project)}): the one setup() just made, so its own variables (an "
                          f"epoch count, a sampler's set_epoch) start over, while {what}, "
-                         f"{', '.join(reading[label])}, goes on from where step {step} left it")
+                         f"{', '.join(reading[label])}, goes on from {where}")
     for label, value in found:
         reset = _globals_set_by(value, put_back)
         if reset:

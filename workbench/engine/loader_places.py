@@ -136,6 +136,10 @@ def _has_begun(loader: Any) -> bool:
     no iterator attribute left None, always says where it is."""
     if isinstance(loader, torch.Generator):
         return True
+    if getattr(loader, "_initial_iter_for_state_dict", False):
+        # A StatefulDataLoader whose only iterator its own state_dict() made (accelerate's `prepare` asks at once):
+        # iter() has not run, and its load_state_dict() drops that iterator for one that starts at the given place.
+        return False
     return all(getattr(loader, name, True) is not None for name in _ITERATOR_ATTRIBUTES)
 
 
@@ -314,9 +318,27 @@ def differing(records: dict[int, dict[str, Any]]) -> None:
 
 def sampler_epoch(loader: DataLoader) -> int | None:
     """The epoch a DistributedSampler (or any sampler with an int `epoch`) was last set to: it decides the order of
-    the data, and the loader's state says only where in that order it is."""
-    epoch = getattr(getattr(loader, "sampler", None), "epoch", None)
-    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+    the data, and the loader's state says only where in that order it is. The sampler may sit inside a batch sampler
+    (accelerate's `prepare` puts its SeedableRandomSampler in one)."""
+    for sampler in _samplers_of(loader):
+        epoch = getattr(sampler, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            return epoch
+    return None
+
+
+def _samplers_of(loader: Any) -> list[Any]:
+    """The loader's sampler, its batch sampler, and theirs (a batch sampler's `sampler`, a shard's `batch_sampler`),
+    nearest first."""
+    found: list[Any] = []
+    waiting = [getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)]
+    while waiting and len(found) < 8:
+        sampler = waiting.pop(0)
+        if sampler is None or any(sampler is seen for seen in found):
+            continue
+        found.append(sampler)
+        waiting.extend(getattr(sampler, name, None) for name in ("sampler", "batch_sampler"))
+    return found
 
 
 def pack(value: Any) -> bytes:
@@ -342,6 +364,7 @@ class EpochCheck:
 
     expected: list[tuple[str, DataLoader, int]]  # (path, loader, the sampler's epoch at the snapshot)
     step: int  # the snapshot's step
+    after: str = "the resume"  # or "the rebuild", whose old loaders' epochs are the ones expected
 
     def after_step(self) -> str | None:
         wrong = [(path, now, then) for path, loader, then in self.expected
@@ -350,9 +373,10 @@ class EpochCheck:
             return None
         shown = "; ".join(f"{path}'s sampler is at epoch {now}, where step {self.step} was in epoch {then}"
                           for path, now, then in wrong)
-        return (f"after the resume, {shown}: the loader went on from its place, but in that epoch's order, so it reads "
-                "other batches than the run would have. The code that calls set_epoch() started its count over: keep "
-                "the epoch in a module global it reads (`global epoch` ... `epoch += 1`), which snapshots keep")
+        return (f"after {self.after}, {shown}: the loader went on from its place, but in that epoch's order, so it reads "
+                "other batches than the run would have. The code that counts its epochs (set_epoch()'s caller, or the "
+                "sampler itself) started its count over: keep the epoch in a module global it reads (`global epoch` "
+                "... `epoch += 1`), which snapshots keep")
 
 
 @dataclass
@@ -363,6 +387,7 @@ class PutBack:
     placed: dict[int, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     epoch_check: EpochCheck | None = None
+    reshuffled: frozenset[int] = frozenset()  # of `placed`, those given a count of batches, not an order
 
 
 def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank: int, world_size: int,
@@ -431,6 +456,7 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     errors: dict[str, str] = mine.get("errors") or {}
     epochs: dict[str, int] = mine.get("epochs") or {}
     expected: list[tuple[str, DataLoader, int]] = []
+    reshuffled: dict[str, str] = {}  # path -> the sampler that draws each epoch's order anew
     for path, loader in rest.items():
         if path in errors:
             notes.append(_starts_over(path, loader, f"its state could not be kept at step {step} ({errors[path]})"))
@@ -451,7 +477,12 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
                 given.append(f"{path} ({type(loader).__name__})")
             elif path in epochs:
                 expected.append((path, loader, int(epochs[path])))
-    data_loaders = [path for path, loader in rest.items() if id(loader) in placed and isinstance(loader, DataLoader)]
+            if isinstance(loader, DataLoader) and (sampler := reshuffling_sampler(loader, states[path])) is not None:
+                reshuffled[path] = sampler
+    data_loaders = [path for path, loader in rest.items()
+                    if id(loader) in placed and isinstance(loader, DataLoader) and path not in reshuffled]
+    if reshuffled:
+        notes.append(_reshuffled_note(reshuffled, f"given back how far into its epoch it was at step {step}"))
     if streams:
         notes.insert(0, f"{', '.join(streams)} (torch.Generator): the random state step {step} had left "
                         f"{'them' if len(streams) > 1 else 'it'} in, put back (set_state())")
@@ -468,7 +499,27 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     unclaimed = sorted(path for path, state in states.items() if path not in loaders and state is not None)
     if unclaimed:
         notes.append(f"the snapshot holds the place of loader(s) setup() did not make: {', '.join(unclaimed)} (not used)")
-    return PutBack(placed, notes, EpochCheck(expected, step) if expected else None)
+    return PutBack(placed, notes, EpochCheck(expected, step) if expected else None,
+                   frozenset(id(rest[path]) for path in reshuffled))
+
+
+def reshuffling_sampler(loader: Any, state: Any) -> str | None:
+    """The class of the sampler that makes a count-kept place another order: a StatefulDataLoader whose sampler keeps
+    no state of its own (one it did not make itself: accelerate's `prepare` wraps it) keeps only how many batches
+    it handed out, and takes its place by running the sampler again to there. torch's RandomSampler draws a new
+    order as each epoch begins (from torch's global random state, or from its generator as it then is), so the
+    batches after that count are another draw of the epoch's data than the run's. None: the order is kept, or
+    drawn again alike (accelerate's `SeedableRandomSampler` seeds each epoch)."""
+    if not isinstance(state, dict) or state.get("_sampler_iter_state") is not None:
+        return None
+    if not state.get("_sampler_iter_yielded"):
+        return None
+    return next((type(sampler).__name__ for sampler in _samplers_of(loader)
+                 if isinstance(sampler, torch.utils.data.RandomSampler) and type(sampler).__iter__ is _RANDOM_SAMPLER_ITER),
+                None)
+
+
+_RANDOM_SAMPLER_ITER = torch.utils.data.RandomSampler.__iter__
 
 
 def state_of(obj: Any) -> Any:
@@ -506,6 +557,17 @@ def _give(loader: Any, path: str, state: Any, step: int) -> str | None:
     return None
 
 
+def _reshuffled_note(reshuffled: dict[str, str], given: str) -> str:
+    """What a loader given a count, not an order, goes on with (see `reshuffling_sampler`)."""
+    names = ", ".join(f"{path} (its {sampler})" for path, sampler in reshuffled.items())
+    return (f"{names}: {given} (state_dict() keeps a count of batches), not the order: its sampler draws each "
+            "epoch's order as the epoch begins, so the batches from here to the epoch's end are the rest of a new "
+            "order (some of them the epoch already gave, some it will not), not those the run would have had. A "
+            "sampler that keeps its state keeps the order (torchdata's, which a StatefulDataLoader made with "
+            "shuffle=True uses); under accelerate, DataLoaderConfiguration(use_seedable_sampler=True) draws it "
+            "again alike")
+
+
 def _starts_over(path: str, loader: Any, why: str) -> str:
     """A DataLoader starts from its beginning; a project object (a loader, or an EMA: which, nothing here can tell)
     is left as setup() made it."""
@@ -518,17 +580,21 @@ def _names(loaders: dict[str, DataLoader]) -> str:
     return ", ".join(f"{path} ({type(loader).__name__})" for path, loader in loaders.items())
 
 
-def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str] = frozenset()) -> PutBack:
+def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str] = frozenset(),
+                 step: int = 0) -> PutBack:
     """For a rebuild: each loader setup() made again takes the place its old one had reached (the same path in the
     old state), so the data goes on rather than starting its epoch over; a project object (`project_modules`' classes:
     a loader, an EMA) its old one's state, when it has the same layout. What was given (by id, for the notes on
-    the generators that read them) and the rebuild's notes."""
+    the generators that read them), the rebuild's notes, and the check of the new samplers' epochs against the old
+    ones' (at the rebuild's `step`) after the first step."""
     try:
         old = find_loaders(old_state, project_modules=project_modules)
         new = find_loaders(new_state, project_modules=project_modules)
     except Exception as exc:  # noqa: BLE001 - the rebuild stands; the data starting over is said
         return PutBack(notes=[f"the data loaders' places were not carried over ({type(exc).__name__}: {exc})"])
     carried: list[str] = []
+    reshuffled: dict[str, str] = {}  # path -> the sampler that draws each epoch's order anew
+    expected: list[tuple[str, DataLoader, int]] = []  # the old samplers' epochs, checked after the first step
     placed: dict[int, str] = {}
     given: list[str] = []  # project objects: loaders or not (an EMA), nothing here can tell
     streams: list[str] = []  # torch.Generators
@@ -553,8 +619,17 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
             continue
         # A generator setup() seeded again goes on drawing where the old one was, as the global random states do
         # (random_states.py): as a resume at this step would.
-        (carried if isinstance(loader, DataLoader) else streams if isinstance(loader, torch.Generator) else given).append(path)
+        if isinstance(loader, DataLoader) and (epoch := sampler_epoch(before)) is not None:
+            expected.append((path, loader, epoch))
+        if isinstance(loader, DataLoader) and (sampler := reshuffling_sampler(loader, state)) is not None:
+            reshuffled[path] = sampler
+        elif isinstance(loader, DataLoader):
+            carried.append(path)
+        else:
+            (streams if isinstance(loader, torch.Generator) else given).append(path)
         placed[id(loader)] = path
+    if reshuffled:
+        notes.append(_reshuffled_note(reshuffled, "carried over how far into its epoch the old loader was"))
     if streams:
         notes.insert(0, f"{', '.join(streams)} (torch.Generator): carried over the random state the old one had "
                         "reached (set_state())")
@@ -563,4 +638,5 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
     if carried:
         notes.insert(0, f"{', '.join(carried)}: carried over the place the old loader had reached, so the batch after "
                         "the last step's comes next (a generator reading it starts over with its own variables)")
-    return PutBack(placed, notes)
+    return PutBack(placed, notes, EpochCheck(expected, step, "the rebuild") if expected else None,
+                   frozenset(id(new[path]) for path in reshuffled))

@@ -17,7 +17,10 @@ import torch
 
 
 def make_first_iterator_without_drawing(loader: Any) -> None:
-    """For a loader holding a place its next iterator takes (StatefulDataLoader's `next_iter_state`): one shot."""
+    """For a loader holding a place its next iterator takes (StatefulDataLoader's `next_iter_state`): one shot. A
+    wrapper's (accelerate's `DataLoaderShard`) is its inner loader's, which makes the iterators."""
+    while (inner := getattr(loader, "base_dataloader", None)) is not None and inner is not loader:
+        loader = inner
     if getattr(loader, "next_iter_state", None) is None or "_get_iterator" in vars(loader):
         return
     make = loader._get_iterator

@@ -483,7 +483,8 @@ class TrainingWorker(threading.Thread):
         said = random_states.put_back_ranks(saved_places, rank, world_size, self.step) if self.lockstep is not None else None
         names = [entry.split(" = ", 1)[0] for entry in done]
         return (notes + tuple(loaders.notes)
-                + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative, loaders.placed)
+                + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative, loaders.placed,
+                                       reshuffled=loaders.reshuffled)
                 + ((said,) if said else ()))
 
     def _put_back_tensors(self, saved_places: dict[str, Any] | None, rank: int, world_size: int) -> tuple[str, ...]:

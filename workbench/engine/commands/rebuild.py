@@ -163,10 +163,11 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         worker.bus.publish(Rebuilt(ok=False, error=message, code_version=worker.reloader.version))
         return
     project_modules = frozenset(name for name, _ in worker._namespaces())
-    places = carry_places(worker.user_state, new_state, project_modules)  # before the old loaders are shut down
+    places = carry_places(worker.user_state, new_state, project_modules, worker.step)  # before the old loaders end
     notes.extend(places.notes)
     try:
-        notes.extend(fresh_iterator_notes(new_state, worker.step, [], worker._project_relative, places.placed, rebuild=True))
+        notes.extend(fresh_iterator_notes(new_state, worker.step, [], worker._project_relative, places.placed,
+                                          rebuild=True, reshuffled=places.reshuffled))
     except Exception as exc:  # noqa: BLE001 - the rebuild stands; only the note is missing
         notes.append(f"the iterators the new setup() made were not looked at ({type(exc).__name__}: {exc})")
     made_by_setup = worker.training_globals.state_values(new_state)
@@ -184,6 +185,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     notes.extend(release_iterators(worker.user_state, new_state))
     notes.extend(_release_rebuilt_loaders(worker, before))
     worker.user_state = new_state
+    worker._epoch_check = places.epoch_check  # the new loaders' sampler epochs, after the first step
     worker.schedules_as_made = new_made
     if worker.broken is not None and not worker.broken.renew_group:
         worker.broken = None  # a new state: what the old one could not do (an ended generator, a DDP reducer) is gone
