@@ -9,6 +9,7 @@ The skipped calls are now owed draws, made in setup()'s order before any such dr
 from __future__ import annotations
 
 import importlib.util
+import math
 import inspect
 import shutil
 from pathlib import Path
@@ -392,3 +393,47 @@ def test_a_draw_made_inside_an_installed_package_is_placed_at_the_projects_line(
         torch.nn.Linear(4, 4)
         library.noise(); line = inspect.currentframe().f_lineno  # type: ignore[union-attr]  # noqa: E702
     assert [(s.reason, s.where) for s in log.settled] == [("torch.randn", f"{Path(__file__).name}:{line}")]
+
+
+def _truncated_normal_(tensor: torch.Tensor, std: float = 1.0, a: float = -2.0, b: float = 2.0) -> torch.Tensor:
+    """timm's and DeiT's `trunc_normal_` (copied into many projects): a random fill, then arithmetic in place."""
+    def cdf(x: float) -> float:
+        return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
+
+    with torch.no_grad():
+        low, high = cdf(a / std), cdf(b / std)
+        tensor.uniform_(2 * low - 1, 2 * high - 1)
+        tensor.erfinv_()
+        tensor.mul_(std * math.sqrt(2.0))
+        tensor.add_(0.0)
+        tensor.clamp_(min=a, max=b)
+    return tensor
+
+
+class _VisionTransformerish(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.position = torch.nn.Parameter(torch.zeros(1, 5, 8))
+        self.blocks = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+        _truncated_normal_(self.position, std=0.02)
+        for module in self.blocks:
+            if isinstance(module, torch.nn.Linear):
+                _truncated_normal_(module.weight, std=0.02)
+                torch.nn.init.zeros_(module.bias)
+
+
+def test_an_initializer_that_fills_at_random_then_works_on_the_values_in_place_stays_skipped() -> None:
+    """Its `erfinv_()` read the values it had just filled: every owed call ran, the whole model's initialization."""
+    plain, model, log = skipping_against_plain(_VisionTransformerish)
+    assert log.settled == [] and len(log.parameters) == 5, "nothing ran while the model was built"
+    log.replay_all()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, plain.state_dict()[name]), name
+    (plain_sum, summed, read) = skipping_against_plain(lambda: _VisionTransformerish().position.sum())
+    assert torch.equal(summed, plain_sum) and [s.reason for s in read.settled] == ["Tensor.sum"], "a read still runs it"
+    def scale_by_a_tensor() -> torch.Tensor:
+        with torch.no_grad():
+            return torch.nn.Linear(4, 4).weight.mul_(torch.tensor(2.0))
+
+    scaled_by_a_tensor = skipping_against_plain(scale_by_a_tensor)[2]
+    assert [s.reason for s in scaled_by_a_tensor.settled] == ["Tensor.mul_"], "a tensor argument is a use"

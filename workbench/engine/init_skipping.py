@@ -86,8 +86,13 @@ _OVERWRITES = frozenset({
 # `xavier_uniform_`, bound at import, fills `in_proj_weight` with `Tensor.uniform_`), deferred like torch.nn.init's.
 _RANDOM_FILLS = frozenset({"normal_", "uniform_", "random_", "bernoulli_", "exponential_", "geometric_",
                            "log_normal_", "cauchy_"})
+# In-place arithmetic an initializer of a library's own applies to a parameter it just filled at random (timm's and
+# DeiT's `trunc_normal_`: `uniform_`, then `erfinv_`, `mul_`, `add_`, `clamp_`). With plain numbers for arguments it
+# reads nothing but the parameter's own values, so it is deferred after the parameter's calls, as part of them.
+_SCALAR_IN_PLACE = frozenset({"erfinv_", "mul_", "add_", "sub_", "div_", "clamp_", "clamp_min_", "clamp_max_", "neg_",
+                              "abs_", "sqrt_", "exp_", "tanh_", "fmod_", "remainder_"})
 # Initializers that fill without drawing: what they owe is an order, not a draw.
-_DRAWLESS = frozenset({"constant_", "ones_", "zeros_", "eye_", "dirac_", "_write_through_view"})
+_DRAWLESS = frozenset({"constant_", "ones_", "zeros_", "eye_", "dirac_", "_write_through_view"}) | _SCALAR_IN_PLACE
 # Writes that replace a whole view's values and read none: `weight[padding_idx].fill_(0)` (nn.Embedding's).
 _VIEW_WRITES = frozenset({"fill_", "zero_"})
 # Torch functions that draw from a generator (the default one of their device unless given `generator=`).
@@ -295,6 +300,10 @@ class InitLog:
         if any(not torch.equal(g.get_state(), state) for g, state in self._states_when_owed):
             self.unseen_draw = True
 
+    def is_deferred(self, parameter: torch.Tensor) -> bool:
+        entry = self.deferred.get(id(parameter))
+        return entry is not None and entry.parameter() is parameter
+
     def use(self, parameter: torch.Tensor, reason: str) -> None:
         """setup() is about to use a deferred parameter's values: every owed call runs first, in setup()'s order."""
         entry = self.deferred.get(id(parameter))
@@ -395,6 +404,10 @@ class _RunWhenUsed(TorchFunctionMode):
                 return func(*args, **kwargs)  # deferred by the initializer, like a call through torch.nn.init
         elif name in _RANDOM_FILLS and access is None and args and isinstance(args[0], torch.nn.Parameter):
             log.defer(func, args[0], args[1:], kwargs)  # a layer filling its own parameter: initialization
+            return args[0]
+        elif (name in _SCALAR_IN_PLACE and access is None and args and isinstance(args[0], torch.nn.Parameter)
+              and log.is_deferred(args[0]) and next(_tensors_in(args[1:], kwargs), None) is None):
+            log.defer(func, args[0], args[1:], kwargs)  # `p.uniform_(...)` then `p.erfinv_()`: still initialization
             return args[0]
         elif (name in _INITIALIZERS and access is None and not args
               and isinstance(kwargs.get("tensor"), torch.nn.Parameter)):
