@@ -26,7 +26,10 @@ meant to skip; `settled` says what set it off.
 A write that replaces the whole value (`p.fill_(0.125)`, `p.copy_(pretrained)`,
 `p.data = pretrained`) drops the deferred values, whose draws stay owed. A random fill of
 a whole parameter (`p.uniform_()`, as `nn.MultiheadAttention` does) is initialization,
-deferred as torch.nn.init's is. Moving a parameter (`model.to(device)`, `.half()`,
+deferred as torch.nn.init's is. So is arithmetic in place with plain numbers on a parameter
+still owed its initialization (timm's `trunc_normal_`: `uniform_`, then `erfinv_`, `mul_`,
+`add_`, `clamp_`), and a library's own initializer that torch.nn.init dispatches to while
+the library builds a model (transformers' `guard_torch_init_functions`). Moving a parameter (`model.to(device)`, `.half()`,
 `to_empty`) keeps its initialization deferred. A write through an indexed view
 (`Embedding`'s `weight[padding_idx].fill_(0)`) is deferred after the parameter's own
 calls; a read through one is a use. A draw the mode cannot see (a
