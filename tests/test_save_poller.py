@@ -60,7 +60,7 @@ def test_shared_filesystems_are_told_from_local_ones(tmp_path: Path) -> None:
     assert here is not None and not is_shared(here), here
 
 
-def test_the_poller_reports_a_save_in_place_a_new_file_over_it_and_a_file_back_again(tmp_path: Path) -> None:
+def test_the_poller_reports_a_save_in_place_a_new_file_over_it_a_deleted_file_and_a_file_back_again(tmp_path: Path) -> None:
     a, b, c = (tmp_path / name for name in ("a.py", "b.py", "c.py"))
     for path in (a, b, c):
         path.write_text("X = 1\n")
@@ -93,10 +93,13 @@ def test_the_poller_reports_a_save_in_place_a_new_file_over_it_and_a_file_back_a
         os.replace(tmp_path / "b.tmp", b)  # an editor that writes a new file over the old one
         expect({b})
         c.unlink()
-        time.sleep(0.1)
-        assert reports == []  # gone: nothing to reload
+        expect({c})  # gone: the reload says the old code keeps running
         c.write_text("X = 1\n")
         expect({c})
+        tracked.remove(c)
+        c.unlink()  # no longer run: nothing to say
+        time.sleep(0.1)
+        assert reports == []
     finally:
         poller.stop()
         poller.join(5)
@@ -113,6 +116,12 @@ def test_a_session_on_a_network_filesystem_polls_and_says_so(start_session, monk
     reload = live.wait_for(is_event("reload", file="train.py"), timeout=10)
     assert reload.ok and reload.changed == ("step",), reload
     live.events.steps(1, lambda e: e.scalars.get("polled") == 1.0)
+    source = live.entry.read_text()
+    live.entry.unlink()
+    deleted = live.wait_for(is_event("reload", ok=False), timeout=10)
+    assert "train.py was deleted; the old code keeps running" in deleted.error, deleted
+    live.events.steps(2, lambda e: e.scalars.get("polled") == 1.0)  # still training, on the code it ran
+    save(live.entry, source)
 
 
 def test_file_events_where_they_see_every_save_or_where_the_user_says_so(start_session, monkeypatch) -> None:

@@ -47,8 +47,8 @@ class Signature:
 
 
 class SavePoller(threading.Thread):
-    """Calls `on_change(paths, detected_at)` for the tracked files whose content may have changed since the last look,
-    like SourceWatcher. A file is first looked at when it becomes tracked, and reported then only if it no longer holds
+    """Calls `on_change(paths, detected_at)` for the tracked files whose content may have changed since the last look
+    (or that were deleted), like SourceWatcher. A file is first looked at when it becomes tracked, and reported then only if it no longer holds
     the source its running code came from (`live_source`)."""
 
     def __init__(self, files: Callable[[], list[Path]], on_change: Callable[[set[Path], float], None],
@@ -108,6 +108,8 @@ class SavePoller(threading.Thread):
             if path in self._seen:
                 if now is not None and (old is None or old.differs(now)):
                     out.add(path)
+                elif now is None and old is not None and not os.path.lexists(path):
+                    out.add(path)  # deleted: the reload says the old code keeps running, as for a file event
             elif now is not None and self._saved_before_first_look(path):
                 out.add(path)
             self._seen[path] = now
