@@ -132,7 +132,8 @@ def test_the_note_names_the_draw_the_place_and_the_cost(monkeypatch: pytest.Monk
     assert settled_notes(used, "rebuild") == []
     monkeypatch.setattr(init_skipping, "SAID_USE_SECONDS", 0.0)  # a slow one is said: it is why the resume took long
     (slow,) = settled_notes(used, "rebuild")
-    assert slow.startswith("setup() reads the values of parameters it built (Tensor.data at test_init_skipping_draws")
+    # deepcopy's `self.data.clone()`: the clone reads the values (`.data` alone hands out an alias)
+    assert slow.startswith("setup() reads the values of parameters it built (Tensor.clone at test_init_skipping_draws")
 
 
 SPLIT_AFTER_THE_MODEL = """\
@@ -437,3 +438,56 @@ def test_an_initializer_that_fills_at_random_then_works_on_the_values_in_place_s
 
     scaled_by_a_tensor = skipping_against_plain(scale_by_a_tensor)[2]
     assert [s.reason for s in scaled_by_a_tensor.settled] == ["Tensor.mul_"], "a tensor argument is a use"
+
+
+class _TransformersFourStyle(torch.nn.Module):
+    """transformers 4's `_init_weights`, and the many models written after it: through `.data`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(12, 8, padding_idx=0)
+        self.layers = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        if isinstance(module, torch.nn.Linear):
+            module.weight.data.normal_(mean=0.0, std=0.02)
+            module.bias.data.zero_()
+        elif isinstance(module, torch.nn.Embedding):
+            module.weight.data.normal_(mean=0.0, std=0.02)
+            module.weight.data[module.padding_idx].zero_()
+        elif isinstance(module, torch.nn.LayerNorm):
+            module.bias.data.zero_()
+            module.weight.data.fill_(1.0)
+
+
+def test_initialization_written_through_data_stays_skipped_and_a_read_through_data_is_a_use() -> None:
+    plain, model, log = skipping_against_plain(_TransformersFourStyle)
+    assert log.settled == [] and len(log.parameters) == 5, "nothing ran while the model was built"
+    log.replay_all()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, plain.state_dict()[name]), name
+    assert not model.embedding.weight[0].any(), "the padding row, zeroed after the draw"
+
+    def shape_then_sum() -> torch.Tensor:
+        values = torch.nn.Linear(4, 4).weight.data
+        assert values.shape == (4, 4)
+        return values.sum()
+
+    plain_sum, summed, read = skipping_against_plain(shape_then_sum)
+    assert torch.equal(summed, plain_sum) and [s.reason for s in read.settled] == ["Tensor.sum"], read.settled
+
+
+def test_a_copy_through_data_replaces_the_deferred_value_and_keeps_its_draws_owed() -> None:
+    pretrained = torch.full((4, 4), 0.5)
+
+    def load_then_draw() -> tuple[torch.nn.Linear, torch.Tensor]:
+        layer = torch.nn.Linear(4, 4)
+        layer.weight.data.copy_(pretrained)
+        return layer, torch.rand(3)
+
+    (plain, plain_draw), (layer, draw), log = skipping_against_plain(load_then_draw)
+    assert torch.equal(layer.weight, pretrained) and torch.equal(draw, plain_draw)
+    assert [(s.reason, s.calls) for s in log.settled] == [("torch.rand", 2)], "the draws ran, not the weight's init"
+    log.replay_all()
+    assert torch.equal(layer.weight, pretrained) and torch.equal(layer.bias, plain.bias)

@@ -29,8 +29,11 @@ a whole parameter (`p.uniform_()`, as `nn.MultiheadAttention` does) is initializ
 deferred as torch.nn.init's is. So is arithmetic in place with plain numbers on a parameter
 still owed its initialization (timm's `trunc_normal_`: `uniform_`, then `erfinv_`, `mul_`,
 `add_`, `clamp_`), and a library's own initializer that torch.nn.init dispatches to while
-the library builds a model (transformers' `guard_torch_init_functions`). Moving a parameter (`model.to(device)`, `.half()`,
-`to_empty`) keeps its initialization deferred. A write through an indexed view
+the library builds a model (transformers' `guard_torch_init_functions`). `p.data` is an alias
+of all of `p`: a fill or arithmetic through it (transformers 4's `module.weight.data.normal_(...)`)
+is deferred as on `p`, `p.data.copy_(pretrained)` replaces the value, and a read through it is
+a use. Moving a parameter (`model.to(device)`, `.half()`, `to_empty`) keeps its
+initialization deferred. A write through an indexed view
 (`Embedding`'s `weight[padding_idx].fill_(0)`) is deferred after the parameter's own
 calls; a read through one is a use. A draw the mode cannot see (a
 `Generator`'s own `manual_seed`, another thread's draw, a C++ kernel's) is found at the
@@ -419,6 +422,17 @@ class _RunWhenUsed(TorchFunctionMode):
             rest = {key: value for key, value in kwargs.items() if key != "tensor"}
             log.defer(func, kwargs["tensor"], (), rest)
             return kwargs["tensor"]
+        elif (access is None and args and log.views and (whole := _whole_alias(log, args[0])) is not None
+              and (name in _RANDOM_FILLS or name in _VIEW_WRITES
+                   or (name in _SCALAR_IN_PLACE and next(_tensors_in(args[1:], kwargs), None) is None))):
+            # `p.data.normal_(mean=0.0, std=0.02)`, `p.data.zero_()`: transformers 4's `_init_weights` and the code
+            # modelled on it; `p.data` is all of `p`, so the call is deferred as on `p`, after its own
+            log.defer(func, whole, args[1:], kwargs)
+            return args[0]
+        elif (name == "copy_" and access is None and args and log.views
+              and (whole := _whole_alias(log, args[0])) is not None
+              and not any(id(t) in log.deferred or id(t) in log.views for t in _tensors_in(args[1:], kwargs))):
+            log.drop(whole)  # `p.data.copy_(pretrained)`: the deferred value is replaced, as by `p.copy_(pretrained)`
         if log.owed and _draws(name, access, args, kwargs) and log.owes_draws_from(
             kwargs.get("generator"), _device_of(args, kwargs)
         ):
@@ -428,7 +442,16 @@ class _RunWhenUsed(TorchFunctionMode):
             if name in _VIEW_WRITES and access is None and args and args[0] is view and id(parameter) in log.deferred:
                 log.defer(_write_through_view, parameter, (index, name, args[1:]), kwargs)  # after its init, in order
                 return view
-            log.use(parameter, _shown(func, name))  # the view's values are read: its parameter's are made first
+            if (index is Ellipsis and name == "__getitem__" and access is None and args[0] is view
+                    and log.is_deferred(parameter)):
+                part = func(*args, **kwargs)  # `p.data[padding_idx]`: a view of the parameter, as `p[padding_idx]`
+                if isinstance(part, torch.Tensor) and part._base is view:
+                    log.views[id(part)] = (weakref.ref(part), parameter, args[1] if len(args) > 1 else None)
+                    return part
+                log.use(parameter, _shown(func, name))  # advanced indexing's copy: the values are read
+                return func(*args, **kwargs)
+            if not (index is Ellipsis and (name in _SHAPE_ONLY or (access is not None and name not in _VIEWS))):
+                log.use(parameter, _shown(func, name))  # the view's values are read: its parameter's are made first
         if (name == "__getitem__" and access is None and log.deferred and args
                 and isinstance(args[0], torch.nn.Parameter) and id(args[0]) in log.deferred):
             view = func(*args, **kwargs)
@@ -438,6 +461,7 @@ class _RunWhenUsed(TorchFunctionMode):
                 return view
             log.use(args[0], _shown(func, name))  # a copy of the values: made first, and the copy taken again
             return func(*args, **kwargs)
+        alias_of: torch.Tensor | None = None
         if log.deferred:
             for position, value in enumerate(_tensors_in(args, kwargs)):
                 if id(value) not in log.deferred:
@@ -445,6 +469,8 @@ class _RunWhenUsed(TorchFunctionMode):
                 if name in _SHAPE_ONLY or (access is not None and name not in _VIEWS):
                     if name in _MOVES and position == 0:
                         moved_from = value
+                elif name == "data" and access == "__get__" and position == 0 and log.is_deferred(value):
+                    alias_of = value  # `p.data`: its values are read when the alias is, not now
                 elif name == "data" and access == "__set__" and position == 0:
                     source = args[1] if len(args) > 1 else None
                     if log.moved.get(id(source)) != id(value):
@@ -454,6 +480,8 @@ class _RunWhenUsed(TorchFunctionMode):
                 else:
                     log.use(value, _shown(func, name))
         result = func(*args, **kwargs)
+        if alias_of is not None and isinstance(result, torch.Tensor):
+            log.views[id(result)] = (weakref.ref(result), alias_of, Ellipsis)  # all of it: `[...]`
         if moved_from is not None and isinstance(result, torch.Tensor):
             log.moved[id(result)] = id(moved_from)
             if result.dtype != moved_from.dtype:
@@ -483,6 +511,14 @@ def _viewed(log: InitLog, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torc
         if found is not None and found[0]() is value:
             return value, found[1], found[2]
     return None
+
+
+def _whole_alias(log: InitLog, tensor: Any) -> torch.nn.Parameter | None:
+    """The still deferred parameter whose `.data` this tensor is, if it is one."""
+    found = log.views.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
+    if found is None or found[0]() is not tensor or found[2] is not Ellipsis or not log.is_deferred(found[1]):
+        return None
+    return found[1]
 
 
 def _write_through_view(tensor: torch.Tensor, index: Any, name: str, args: tuple, **kwargs: Any) -> torch.Tensor:
