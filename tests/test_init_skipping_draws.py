@@ -491,3 +491,35 @@ def test_a_copy_through_data_replaces_the_deferred_value_and_keeps_its_draws_owe
     assert [(s.reason, s.calls) for s in log.settled] == [("torch.rand", 2)], "the draws ran, not the weight's init"
     log.replay_all()
     assert torch.equal(layer.weight, pretrained) and torch.equal(layer.bias, plain.bias)
+
+
+def test_a_write_that_would_raise_or_that_another_tensor_would_see_is_not_deferred() -> None:
+    """Deferred, a leaf's in-place write outside no_grad passed where a fresh start raised (a rebuild took code a
+    fresh start refuses), an integer parameter's `div_` raised at a later line, and a slice of a flat buffer, filled
+    and scaled, left the buffer unwritten when setup() read it."""
+    def scale_a_leaf() -> None:
+        torch.nn.Linear(4, 4).weight.mul_(0.5)
+
+    def halve_integers() -> None:
+        counts = torch.nn.Parameter(torch.zeros(4, dtype=torch.int64), requires_grad=False)
+        with torch.no_grad():
+            counts.random_(0, 10)
+            counts.div_(2.5)
+
+    for setup in (scale_a_leaf, halve_integers):
+        with pytest.raises(RuntimeError) as plain:
+            setup()
+        with skipping_init(), pytest.raises(RuntimeError) as skipping:
+            setup()
+        assert str(skipping.value) == str(plain.value), setup.__name__
+
+    def fill_a_slice_of_a_buffer() -> torch.Tensor:
+        flat = torch.zeros(8)
+        part = torch.nn.Parameter(flat[:4])
+        with torch.no_grad():
+            part.uniform_(-1, 1)
+            part.mul_(2.0)
+        return flat.sum()
+
+    plain_sum, summed, _ = skipping_against_plain(fill_a_slice_of_a_buffer)
+    assert torch.equal(summed, plain_sum) and plain_sum != 0

@@ -69,6 +69,7 @@ class Wrapped:
             yield batch
 
 
+WORKERS = 0
 model = torch.nn.Linear(1, 1)
 
 
@@ -81,7 +82,8 @@ def batches(loader):
 def setup(bench):
     torch.manual_seed(0)
     data = list(range(10))
-    loader = Wrapped(StatefulDataLoader(data, batch_sampler=BatchSampler(SAMPLER(data), batch_size=2, drop_last=False)))
+    loader = Wrapped(StatefulDataLoader(data, batch_sampler=BatchSampler(SAMPLER(data), batch_size=2, drop_last=False),
+                                        num_workers=WORKERS))
     return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "batches": batches(loader)}
 
 
@@ -118,15 +120,18 @@ def test_a_wrapped_loaders_sampler_whose_epoch_started_over_is_named_after_the_f
     assert "batches(loader)'s sampler is at epoch 0, where step 7 was in epoch 1" in warning.message, warning.message
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 def test_a_wrapped_loader_whose_sampler_draws_each_epochs_order_anew_is_said_to_go_on_in_another_order(
-    tmp_path: Path,
+    tmp_path: Path, workers: int,
 ) -> None:
-    resumed, after = resumed_after(tmp_path, RESHUFFLED, 7, 13)
+    """With workers the place is kept in another form (a snapshot of the main process's), the count in it."""
+    source = RESHUFFLED.replace("WORKERS = 0", f"WORKERS = {workers}")
+    resumed, after = resumed_after(tmp_path, source, 7, 13)
     assert sorted(after) == list(range(8, 14))
     (note,) = [note for note in resumed.notes if note.startswith("batches(loader)")]
     assert note.startswith("batches(loader) (its RandomSampler): given back how far into its epoch it was at step 7 "
                            "(state_dict() keeps a count of batches), not the order"), note
-    assert "use_seedable_sampler=True" in note
+    assert "use_seedable_sampler=True" in note and "the random draws after it (dropout) need not be the run's" in note
     assert any("goes on from how far into its epoch step 7 left it (in another order: see its note)" in note
                for note in resumed.notes), resumed.notes
     assert not any("comes next" in note for note in resumed.notes), resumed.notes
@@ -162,3 +167,41 @@ def test_a_rebuild_of_a_wrapped_loader_says_what_it_carried(tmp_path: Path) -> N
             assert any(n.startswith("batches(loader) (its RandomSampler): carried over how far into its epoch the old "
                                     "loader was") for n in rebuilt.notes), rebuilt.notes
             assert not any("comes next" in n for n in rebuilt.notes), rebuilt.notes
+
+
+def test_a_plain_stateful_loader_given_a_random_sampler_is_said_to_go_on_in_another_order(tmp_path: Path) -> None:
+    """torchdata keeps the order of the sampler it makes for shuffle=True, not of torch's RandomSampler given as
+    `sampler=`: its place is a count into an order drawn again, and the batches after it were the run's no more."""
+    source = RESHUFFLED.replace(
+        "Wrapped(StatefulDataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), batch_size=2, drop_last=False),",
+        "(StatefulDataLoader(data, sampler=RandomSampler(data), batch_size=2,")
+    assert "sampler=RandomSampler(data), batch_size=2," in source
+    straight = straight_run(tmp_path, source, 13)
+    resumed, after = resumed_after(tmp_path, source, 7, 13)
+    assert [after[k][:2] for k in range(8, 11)] != [straight[k][:2] for k in range(8, 11)], "another order"
+    assert any(note.startswith("batches(loader) (its RandomSampler): given back how far into its epoch it was at "
+                               "step 7") for note in resumed.notes), resumed.notes
+    assert not any("comes next" in note for note in resumed.notes), resumed.notes
+
+
+def test_at_an_epochs_end_the_next_epoch_is_the_runs_and_nothing_is_said_of_it(tmp_path: Path) -> None:
+    """Placed after its epoch's last batch, a loader's next batch begins the next epoch, drawn as the run drew it:
+    its sampler's epoch one on is right, and no batch of an order drawn again is left to speak of."""
+    from workbench.protocol.events import Rebuild, StepOnce
+
+    straight = straight_run(tmp_path, SEEDED, 8)
+    for source, folder in ((SEEDED, "seeded"), (RESHUFFLED, "reshuffled")):
+        root = make_project(tmp_path, {"train.py": source}, folder=folder)
+        with open_session(root / "train.py", max_steps=5, exit_at_max_steps=False) as live:  # 5 batches an epoch
+            live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+            live.send(Rebuild())
+            rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+            assert rebuilt.ok and not any("(its RandomSampler)" in n for n in rebuilt.notes), rebuilt.notes
+            for k in (6, 7, 8):
+                live.send(StepOnce())
+                live.wait_for(is_event("step", step=k), timeout=30)
+            read = batches_read(live)
+            warnings = [e for e in live.events.of("error") if e.where == LOADER]
+        assert warnings == [], warnings
+        if source is SEEDED:
+            assert read == {k: straight[k] for k in read}, "the next epoch, as the run read it"

@@ -13,8 +13,8 @@ building its model (synthetic data, a `random_split`, a sampler's seed) would co
 another place in torch's stream than a plain setup()'s, and a resumed run would train on
 another split than the run it resumes. So each deferred call is also an *owed* call, kept
 in setup()'s order. A torch function mode watches the rest of setup() on this thread, and
-the moment its code uses a deferred parameter's values (a forward pass, `p.mul_(0.5)`,
-`p.data`, `copy.deepcopy(model)`) or draws from a generator the owed calls draw from (a
+the moment its code uses a deferred parameter's values (a forward pass, `p.mul_(other)`,
+`p.data.sum()`, `copy.deepcopy(model)`) or draws from a generator the owed calls draw from (a
 random torch function, `torch.manual_seed`, `torch.get_rng_state`), every owed call runs
 first, in that order: on its parameter when the parameter is still where and what it
 was made (it is then initialized), or else on a scratch tensor of the shape, dtype and
@@ -408,11 +408,13 @@ class _RunWhenUsed(TorchFunctionMode):
         if getattr(func, "__vram_bench_skipping__", False):  # torch.nn.init's, bound at import (MultiheadAttention)
             if isinstance(args[0] if args else kwargs.get("tensor"), torch.nn.Parameter):
                 return func(*args, **kwargs)  # deferred by the initializer, like a call through torch.nn.init
-        elif name in _RANDOM_FILLS and access is None and args and isinstance(args[0], torch.nn.Parameter):
+        elif (name in _RANDOM_FILLS and access is None and args and isinstance(args[0], torch.nn.Parameter)
+              and _deferrable(args[0])):
             log.defer(func, args[0], args[1:], kwargs)  # a layer filling its own parameter: initialization
             return args[0]
         elif (name in _SCALAR_IN_PLACE and access is None and args and isinstance(args[0], torch.nn.Parameter)
-              and log.is_deferred(args[0]) and next(_tensors_in(args[1:], kwargs), None) is None):
+              and log.is_deferred(args[0]) and _deferrable(args[0]) and args[0].is_floating_point()
+              and next(_tensors_in(args[1:], kwargs), None) is None):
             log.defer(func, args[0], args[1:], kwargs)  # `p.uniform_(...)` then `p.erfinv_()`: still initialization
             return args[0]
         elif (name in _INITIALIZERS and access is None and not args
@@ -423,8 +425,10 @@ class _RunWhenUsed(TorchFunctionMode):
             log.defer(func, kwargs["tensor"], (), rest)
             return kwargs["tensor"]
         elif (access is None and args and log.views and (whole := _whole_alias(log, args[0])) is not None
+              and _deferrable(whole, through_data=True)
               and (name in _RANDOM_FILLS or name in _VIEW_WRITES
-                   or (name in _SCALAR_IN_PLACE and next(_tensors_in(args[1:], kwargs), None) is None))):
+                   or (name in _SCALAR_IN_PLACE and whole.is_floating_point()
+                       and next(_tensors_in(args[1:], kwargs), None) is None))):
             # `p.data.normal_(mean=0.0, std=0.02)`, `p.data.zero_()`: transformers 4's `_init_weights` and the code
             # modelled on it; `p.data` is all of `p`, so the call is deferred as on `p`, after its own
             log.defer(func, whole, args[1:], kwargs)
@@ -511,6 +515,19 @@ def _viewed(log: InitLog, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torc
         if found is not None and found[0]() is value:
             return value, found[1], found[2]
     return None
+
+
+def _deferrable(parameter: torch.Tensor, through_data: bool = False) -> bool:
+    """Whether a write to the parameter can wait: not if, done now, it would raise (a leaf that requires grad,
+    written in place outside `torch.no_grad()`, not through `.data`), or if another tensor could see it (the
+    parameter shares its storage: a slice of a flat buffer)."""
+    if not through_data and torch.is_grad_enabled() and parameter.requires_grad:
+        return False
+    try:
+        storage = parameter.untyped_storage()
+        return parameter.storage_offset() == 0 and storage.nbytes() == parameter.numel() * parameter.element_size()
+    except (RuntimeError, NotImplementedError):  # a tensor with no storage of its own to ask
+        return False
 
 
 def _whole_alias(log: InitLog, tensor: Any) -> torch.nn.Parameter | None:

@@ -136,7 +136,7 @@ def _has_begun(loader: Any) -> bool:
     no iterator attribute left None, always says where it is."""
     if isinstance(loader, torch.Generator):
         return True
-    if getattr(loader, "_initial_iter_for_state_dict", False):
+    if getattr(loader, "_initial_iter_for_state_dict", False) is True:
         # A StatefulDataLoader whose only iterator its own state_dict() made (accelerate's `prepare` asks at once):
         # iter() has not run, and its load_state_dict() drops that iterator for one that starts at the given place.
         return False
@@ -365,10 +365,13 @@ class EpochCheck:
     expected: list[tuple[str, DataLoader, int]]  # (path, loader, the sampler's epoch at the snapshot)
     step: int  # the snapshot's step
     after: str = "the resume"  # or "the rebuild", whose old loaders' epochs are the ones expected
+    # loaders whose place was their epoch's end: the first step after it begins the next epoch, as the run's did
+    at_epoch_end: frozenset[str] = frozenset()
 
     def after_step(self) -> str | None:
         wrong = [(path, now, then) for path, loader, then in self.expected
-                 if (now := sampler_epoch(loader)) is not None and now != then]
+                 if (now := sampler_epoch(loader)) is not None and now != then
+                 and not (path in self.at_epoch_end and now == then + 1)]
         if not wrong:
             return None
         shown = "; ".join(f"{path}'s sampler is at epoch {now}, where step {self.step} was in epoch {then}"
@@ -457,6 +460,7 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     epochs: dict[str, int] = mine.get("epochs") or {}
     expected: list[tuple[str, DataLoader, int]] = []
     reshuffled: dict[str, str] = {}  # path -> the sampler that draws each epoch's order anew
+    ended: set[str] = set()  # placed at their epoch's end
     for path, loader in rest.items():
         if path in errors:
             notes.append(_starts_over(path, loader, f"its state could not be kept at step {step} ({errors[path]})"))
@@ -477,6 +481,8 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
                 given.append(f"{path} ({type(loader).__name__})")
             elif path in epochs:
                 expected.append((path, loader, int(epochs[path])))
+                if (count := batches_handed_out(states[path])) is not None and _epoch_done(loader, count):
+                    ended.add(path)
             if isinstance(loader, DataLoader) and (sampler := reshuffling_sampler(loader, states[path])) is not None:
                 reshuffled[path] = sampler
     data_loaders = [path for path, loader in rest.items()
@@ -499,24 +505,48 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     unclaimed = sorted(path for path, state in states.items() if path not in loaders and state is not None)
     if unclaimed:
         notes.append(f"the snapshot holds the place of loader(s) setup() did not make: {', '.join(unclaimed)} (not used)")
-    return PutBack(placed, notes, EpochCheck(expected, step) if expected else None,
+    return PutBack(placed, notes, EpochCheck(expected, step, at_epoch_end=frozenset(ended)) if expected else None,
                    frozenset(id(rest[path]) for path in reshuffled))
 
 
 def reshuffling_sampler(loader: Any, state: Any) -> str | None:
-    """The class of the sampler that makes a count-kept place another order: a StatefulDataLoader whose sampler keeps
-    no state of its own (one it did not make itself: accelerate's `prepare` wraps it) keeps only how many batches
-    it handed out, and takes its place by running the sampler again to there. torch's RandomSampler draws a new
-    order as each epoch begins (from torch's global random state, or from its generator as it then is), so the
-    batches after that count are another draw of the epoch's data than the run's. None: the order is kept, or
-    drawn again alike (accelerate's `SeedableRandomSampler` seeds each epoch)."""
-    if not isinstance(state, dict) or state.get("_sampler_iter_state") is not None:
-        return None
-    if not state.get("_sampler_iter_yielded"):
+    """The class of the sampler that makes a loader's place a count of batches into an order drawn again: torch's
+    RandomSampler keeps no state, so a StatefulDataLoader reading it (given as `sampler=`, or inside a batch sampler
+    as accelerate's `prepare` puts it) keeps only how many batches its epoch handed out, and takes its place by
+    running the sampler again to there. The sampler draws each epoch's order as the epoch begins (from torch's global
+    random state, or from its generator as it then is), so the batches after that count are those of an order drawn
+    again. None: no such sampler (torchdata's own, which a StatefulDataLoader made with shuffle=True uses, keeps its
+    order; accelerate's `SeedableRandomSampler` seeds each epoch alike), or no batch of the epoch is left (the next
+    epoch's order is drawn as the run's was)."""
+    count = batches_handed_out(state)
+    if not count or _epoch_done(loader, count):
         return None
     return next((type(sampler).__name__ for sampler in _samplers_of(loader)
                  if isinstance(sampler, torch.utils.data.RandomSampler) and type(sampler).__iter__ is _RANDOM_SAMPLER_ITER),
                 None)
+
+
+def batches_handed_out(state: Any) -> int | None:
+    """How many batches of its epoch a StatefulDataLoader's state says it handed out (with workers, the count at
+    its last snapshot and the steps since)."""
+    if not isinstance(state, dict):
+        return None
+    snapshot = state.get("_snapshot")
+    if isinstance(snapshot, dict):
+        step, since = snapshot.get("_snapshot_step"), state.get("_steps_since_snapshot", 0)
+        return step + since if isinstance(step, int) and isinstance(since, int) else None
+    count = state.get("_num_yielded")
+    return count if isinstance(count, int) else None
+
+
+def _epoch_done(loader: Any, count: int) -> bool:
+    """Whether `count` batches are the whole of the loader's epoch (its last one handed out, the end not yet met)."""
+    for sized in (loader, getattr(loader, "batch_sampler", None)):  # a wrapper may not pass len() on
+        try:
+            return count >= len(sized)
+        except TypeError:  # an iterable dataset of no length
+            continue
+    return False
 
 
 _RANDOM_SAMPLER_ITER = torch.utils.data.RandomSampler.__iter__
@@ -561,11 +591,11 @@ def _reshuffled_note(reshuffled: dict[str, str], given: str) -> str:
     """What a loader given a count, not an order, goes on with (see `reshuffling_sampler`)."""
     names = ", ".join(f"{path} (its {sampler})" for path, sampler in reshuffled.items())
     return (f"{names}: {given} (state_dict() keeps a count of batches), not the order: its sampler draws each "
-            "epoch's order as the epoch begins, so the batches from here to the epoch's end are the rest of a new "
-            "order (some of them the epoch already gave, some it will not), not those the run would have had. A "
-            "sampler that keeps its state keeps the order (torchdata's, which a StatefulDataLoader made with "
-            "shuffle=True uses); under accelerate, DataLoaderConfiguration(use_seedable_sampler=True) draws it "
-            "again alike")
+            "epoch's order as the epoch begins and keeps no state, so the batches from here to the epoch's end are "
+            "the rest of an order drawn again, which need not be the run's, and drawing it takes one more draw from "
+            "torch's random state, so the random draws after it (dropout) need not be the run's either. A sampler "
+            "that keeps its state keeps the order (torchdata's, which a StatefulDataLoader made with shuffle=True "
+            "uses); under accelerate, DataLoaderConfiguration(use_seedable_sampler=True) draws it again alike")
 
 
 def _starts_over(path: str, loader: Any, why: str) -> str:
@@ -595,6 +625,7 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
     carried: list[str] = []
     reshuffled: dict[str, str] = {}  # path -> the sampler that draws each epoch's order anew
     expected: list[tuple[str, DataLoader, int]] = []  # the old samplers' epochs, checked after the first step
+    ended: set[str] = set()  # carried at their epoch's end
     placed: dict[int, str] = {}
     given: list[str] = []  # project objects: loaders or not (an EMA), nothing here can tell
     streams: list[str] = []  # torch.Generators
@@ -621,6 +652,8 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
         # (random_states.py): as a resume at this step would.
         if isinstance(loader, DataLoader) and (epoch := sampler_epoch(before)) is not None:
             expected.append((path, loader, epoch))
+            if (count := batches_handed_out(state)) is not None and _epoch_done(before, count):
+                ended.add(path)
         if isinstance(loader, DataLoader) and (sampler := reshuffling_sampler(loader, state)) is not None:
             reshuffled[path] = sampler
         elif isinstance(loader, DataLoader):
@@ -638,5 +671,5 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
     if carried:
         notes.insert(0, f"{', '.join(carried)}: carried over the place the old loader had reached, so the batch after "
                         "the last step's comes next (a generator reading it starts over with its own variables)")
-    return PutBack(placed, notes, EpochCheck(expected, step, "the rebuild") if expected else None,
+    return PutBack(placed, notes, EpochCheck(expected, step, "the rebuild", frozenset(ended)) if expected else None,
                    frozenset(id(new[path]) for path in reshuffled))

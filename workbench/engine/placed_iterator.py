@@ -19,7 +19,10 @@ import torch
 def make_first_iterator_without_drawing(loader: Any) -> None:
     """For a loader holding a place its next iterator takes (StatefulDataLoader's `next_iter_state`): one shot. A
     wrapper's (accelerate's `DataLoaderShard`) is its inner loader's, which makes the iterators."""
-    while (inner := getattr(loader, "base_dataloader", None)) is not None and inner is not loader:
+    for _ in range(8):  # a wrapper of a wrapper, not a proxy that makes a new object each time it is asked
+        inner = getattr(loader, "base_dataloader", None)
+        if inner is None or inner is loader or not hasattr(inner, "_get_iterator"):
+            break
         loader = inner
     if getattr(loader, "next_iter_state", None) is None or "_get_iterator" in vars(loader):
         return
