@@ -172,9 +172,9 @@ def test_a_rebuild_of_a_wrapped_loader_says_what_it_carried(tmp_path: Path) -> N
 def test_a_plain_stateful_loader_given_a_random_sampler_is_said_to_go_on_in_another_order(tmp_path: Path) -> None:
     """torchdata keeps the order of the sampler it makes for shuffle=True, not of torch's RandomSampler given as
     `sampler=`: its place is a count into an order drawn again, and the batches after it were the run's no more."""
-    source = RESHUFFLED.replace(
-        "Wrapped(StatefulDataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), batch_size=2, drop_last=False),",
-        "(StatefulDataLoader(data, sampler=RandomSampler(data), batch_size=2,")
+    wrapped = ("Wrapped(StatefulDataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), batch_size=2, "
+               "drop_last=False),")
+    source = RESHUFFLED.replace(wrapped, "(StatefulDataLoader(data, sampler=RandomSampler(data), batch_size=2,")
     assert "sampler=RandomSampler(data), batch_size=2," in source
     straight = straight_run(tmp_path, source, 13)
     resumed, after = resumed_after(tmp_path, source, 7, 13)
