@@ -221,6 +221,17 @@ def skipping_against_plain(build):  # type: ignore[no-untyped-def]
     return plain, skipping, log
 
 
+def skipped_then_replayed(build, parameters: int):  # type: ignore[no-untyped-def]
+    """(plain, skipping): nothing ran while `build()` made its `parameters` deferred parameters, and replayed they
+    hold a plain build's values, bit for bit."""
+    plain, model, log = skipping_against_plain(build)
+    assert log.settled == [] and len(log.parameters) == parameters, "nothing ran while the model was built"
+    log.replay_all()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, plain.state_dict()[name]), name
+    return plain, model
+
+
 def test_an_unseen_seed_is_said_even_when_a_seen_draw_follows() -> None:
     def build() -> torch.Tensor:
         torch.nn.Linear(4, 4)
@@ -365,12 +376,8 @@ class _LibraryModel(torch.nn.Module):
 def test_a_librarys_own_initializers_put_in_torchs_place_are_skipped_too() -> None:
     """A transformers model built from its config ran its whole initialization in a resume's setup(), and the notes
     blamed a draw "after building its model" at the library's own line."""
-    plain, model, log = skipping_against_plain(_LibraryModel)
-    assert log.settled == [], "nothing ran while the model was built"
+    _, model = skipped_then_replayed(_LibraryModel, 2)  # the bias is zeroed, not deferred: a whole write
     assert model.head.weight is model.wte.weight
-    log.replay_all()
-    for name, value in model.state_dict().items():
-        assert torch.equal(value, plain.state_dict()[name]), name
     torch.manual_seed(0)
     _LibraryModel()
     plain_next = torch.rand(4)
@@ -425,13 +432,10 @@ class _VisionTransformerish(torch.nn.Module):
 
 def test_an_initializer_that_fills_at_random_then_works_on_the_values_in_place_stays_skipped() -> None:
     """Its `erfinv_()` read the values it had just filled: every owed call ran, the whole model's initialization."""
-    plain, model, log = skipping_against_plain(_VisionTransformerish)
-    assert log.settled == [] and len(log.parameters) == 5, "nothing ran while the model was built"
-    log.replay_all()
-    for name, value in model.state_dict().items():
-        assert torch.equal(value, plain.state_dict()[name]), name
+    skipped_then_replayed(_VisionTransformerish, 5)
     (plain_sum, summed, read) = skipping_against_plain(lambda: _VisionTransformerish().position.sum())
     assert torch.equal(summed, plain_sum) and [s.reason for s in read.settled] == ["Tensor.sum"], "a read still runs it"
+
     def scale_by_a_tensor() -> torch.Tensor:
         with torch.no_grad():
             return torch.nn.Linear(4, 4).weight.mul_(torch.tensor(2.0))
@@ -462,11 +466,7 @@ class _TransformersFourStyle(torch.nn.Module):
 
 
 def test_initialization_written_through_data_stays_skipped_and_a_read_through_data_is_a_use() -> None:
-    plain, model, log = skipping_against_plain(_TransformersFourStyle)
-    assert log.settled == [] and len(log.parameters) == 5, "nothing ran while the model was built"
-    log.replay_all()
-    for name, value in model.state_dict().items():
-        assert torch.equal(value, plain.state_dict()[name]), name
+    _, model = skipped_then_replayed(_TransformersFourStyle, 5)
     assert not model.embedding.weight[0].any(), "the padding row, zeroed after the draw"
 
     def shape_then_sum() -> torch.Tensor:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import is_event, make_project, open_session, snapshot_after
+from tests.test_loader_places import PROJECT as LOADER_PROJECT
 from tests.test_loader_places import batches_read, resumed_after, straight_run
 from workbench.engine.loader_places import LOADER
 
@@ -87,14 +88,8 @@ def setup(bench):
     return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "batches": batches(loader)}
 
 
-def step(state, bench):
-    batch = next(state["batches"])
-    loss = state["model"](batch.float()[:, None] / 10).pow(2).mean()
-    loss.backward()
-    state["opt"].step()
-    state["opt"].zero_grad()
-    return {"loss": loss, "a": float(batch[0]), "b": float(batch[1]), "r": float(torch.rand(()))}
-"""
+""" + LOADER_PROJECT[LOADER_PROJECT.index("def step("):].replace(  # its batch (`a`, `b`) and a draw (`r`)
+    '"b": float(batch[1])}', '"b": float(batch[1]), "r": float(torch.rand(()))}')
 SEEDED = PROJECT.replace("SAMPLER(data)", "EpochSeeded(data)")
 RESHUFFLED = PROJECT.replace("SAMPLER(data)", "RandomSampler(data)")
 
