@@ -70,6 +70,23 @@ class Wrapped:
             yield batch
 
 
+class Counted(Wrapped):
+    \"\"\"accelerate's DataLoaderShard, in brief: it counts its epochs and sets its sampler's as each begins.\"\"\"
+
+    def __init__(self, base):
+        super().__init__(base)
+        self.iteration = 0
+
+    def set_epoch(self, epoch):
+        self.iteration = epoch
+        self.base_dataloader.batch_sampler.sampler.epoch = epoch
+
+    def __iter__(self):
+        self.set_epoch(self.iteration)
+        yield from super().__iter__()
+        self.iteration += 1
+
+
 WORKERS = 0
 model = torch.nn.Linear(1, 1)
 
@@ -91,6 +108,7 @@ def setup(bench):
 """ + LOADER_PROJECT[LOADER_PROJECT.index("def step("):].replace(  # its batch (`a`, `b`) and a draw (`r`)
     '"b": float(batch[1])}', '"b": float(batch[1]), "r": float(torch.rand(()))}')
 SEEDED = PROJECT.replace("SAMPLER(data)", "EpochSeeded(data)")
+COUNTED = SEEDED.replace("loader = Wrapped(", "loader = Counted(")
 RESHUFFLED = PROJECT.replace("SAMPLER(data)", "RandomSampler(data)")
 
 
@@ -200,3 +218,29 @@ def test_at_an_epochs_end_the_next_epoch_is_the_runs_and_nothing_is_said_of_it(t
         assert warnings == [], warnings
         if source is SEEDED:
             assert read == {k: straight[k] for k in read}, "the next epoch, as the run read it"
+
+
+def test_a_wrapped_loader_that_counts_its_own_epochs_is_set_back_to_the_epoch_it_was_in(tmp_path: Path) -> None:
+    """accelerate's loader sets its sampler's epoch from a count of its own as each epoch begins, a count a fresh
+    loader begins at 0: a resume or rebuild in a later epoch read that epoch's place in epoch 0's order. Its count is
+    set back (`set_epoch()`), so the epoch goes on in its own order, and the next ones in theirs."""
+    from workbench.protocol.events import Rebuild, StepOnce
+
+    assert "loader = Counted(" in COUNTED
+    straight = straight_run(tmp_path, COUNTED, 13)
+    resumed, after = resumed_after(tmp_path, COUNTED, 7, 13)  # epoch 1 of 5 batches, into epoch 2
+    assert after == {k: straight[k] for k in range(8, 14)}, "the batches and the draws of the run"
+    assert "batches(loader): its own epoch count set back to 1 (set_epoch()), where its sampler's order was" in (
+        resumed.notes), resumed.notes
+    root = make_project(tmp_path, {"train.py": COUNTED}, folder="rebuilt")
+    with open_session(root / "train.py", max_steps=7, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+        for k in range(8, 14):
+            live.send(StepOnce())
+            live.wait_for(is_event("step", step=k), timeout=30)
+        read = batches_read(live)
+        warnings = [e for e in live.events.of("error") if e.where == LOADER]
+    assert rebuilt.ok and any("its own epoch count set back to 1" in n for n in rebuilt.notes), rebuilt.notes
+    assert read == {k: straight[k] for k in read} and warnings == [], warnings

@@ -461,6 +461,7 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     expected: list[tuple[str, DataLoader, int]] = []
     reshuffled: dict[str, str] = {}  # path -> the sampler that draws each epoch's order anew
     ended: set[str] = set()  # placed at their epoch's end
+    counted: list[str] = []  # notes of the loaders whose own epoch count was set back
     for path, loader in rest.items():
         if path in errors:
             notes.append(_starts_over(path, loader, f"its state could not be kept at step {step} ({errors[path]})"))
@@ -483,12 +484,15 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
                 expected.append((path, loader, int(epochs[path])))
                 if (count := batches_handed_out(states[path])) is not None and _epoch_done(loader, count):
                     ended.add(path)
+                if (note := _set_own_epoch(path, loader, int(epochs[path]))) is not None:
+                    counted.append(note)
             if isinstance(loader, DataLoader) and (sampler := reshuffling_sampler(loader, states[path])) is not None:
                 reshuffled[path] = sampler
     data_loaders = [path for path, loader in rest.items()
                     if id(loader) in placed and isinstance(loader, DataLoader) and path not in reshuffled]
     if reshuffled:
         notes.append(_reshuffled_note(reshuffled, f"given back how far into its epoch it was at step {step}"))
+    notes.extend(counted)
     if streams:
         notes.insert(0, f"{', '.join(streams)} (torch.Generator): the random state step {step} had left "
                         f"{'them' if len(streams) > 1 else 'it'} in, put back (set_state())")
@@ -522,8 +526,8 @@ def reshuffling_sampler(loader: Any, state: Any) -> str | None:
     if not count or _epoch_done(loader, count):
         return None
     return next((type(sampler).__name__ for sampler in _samplers_of(loader)
-                 if isinstance(sampler, torch.utils.data.RandomSampler) and type(sampler).__iter__ is _RANDOM_SAMPLER_ITER),
-                None)
+                 if isinstance(sampler, torch.utils.data.RandomSampler)
+                 and type(sampler).__iter__ is _RANDOM_SAMPLER_ITER), None)
 
 
 def batches_handed_out(state: Any) -> int | None:
@@ -585,6 +589,21 @@ def _give(loader: Any, path: str, state: Any, step: int) -> str | None:
     except Exception as exc:  # noqa: BLE001 - a state that does not fit (another dataset, other workers)
         return _starts_over(path, loader, f"the snapshot's state of step {step} did not fit it ({type(exc).__name__}: {exc})")
     return None
+
+
+def _set_own_epoch(path: str, loader: Any, epoch: int) -> str | None:
+    """A loader that counts its epochs itself and sets its sampler's from that count as each epoch begins
+    (accelerate's `DataLoaderShard`: `set_epoch(self.iteration)`) would begin its order at epoch 0 again: its count
+    is set to its sampler's epoch at the place, so the rest of that epoch, and the epochs after, are drawn in the
+    run's order. The note; None for a loader with no `set_epoch()` of its own (torch's and torchdata's have none: a
+    DistributedSampler's epoch is the trainer's to set)."""
+    if not callable(getattr(type(loader), "set_epoch", None)):
+        return None
+    try:
+        loader.set_epoch(epoch)
+    except Exception as exc:  # noqa: BLE001 - the place stands; the epoch check after the first step says the rest
+        return f"{path}: its own epoch count could not be set back to {epoch} ({type(exc).__name__}: {exc})"
+    return f"{path}: its own epoch count set back to {epoch} (set_epoch()), where its sampler's order was"
 
 
 def _reshuffled_note(reshuffled: dict[str, str], given: str) -> str:
@@ -654,6 +673,8 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
             expected.append((path, loader, epoch))
             if (count := batches_handed_out(state)) is not None and _epoch_done(before, count):
                 ended.add(path)
+            if (note := _set_own_epoch(path, loader, epoch)) is not None:
+                notes.append(note)
         if isinstance(loader, DataLoader) and (sampler := reshuffling_sampler(loader, state)) is not None:
             reshuffled[path] = sampler
         elif isinstance(loader, DataLoader):
