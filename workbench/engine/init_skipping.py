@@ -418,7 +418,8 @@ class _RunWhenUsed(TorchFunctionMode):
             log.defer(func, args[0], args[1:], kwargs)  # `p.uniform_(...)` then `p.erfinv_()`: still initialization
             return args[0]
         elif (name in _INITIALIZERS and access is None and not args
-              and isinstance(kwargs.get("tensor"), torch.nn.Parameter)):
+              and isinstance(kwargs.get("tensor"), torch.nn.Parameter)
+              and _deferrable(kwargs["tensor"], through_data=True)):  # initializers write under no_grad
             # torch.nn.init's dispatch to a library's own initializer put in its place while the library builds
             # a model (transformers' `guard_torch_init_functions`): initialization, deferred as torch.nn.init's is
             rest = {key: value for key, value in kwargs.items() if key != "tensor"}
