@@ -60,7 +60,9 @@ def test_shared_filesystems_are_told_from_local_ones(tmp_path: Path) -> None:
     assert here is not None and not is_shared(here), here
 
 
-def test_the_poller_reports_a_save_in_place_a_new_file_over_it_a_deleted_file_and_a_file_back_again(tmp_path: Path) -> None:
+def test_the_poller_reports_a_save_in_place_a_new_file_over_it_a_deleted_file_and_a_file_back_again(
+    tmp_path: Path,
+) -> None:
     a, b, c = (tmp_path / name for name in ("a.py", "b.py", "c.py"))
     for path in (a, b, c):
         path.write_text("X = 1\n")

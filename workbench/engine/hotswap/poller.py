@@ -48,8 +48,8 @@ class Signature:
 
 class SavePoller(threading.Thread):
     """Calls `on_change(paths, detected_at)` for the tracked files whose content may have changed since the last look
-    (or that were deleted), like SourceWatcher. A file is first looked at when it becomes tracked, and reported then only if it no longer holds
-    the source its running code came from (`live_source`)."""
+    (or that were deleted), like SourceWatcher. A file is first looked at when it becomes tracked, and reported then
+    only if it no longer holds the source its running code came from (`live_source`)."""
 
     def __init__(self, files: Callable[[], list[Path]], on_change: Callable[[set[Path], float], None],
                  on_failure: Callable[[str], None], interval: float,
