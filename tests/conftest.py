@@ -259,12 +259,12 @@ def open_session(entry: Path, argv: Sequence[str] = (), **config: Any) -> Iterat
 
 
 
-def snapshot_after(tmp_path: Path, source: str, steps: int, *, folder: str = "first") -> Path:
+def snapshot_after(tmp_path: Path, source: str, steps: int, *, folder: str = "first", **config: Any) -> Path:
     """Train a project of one `train.py` for `steps` steps, take a snapshot, close; the snapshot's path."""
     from workbench.protocol.events import TakeSnapshot
 
     root = make_project(tmp_path, {"train.py": source}, folder=folder)
-    with open_session(root / "train.py", max_steps=steps, exit_at_max_steps=False) as live:
+    with open_session(root / "train.py", max_steps=steps, exit_at_max_steps=False, **config) as live:
         live.wait_for(is_event("paused", reason="max steps"), timeout=30)
         live.send(TakeSnapshot())
         return Path(live.wait_for(is_event("snapshot"), timeout=20).path)

@@ -137,3 +137,112 @@ def test_a_skipping_setup_draws_on_the_gpu_as_a_plain_ones_does():
         torch.nn.Linear(4, 4)  # the CPU's generator
         torch.cuda.manual_seed_all(3)
     assert seeded.settled == []
+
+
+EMA_ON_THE_GPU = """\
+import torch
+
+WIDTH = 1 << 15  # two 1 MiB layers: kept as tensors in the snapshot, loaded onto the CPU
+
+
+class EMA:
+    def __init__(self, model, decay=0.9):
+        self.decay = decay
+        self.shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    @torch.no_grad()
+    def update(self, model):
+        for n, p in model.named_parameters():
+            self.shadow[n].mul_(self.decay).add_(p.detach(), alpha=1 - self.decay)
+
+    def state_dict(self):
+        return {"decay": self.decay, "shadow": self.shadow}
+
+    def load_state_dict(self, state):
+        self.decay = state["decay"]
+        self.shadow = state["shadow"]  # keeps what it is given: on the CPU, the next update would fail
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 8)).to(bench.device)
+    return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=1e-3), "ema": EMA(model)}
+
+
+def step(state, bench):
+    x = torch.randn(4, 8, device=bench.device)  # the GPU's generator
+    out = torch.nn.functional.dropout(state["model"](x), 0.25)  # and again
+    loss = (out - x).pow(2).mean()
+    loss.backward()
+    state["opt"].step()
+    state["opt"].zero_grad()
+    state["ema"].update(state["model"])
+    return {"loss": loss, "a": float(state["ema"].shadow["0.weight"].sum()), "b": float(state["ema"].shadow["2.bias"][0])}
+"""
+
+
+def test_a_resume_on_the_gpu_gives_an_ema_its_tensors_on_the_gpu_and_the_gpus_random_state_back(tmp_path):
+    """Straight against snapshot-and-resume on cuda: the EMA's shadow weights (loaded onto the CPU from the snapshot)
+    are handed over on the GPU, and the draws after the snapshot are the GPU generator's as they were."""
+    straight_then_resumed_agree(tmp_path, torch.device("cuda"))
+
+
+def straight_then_resumed_agree(tmp_path, gpu: torch.device) -> None:
+    from tests.conftest import is_event, make_project, open_session, snapshot_after
+
+    def losses(live):
+        return {e.step: (e.loss, e.scalars["a"], e.scalars["b"]) for e in live.events.of("step")}
+
+    straight_root = make_project(tmp_path, {"train.py": EMA_ON_THE_GPU}, folder="straight")
+    with open_session(straight_root / "train.py", max_steps=10, exit_at_max_steps=False, device=gpu) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=120)
+        straight = losses(live)
+    snapshot = snapshot_after(tmp_path, EMA_ON_THE_GPU, 6, device=gpu)
+    root = make_project(tmp_path, {"train.py": EMA_ON_THE_GPU}, folder="second")
+    with open_session(root / "train.py", resume=snapshot, max_steps=10, exit_at_max_steps=False, device=gpu) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=120)
+        live.wait_for(is_event("paused", reason="max steps"), timeout=120)
+        after = losses(live)
+    assert resumed.notes and resumed.notes[0].startswith("ema (EMA"), resumed.notes
+    assert after == {k: straight[k] for k in (7, 8, 9, 10)}, (after, straight)
+
+
+class _InitThroughDataAndInPlace(torch.nn.Module):
+    """Both initializers init skipping defers beyond torch.nn.init: a fill through `.data`, and timm's trunc_normal_
+    (a random fill, then `erfinv_`, whose values on a GPU are not the CPU's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(64, 32)
+        self.proj = torch.nn.Linear(32, 32)
+        self.embedding.weight.data.normal_(mean=0.0, std=0.02)
+        with torch.no_grad():
+            weight = self.proj.weight
+            weight.uniform_(-0.9, 0.9)
+            weight.erfinv_()
+            weight.mul_(0.02)
+            weight.clamp_(min=-0.04, max=0.04)
+
+
+def test_deferred_initialization_replays_where_a_plain_build_ran_it_after_a_move_to_the_gpu():
+    """Made on the CPU then moved, the plain build ran `erfinv_` on the CPU; made under `torch.device("cuda")`, on the
+    GPU. The replay gives both the plain build's values bit for bit."""
+    from workbench.engine.init_skipping import skipping_init
+
+    def build() -> tuple[torch.nn.Module, torch.nn.Module]:
+        moved = _InitThroughDataAndInPlace().cuda()
+        with torch.device("cuda"):
+            made_there = _InitThroughDataAndInPlace()
+        return moved, made_there
+
+    torch.manual_seed(0)
+    torch.cuda.manual_seed_all(0)
+    plain = build()
+    torch.manual_seed(0)
+    torch.cuda.manual_seed_all(0)
+    with skipping_init() as log:
+        skipping = build()
+    log.replay_all()
+    for a, b in zip(plain, skipping):
+        for name, value in a.state_dict().items():
+            assert value.is_cuda and torch.equal(value, b.state_dict()[name]), name
