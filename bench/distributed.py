@@ -4,8 +4,9 @@
   same model and loop under plain `torchrun` (no vram-bench), interleaved rounds, median ratio
   (target >= 98%). Both count steps/s between 20% and 100% of the steps from their own timestamps
   (steady state: the first fifth holds imports, warm-up and vram-bench's first-steps measurements).
-  Three step sizes: `--model small` (64 -> 256 -> 1, batch 64: about 1.5-2 ms a step on 2 cores, the
-  worst case for any per-step cost), `--model mid` (128 -> 512 -> 512 -> 1, batch 128: about 6 ms) and
+  Four step sizes: `--model small` (64 -> 256 -> 1, batch 64: about 1.5-2 ms a step on 2 cores, the
+  worst case for any per-step cost), `--model issue` (128 -> 256 -> 256 -> 1, batch 64: about 3 ms, the step the
+  issue's figures were measured on), `--model mid` (128 -> 512 -> 512 -> 1, batch 128: about 6 ms) and
   `--model medium` (512 -> 2048 -> 2048 -> 1, batch 256: about 100 ms, a step shaped like real training). The CPU both sides used per step (every process of the
   run, from getrusage) is shown beside it, and the time between two steps on rank 0 (from one step's
   return to the next one's start, timed inside the step function on both sides): what vram-bench adds
@@ -111,8 +112,10 @@ MODEL = textwrap.dedent(
         LEFT.append(time.perf_counter())
         if len(LEFT) == steps:
             gaps = sorted(ENTERED[i] - LEFT[i - 1] for i in range(max(1, steps // 5), steps))
+            inside = sorted(LEFT[i] - ENTERED[i] for i in range(max(1, steps // 5), steps))
             with open(f"{name}-{rank}.json", "w") as out:
-                json.dump({"median_us": gaps[len(gaps) // 2] * 1e6, "mean_us": sum(gaps) / len(gaps) * 1e6}, out)
+                json.dump({"median_us": gaps[len(gaps) // 2] * 1e6, "mean_us": sum(gaps) / len(gaps) * 1e6,
+                           "inside_median_us": inside[len(inside) // 2] * 1e6}, out)
         return loss
     """
 )
@@ -166,7 +169,8 @@ PLAIN = textwrap.dedent(
 )
 
 
-MODELS = {"small": ([64, 256, 1], 64), "mid": ([128, 512, 512, 1], 128), "medium": ([512, 2048, 2048, 1], 256)}
+MODELS = {"small": ([64, 256, 1], 64), "issue": ([128, 256, 256, 1], 64), "mid": ([128, 512, 512, 1], 128),
+          "medium": ([512, 2048, 2048, 1], 256)}
 
 
 def children_cpu() -> float:
@@ -189,6 +193,12 @@ def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 def between_steps(folder: Path, name: str) -> float:
     """Rank 0's median microseconds between one step's return and the next one's start (see `timed_step`)."""
     return json.loads((folder / f"{name}-0.json").read_text())["median_us"]
+
+
+def inside_steps(folder: Path, name: str) -> float:
+    """Rank 0's median microseconds inside the loop's own step, from its start to its return: if this grows under
+    vram-bench, its cost is not (only) what runs between steps."""
+    return json.loads((folder / f"{name}-0.json").read_text())["inside_median_us"]
 
 
 def plain_round(folder: Path, steps: int) -> tuple[float, float, float]:
@@ -318,6 +328,8 @@ def main() -> None:
         root = Path(tmp)
         folder = project(root, "throughput", args.model)
         ratios, plain, ours, plain_cpu, our_cpu, plain_gap, our_gap = [], [], [], [], [], [], []
+        plain_inside: list[float] = []
+        our_inside: list[float] = []
         for i in range(args.rounds):
             order = (plain_round, vram_bench_round) if i % 2 == 0 else (vram_bench_round, plain_round)
             got = {fn.__name__: fn(folder, args.steps) for fn in order}
@@ -328,6 +340,8 @@ def main() -> None:
             our_cpu.append(our_cpu_ms)
             plain_gap.append(gap)
             our_gap.append(our_gap_us)
+            plain_inside.append(inside_steps(folder, "gaps-plain"))
+            our_inside.append(inside_steps(folder, "gaps-vram-bench"))
             ratios.append(our_rate / rate)
             print(f"  round {i + 1}: plain {rate:.1f}, vram-bench {our_rate:.1f} steps/s ({our_rate / rate:.3f}); between "
                   f"steps plain {gap:.1f}, vram-bench {our_gap_us:.1f} us", flush=True)  # a run cut short still says it
@@ -354,6 +368,8 @@ def main() -> None:
         print(f"  between two steps on rank 0 (median us): plain {statistics.median(plain_gap):.1f}, vram-bench "
               f"{statistics.median(our_gap):.1f}  {[round(x) for x in our_gap]}; the difference is "
               f"{(statistics.median(our_gap) - statistics.median(plain_gap)) / step_us:.1%} of a plain step ({step_us:.0f} us)")
+        print(f"  inside the loop's step on rank 0 (median us): plain {statistics.median(plain_inside):.1f}, vram-bench "
+              f"{statistics.median(our_inside):.1f}  {[round(x) for x in our_inside]}")
     if args.saves:
         print(f"save -> applied (the write -> the reload event), {args.saves} saves each; median step beside each")
         for label, got, seen, step_ms in (("1 process, every core", one, one_seen, one_step),

@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--against", default=None, help="the baseline is vram-bench run otherwise, not plain torchrun: "
                         "NAME=VALUE environment and options, e.g. \"VRAM_BENCH_EXCHANGE_MS=5000\" (two settings in one run)")
     args = parser.parse_args()
-    window = args.window or {"small": 2.0, "mid": 3.0}.get(args.model, 6.0)
+    window = args.window or {"small": 2.0, "issue": 2.0, "mid": 3.0}.get(args.model, 6.0)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         plain_dir, ours_dir = project(root, "plain", args.model), project(root, "ours", args.model)
