@@ -246,3 +246,33 @@ def test_deferred_initialization_replays_where_a_plain_build_ran_it_after_a_move
     for a, b in zip(plain, skipping):
         for name, value in a.state_dict().items():
             assert value.is_cuda and torch.equal(value, b.state_dict()[name]), name
+
+
+def test_a_rebuild_with_no_change_on_the_gpu_trains_on_as_the_run_that_never_stopped(tmp_path):
+    """The rebuild's setup() draws from the random states the first one began with, the GPU's too, and training then
+    draws on from where it was (dropout on the GPU): with the EMA carried, every later step is the straight run's."""
+    straight_then_rebuilt_agree(tmp_path, torch.device("cuda"))
+
+
+def straight_then_rebuilt_agree(tmp_path, gpu: torch.device) -> None:
+    from tests.conftest import is_event, make_project, open_session
+    from workbench.protocol.events import Rebuild, Resume
+
+    def losses(live):
+        return {e.step: (e.loss, e.scalars["a"], e.scalars["b"]) for e in live.events.of("step")}
+
+    root = make_project(tmp_path, {"train.py": EMA_ON_THE_GPU}, folder="straight")
+    with open_session(root / "train.py", max_steps=10, exit_at_max_steps=False, device=gpu) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=120)
+        straight = losses(live)
+    root = make_project(tmp_path, {"train.py": EMA_ON_THE_GPU}, folder="rebuilt")
+    with open_session(root / "train.py", max_steps=6, exit_at_max_steps=False, device=gpu) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=120)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=120)
+        live.session.worker.max_steps = 10
+        live.send(Resume())
+        live.wait_for(is_event("paused", reason="max steps"), timeout=120)
+        after = losses(live)
+    assert rebuilt.ok and "ema: load_state_dict() given what the old one's state_dict() held" in rebuilt.notes, rebuilt
+    assert {k: after[k] for k in (7, 8, 9, 10)} == {k: straight[k] for k in (7, 8, 9, 10)}, (after, straight)
