@@ -117,7 +117,8 @@ MODEL = textwrap.dedent(
             inside = sorted(LEFT[i] - ENTERED[i] for i in range(max(1, steps // 5), steps))
             with open(f"{name}-{rank}.json", "w") as out:
                 json.dump({"median_us": gaps[len(gaps) // 2] * 1e6, "mean_us": sum(gaps) / len(gaps) * 1e6,
-                           "inside_median_us": inside[len(inside) // 2] * 1e6,
+                           "inside_median_us": inside[len(inside) // 2] * 1e6, "inside_mean_us": sum(inside) / len(inside) * 1e6,
+                           "inside_p99_us": inside[len(inside) * 99 // 100] * 1e6,
                            "inside_cpu_mean_us": sum(CPU[steps // 5:]) / len(CPU[steps // 5:]) * 1e6}, out)
         return loss
     """
