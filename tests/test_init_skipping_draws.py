@@ -523,3 +523,15 @@ def test_a_write_that_would_raise_or_that_another_tensor_would_see_is_not_deferr
 
     plain_sum, summed, _ = skipping_against_plain(fill_a_slice_of_a_buffer)
     assert torch.equal(summed, plain_sum) and plain_sum != 0
+
+
+def test_a_move_to_where_the_model_already_is_keeps_its_initialization_deferred() -> None:
+    """`Net().to(bench.device)` on a CPU session: `Module._apply` sets `p.data = p` (the move hands back the parameter
+    itself), which read as a use and ran every owed call: init skipping was off for the usual `setup()`."""
+    def build() -> torch.nn.Module:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+        return model.to("cpu").to(torch.device("cpu")).to(torch.float32).float().cpu()
+
+    skipped_then_replayed(build, 4)
+    (_, moved_then_read, read) = skipping_against_plain(lambda: build()[0].weight.sum())
+    assert [s.reason for s in read.settled] == ["Tensor.sum"], "a read after the move still runs what is owed"

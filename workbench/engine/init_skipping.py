@@ -480,6 +480,8 @@ class _RunWhenUsed(TorchFunctionMode):
                     source = args[1] if len(args) > 1 else None
                     if log.moved.get(id(source)) != id(value):
                         log.drop(value)  # `p.data = pretrained`: the deferred value is replaced
+                elif name == "data" and access == "__set__" and args and value is args[0]:
+                    pass  # `p.data = p`: Module._apply after a move to where p already is (`.to(bench.device)`)
                 elif name in _OVERWRITES and position == 0:
                     log.drop(value)
                 else:
