@@ -116,10 +116,12 @@ MODEL = textwrap.dedent(
             gaps = sorted(ENTERED[i] - LEFT[i - 1] for i in range(max(1, steps // 5), steps))
             inside = sorted(LEFT[i] - ENTERED[i] for i in range(max(1, steps // 5), steps))
             with open(f"{name}-{rank}.json", "w") as out:
+                cpu = CPU[steps // 5:]
                 json.dump({"median_us": gaps[len(gaps) // 2] * 1e6, "mean_us": sum(gaps) / len(gaps) * 1e6,
-                           "inside_median_us": inside[len(inside) // 2] * 1e6, "inside_mean_us": sum(inside) / len(inside) * 1e6,
+                           "inside_median_us": inside[len(inside) // 2] * 1e6,
+                           "inside_mean_us": sum(inside) / len(inside) * 1e6,
                            "inside_p99_us": inside[len(inside) * 99 // 100] * 1e6,
-                           "inside_cpu_mean_us": sum(CPU[steps // 5:]) / len(CPU[steps // 5:]) * 1e6}, out)
+                           "inside_cpu_mean_us": sum(cpu) / len(cpu) * 1e6}, out)
         return loss
     """
 )
@@ -206,10 +208,10 @@ def between_steps(folder: Path, name: str) -> float:
     return json.loads((folder / f"{name}-0.json").read_text())["median_us"]
 
 
-def inside_steps(folder: Path, name: str) -> float:
-    """Rank 0's median microseconds inside the loop's own step, from its start to its return: if this grows under
-    vram-bench, its cost is not (only) what runs between steps."""
-    return json.loads((folder / f"{name}-0.json").read_text())["inside_median_us"]
+def inside_steps(folder: Path, name: str) -> dict[str, float]:
+    """Rank 0's microseconds inside the loop's own step, from its start to its return (median, mean, 99th percentile)
+    and the CPU time it took (mean): if the time grows under vram-bench and the CPU time does not, the step waited."""
+    return {k: v for k, v in json.loads((folder / f"{name}-0.json").read_text()).items() if k.startswith("inside_")}
 
 
 def plain_round(folder: Path, steps: int) -> tuple[float, float, float]:
@@ -339,8 +341,8 @@ def main() -> None:
         root = Path(tmp)
         folder = project(root, "throughput", args.model)
         ratios, plain, ours, plain_cpu, our_cpu, plain_gap, our_gap = [], [], [], [], [], [], []
-        plain_inside: list[float] = []
-        our_inside: list[float] = []
+        plain_inside: list[dict[str, float]] = []
+        our_inside: list[dict[str, float]] = []
         for i in range(args.rounds):
             order = (plain_round, vram_bench_round) if i % 2 == 0 else (vram_bench_round, plain_round)
             got = {fn.__name__: fn(folder, args.steps) for fn in order}
@@ -379,8 +381,12 @@ def main() -> None:
         print(f"  between two steps on rank 0 (median us): plain {statistics.median(plain_gap):.1f}, vram-bench "
               f"{statistics.median(our_gap):.1f}  {[round(x) for x in our_gap]}; the difference is "
               f"{(statistics.median(our_gap) - statistics.median(plain_gap)) / step_us:.1%} of a plain step ({step_us:.0f} us)")
-        print(f"  inside the loop's step on rank 0 (median us): plain {statistics.median(plain_inside):.1f}, vram-bench "
-              f"{statistics.median(our_inside):.1f}  {[round(x) for x in our_inside]}")
+        for key, label in (("median", "median"), ("mean", "mean"), ("p99", "99th percentile"), ("cpu_mean", "CPU")):
+            plain_values = [x[f"inside_{key}_us"] for x in plain_inside]
+            our_values = [x[f"inside_{key}_us"] for x in our_inside]
+            print(f"  inside the loop's step on rank 0, {label} (us; median of rounds): plain "
+                  f"{statistics.median(plain_values):.1f}, vram-bench {statistics.median(our_values):.1f}  "
+                  f"{[round(x) for x in our_values]}")
     if args.saves:
         print(f"save -> applied (the write -> the reload event), {args.saves} saves each; median step beside each")
         for label, got, seen, step_ms in (("1 process, every core", one, one_seen, one_step),

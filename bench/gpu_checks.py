@@ -295,56 +295,72 @@ def nccl_checks(folder: Path, nproc: int) -> None:
     check("quit exits 0", code == 0, f"exit {code}")
 
 
-FSDP1_PROJECT = DDP_PROJECT.replace(
-    "from torch.nn.parallel import DistributedDataParallel as DDP",
-    "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP",
-).replace("DDP(Net().to(bench.device), device_ids=[bench.local_rank])", "FSDP(Net().to(bench.device), device_id=bench.device)"
-).replace("torch.optim.SGD(model.parameters(), lr=1e-3)", "torch.optim.AdamW(model.parameters(), lr=1e-3)"
-).replace("def setup(bench):\n", "def setup(bench):\n    torch.manual_seed(0)  # every run starts from the same weights\n")
+def edited(source: str, *edits: tuple[str, str]) -> str:
+    """`source` with each (old, new) replaced; an old text missing is the check's own mistake, said at once."""
+    for old, new in edits:
+        assert old in source, f"not in the project: {old!r}"
+        source = source.replace(old, new)
+    return source
+
+
+FSDP1_PROJECT = edited(
+    DDP_PROJECT,
+    ("from torch.nn.parallel import DistributedDataParallel as DDP",
+     "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP"),
+    ("DDP(Net().to(bench.device), device_ids=[bench.local_rank])", "FSDP(Net().to(bench.device), device_id=bench.device)"),
+    ("torch.optim.SGD(model.parameters(), lr=1e-3)", "torch.optim.AdamW(model.parameters(), lr=1e-3)"),
+    ("def setup(bench):\n", "def setup(bench):\n    torch.manual_seed(0)  # every run starts from the same weights\n"),
+)
+FSDP1_STEPS = 16  # the straight run's length
+FSDP1_SNAPSHOT_AT = 6
 
 
 def fsdp1_checks(folder: Path, nproc: int) -> None:
     """FSDP1 cannot run on a CPU, so its sharded snapshot (step-N.dcp) is checked here: a run snapshotted part way and
     resumed goes on as one that never stopped, and a rebuild is refused with its reason (its state_dict() gathers
     copies). Every run uses NCCL."""
-    print(f"== FSDP1 under torchrun with NCCL: {nproc} rank(s), a sharded snapshot resumed, a rebuild refused", flush=True)
-    assert "FSDP(" in FSDP1_PROJECT
+    print(f"== FSDP1 under torchrun with NCCL: {nproc} rank(s), a sharded snapshot resumed, a rebuild refused",
+          flush=True)
     entry = folder / "train.py"
     entry.write_text(FSDP1_PROJECT)
+    until = str(FSDP1_STEPS)
 
     def losses(run: Headless) -> dict[int, float]:
         return {e["step"]: e["loss"] for e in run.seen if e.get("event") == "step" and e.get("rank", 0) == 0}
 
-    straight = Headless(entry, "--nproc-per-node", str(nproc), "--max-steps", "16")
-    straight.wait_for(lambda e: e.get("event") == "step" and e["step"] >= 16, 180, "step 16")
+    straight = Headless(entry, "--nproc-per-node", str(nproc), "--max-steps", until)
+    straight.wait_for(lambda e: e.get("event") == "step" and e["step"] >= FSDP1_STEPS, 180, f"step {until}")
     straight.finish()
     first = Headless(entry, "--nproc-per-node", str(nproc), "--paused")
     first.wait_for(is_event("setup", status="done"), 180, "setup")
-    for n in range(1, 7):  # a step at a time, so the snapshot is at step 6 (free steps run hundreds a second)
+    for n in range(1, FSDP1_SNAPSHOT_AT + 1):  # a step at a time (free steps run hundreds a second)
         first.send("step")
         first.wait_for(lambda e, n=n: e.get("event") == "step" and e["step"] >= n, 60, f"step {n}")
     first.send("snapshot")
-    snap = first.wait_for(is_event("snapshot"), 120, "the snapshot")
-    check("FSDP1's snapshot is sharded (step-N.dcp)", bool(snap and str(snap.get("path", "")).endswith(".dcp")),
-          f"{snap and {k: snap.get(k) for k in ('path', 'step', 'bytes', 'ms')}}")
+    snap = first.wait_for(is_event("snapshot"), 120, "the snapshot") or {}
+    check("FSDP1's snapshot is sharded (step-N.dcp)", str(snap.get("path", "")).endswith(".dcp"),
+          f"{ {k: snap.get(k) for k in ('path', 'step', 'bytes')} }")
     first.send("rebuild")
-    refused = first.wait_for(lambda e: e.get("event") == "error" or e.get("event") == "rebuild", 120, "the rebuild's answer")
-    said = str((refused or {}).get("message") or (refused or {}).get("error") or "")
-    check("a rebuild is refused with its reason", bool(refused and refused.get("ok") is not True and "FSDP1" in said),
-          f"{refused and refused.get('event')}: {said[:200]}")
+    refused = first.wait_for(lambda e: e.get("event") in ("error", "rebuild"), 120, "the rebuild's answer") or {}
+    said = str(refused.get("message") or refused.get("error") or "")
+    check("a rebuild is refused with its reason", refused.get("ok") is not True and "FSDP1" in said,
+          f"{refused.get('event')}: {said[:200]}")
     first.finish()
-    at = int(snap["step"]) if snap else 0
-    second = Headless(entry, "--nproc-per-node", str(nproc), "--resume", "latest", "--max-steps", "16")
-    resume = second.wait_for(is_event("resume"), 180, "the resume")
-    second.wait_for(lambda e: e.get("event") == "step" and e["step"] >= 16, 180, "step 16")
+    at = snap.get("step") or 0
+    # The snapshot taken, by its path: `latest` could be the quit's final one.
+    second = Headless(entry, "--nproc-per-node", str(nproc), "--resume", str(snap.get("path")), "--max-steps", until)
+    resume = second.wait_for(is_event("resume"), 180, "the resume") or {}
+    second.wait_for(lambda e: e.get("event") == "step" and e["step"] >= FSDP1_STEPS, 180, f"step {until}")
     second.finish()
-    check("the resume loads the sharded snapshot", bool(resume and resume.get("ok", True) and resume.get("step") == at),
-          f"{resume and {k: resume.get(k) for k in ('path', 'step', 'notes', 'ms')}}")
+    check("the resume loads the sharded snapshot", resume.get("ok") is True and resume.get("step") == at,
+          f"{ {k: resume.get(k) for k in ('path', 'step', 'notes')} }")
     want, got = losses(straight), losses(second)
-    same = [k for k in range(at + 1, 17) if k in got and k in want and abs(got[k] - want[k]) <= 1e-6 * max(1.0, abs(want[k]))]
-    check("steps after the snapshot match a run that never stopped", bool(at) and len(same) == 16 - at,
-          f"{len(same)} of {16 - at} steps equal; straight {[want.get(k) for k in range(at + 1, at + 4)]}, "
-          f"resumed {[got.get(k) for k in range(at + 1, at + 4)]}")
+    later = range(at + 1, FSDP1_STEPS + 1)
+    same = [k for k in later if k in got and k in want and got[k] == want[k]]
+    check("steps after the snapshot equal a run that never stopped's",
+          0 < at < FSDP1_STEPS and len(same) == len(later),
+          f"{len(same)} of {len(later)} steps equal; straight {[want.get(k) for k in later[:3]]}, "
+          f"resumed {[got.get(k) for k in later[:3]]}")
 
 
 def main() -> int:
