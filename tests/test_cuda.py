@@ -191,21 +191,32 @@ def test_a_resume_on_the_gpu_gives_an_ema_its_tensors_on_the_gpu_and_the_gpus_ra
 def straight_then_resumed_agree(tmp_path, gpu: torch.device) -> None:
     from tests.conftest import is_event, make_project, open_session, snapshot_after
 
-    def losses(live):
-        return {e.step: (e.loss, e.scalars["a"], e.scalars["b"]) for e in live.events.of("step")}
-
-    straight_root = make_project(tmp_path, {"train.py": EMA_ON_THE_GPU}, folder="straight")
-    with open_session(straight_root / "train.py", max_steps=10, exit_at_max_steps=False, device=gpu) as live:
-        ran_to_the_end(live)
-        straight = losses(live)
+    straight = straight_ema_run(tmp_path, gpu)
     snapshot = snapshot_after(tmp_path, EMA_ON_THE_GPU, 6, device=gpu)
     root = make_project(tmp_path, {"train.py": EMA_ON_THE_GPU}, folder="second")
     with open_session(root / "train.py", resume=snapshot, max_steps=10, exit_at_max_steps=False, device=gpu) as live:
         resumed = live.wait_for(is_event("resume"), timeout=120)
         ran_to_the_end(live)  # an EMA left on the CPU fails its first update on a device mismatch
-        after = losses(live)
+        after = ema_values(live)
     assert any(note.startswith("ema (EMA") for note in resumed.notes), resumed.notes
-    assert len(straight) == 10 and after == {k: straight[k] for k in (7, 8, 9, 10)}, (after, straight)
+    assert after == {k: straight[k] for k in (7, 8, 9, 10)}, (after, straight)
+
+
+def straight_ema_run(tmp_path, device: torch.device) -> dict[int, tuple[float, float, float]]:
+    """The EMA project's 10 steps, straight: what a snapshot-and-resume or a rebuild must give again."""
+    from tests.conftest import make_project, open_session
+
+    root = make_project(tmp_path, {"train.py": EMA_ON_THE_GPU}, folder="straight")
+    with open_session(root / "train.py", max_steps=10, exit_at_max_steps=False, device=device) as live:
+        ran_to_the_end(live)
+        straight = ema_values(live)
+    assert len(straight) == 10, straight
+    return straight
+
+
+def ema_values(live) -> dict[int, tuple[float, float, float]]:
+    """Each step's loss and two of its EMA's values."""
+    return {e.step: (e.loss, e.scalars["a"], e.scalars["b"]) for e in live.events.of("step")}
 
 
 def ran_to_the_end(live) -> None:
@@ -269,13 +280,7 @@ def straight_then_rebuilt_agree(tmp_path, gpu: torch.device) -> None:
     from tests.conftest import is_event, make_project, open_session
     from workbench.protocol.events import Rebuild, Resume
 
-    def losses(live):
-        return {e.step: (e.loss, e.scalars["a"], e.scalars["b"]) for e in live.events.of("step")}
-
-    root = make_project(tmp_path, {"train.py": EMA_ON_THE_GPU}, folder="straight")
-    with open_session(root / "train.py", max_steps=10, exit_at_max_steps=False, device=gpu) as live:
-        ran_to_the_end(live)
-        straight = losses(live)
+    straight = straight_ema_run(tmp_path, gpu)
     root = make_project(tmp_path, {"train.py": EMA_ON_THE_GPU}, folder="rebuilt")
     with open_session(root / "train.py", max_steps=6, exit_at_max_steps=False, device=gpu) as live:
         ran_to_the_end(live)
@@ -284,8 +289,7 @@ def straight_then_rebuilt_agree(tmp_path, gpu: torch.device) -> None:
         live.session.worker.max_steps = 10
         live.send(Resume())
         ran_to_the_end(live)
-        after = losses(live)
+        after = ema_values(live)
     assert rebuilt.ok and "ema: load_state_dict() given what the old one's state_dict() held" in rebuilt.notes, rebuilt
     later = (7, 8, 9, 10)
-    assert len(straight) == 10, straight
     assert {k: after.get(k) for k in later} == {k: straight[k] for k in later}, (after, straight)
