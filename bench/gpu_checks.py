@@ -307,7 +307,8 @@ FSDP1_PROJECT = edited(
     DDP_PROJECT,
     ("from torch.nn.parallel import DistributedDataParallel as DDP",
      "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP"),
-    ("DDP(Net().to(bench.device), device_ids=[bench.local_rank])", "FSDP(Net().to(bench.device), device_id=bench.device)"),
+    ("DDP(Net().to(bench.device), device_ids=[bench.local_rank])",
+     "FSDP(Net().to(bench.device), device_id=bench.device)"),
     ("torch.optim.SGD(model.parameters(), lr=1e-3)", "torch.optim.AdamW(model.parameters(), lr=1e-3)"),
     ("def setup(bench):\n", "def setup(bench):\n    torch.manual_seed(0)  # every run starts from the same weights\n"),
 )

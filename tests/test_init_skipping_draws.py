@@ -533,5 +533,6 @@ def test_a_move_to_where_the_model_already_is_keeps_its_initialization_deferred(
         return model.to("cpu").to(torch.device("cpu")).to(torch.float32).float().cpu()
 
     skipped_then_replayed(build, 4)
-    (_, moved_then_read, read) = skipping_against_plain(lambda: build()[0].weight.sum())
+    (plain_sum, moved_then_read, read) = skipping_against_plain(lambda: build()[0].weight.sum())
     assert [s.reason for s in read.settled] == ["Tensor.sum"], "a read after the move still runs what is owed"
+    assert torch.equal(moved_then_read, plain_sum), "and reads a plain build's values"

@@ -377,8 +377,8 @@ class EpochCheck:
         shown = "; ".join(f"{path}'s sampler is at epoch {now}, where step {self.step} was in epoch {then}"
                           for path, now, then in wrong)
         return (f"after {self.after}, {shown}: the loader went on from its place, but in that epoch's order, so it "
-                "reads other batches than the run would have. The code that counts its epochs (set_epoch()'s caller, or the "
-                "sampler itself) started its count over: keep the epoch in a module global it reads (`global epoch` "
+                "reads other batches than the run would have. The code that counts its epochs (set_epoch()'s caller, "
+                "or the sampler itself) started its count over: keep the epoch in a module global it reads (`global epoch` "
                 "... `epoch += 1`), which snapshots keep")
 
 
