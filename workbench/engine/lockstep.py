@@ -256,6 +256,10 @@ class Lockstep:
 
         Every rank makes the same calls at the same turns: the cadence each uses comes from the exchange it just
         collected, and every rank collected the same one."""
+        if worker._after_step:  # commands a `step` held back, the step now run: before anything new is taken
+            worker.run_held_back()
+            if worker._quit or worker._step_once:
+                return
         self._turn += 1
         now = self.doorbell is not None and self.doorbell.at_boundary(self._turn)  # every rank agreed on this turn
         if not now and self.doorbell is not None and self.doorbell.declined and not worker.commands.empty():
@@ -356,11 +360,8 @@ class Lockstep:
             for sender, (_, steps) in said:
                 if steps:
                     self._publish_steps(worker, sender, steps)
-        for _, (commands, _) in said if run_commands else ():
-            for item in commands:
-                dispatch(worker, decode(item))
-                if worker._quit:
-                    return
+        if run_commands:
+            worker.run_in_order(decode(item) for _, (commands, _) in said for item in commands)
 
     def _drain(self, worker: TrainingWorker, block: bool) -> list[Command]:
         found: list[Command] = []

@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ from workbench.protocol.events import (
     ResumeLoaded,
     Setup,
     Step,
+    StepOnce,
 )
 from workbench.engine.hotswap.patches import RunInNamespace
 from workbench.engine.hotswap.planner import ChangeSet
@@ -217,6 +218,9 @@ class TrainingWorker(threading.Thread):
         self.exit_reason = "quit"
         self._quit = False
         self._step_once = False
+        # Commands that came after a `step` in one batch: each `step` runs before the next command is taken, so
+        # `step`, `step`, `quit` sent at once are two steps and then the quit (under torchrun: on every rank alike).
+        self._after_step: deque[Command] = deque()
         self._profile: ProfileRun | None = None
         self._module_count = len(sys.modules)
         device = bench.device
@@ -329,11 +333,29 @@ class TrainingWorker(threading.Thread):
             return
         while True:
             dispatch(self, command)  # the one place a command runs: see workbench/engine/dispatch.py
-            if self._quit:
-                return
+            if self._quit or type(command) is StepOnce:
+                return  # after a `step`, the rest stays queued until the step has run
             try:
                 command = self.commands.get_nowait()
             except queue.Empty:
+                return
+
+    def run_in_order(self, commands: Iterable[Command]) -> None:
+        """Under torchrun, a batch every rank received alike: dispatched in order, each `step` run before the commands
+        after it (kept for the next boundary, `run_held_back`). The split is by the commands' kinds alone, never by a
+        rank's own state, so every rank splits the batch at the same place."""
+        self._after_step.extend(commands)
+        self.run_held_back()
+
+    def run_held_back(self) -> None:
+        """The commands a `step` held back, up to and with the next `step`; nothing after a quit."""
+        while self._after_step:
+            command = self._after_step.popleft()
+            dispatch(self, command)
+            if self._quit:
+                self._after_step.clear()
+                return
+            if type(command) is StepOnce:
                 return
 
     # Setup -------------------------------------------------------------------------------

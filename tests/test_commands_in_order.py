@@ -1,0 +1,49 @@
+"""Commands sent together run in the order sent, each `step` before the commands after it.
+
+A script drives a paused session with `step` lines; sent in one write, they reached the training thread as one batch,
+and the batch set one flag: `step`, `step`, `step` ran one step, and `step`, `quit` none at all, with no event saying
+so. Each `step` now runs before the next command is taken, in one process and on every rank under torchrun.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.test_distributed import project_folder, rank_log, steps_of
+from tests.test_headless import Headless
+
+
+def steps_sent_at_once(run: Headless, lines: list[str]) -> None:
+    """The lines in one write (one batch for the training thread), as a script piping commands would send them."""
+    run.send("\n".join(lines))
+
+
+def test_steps_sent_at_once_each_run_and_a_quit_after_them_comes_last(tmp_path: Path) -> None:
+    run = Headless(project_folder(tmp_path) / "train.py", "--paused", "--", "--no-ddp")
+    try:
+        run.wait_event("paused", timeout=60)
+        steps_sent_at_once(run, ["step", "step", "step", "snapshot", "step", "quit"])
+        assert run.finish(timeout=60) == 0, run.explain()
+        steps = [e["step"] for e in run.events if e["event"] == "step"]
+        assert steps == [1, 2, 3, 4], run.explain()
+        snapshot = next(e for e in run.events if e["event"] == "snapshot")
+        assert snapshot["step"] == 3, snapshot  # taken after the third step, before the fourth
+        assert run.events[-1]["event"] == "exit" and run.events[-1]["step"] == 4
+        assert not [e for e in run.events if e["event"] == "error"], run.explain()
+    finally:
+        run.close()
+
+
+def test_steps_sent_at_once_run_on_every_rank_in_the_order_sent(tmp_path: Path) -> None:
+    run = Headless(project_folder(tmp_path) / "train.py", "--nproc-per-node", "2", "--paused")
+    try:
+        run.wait_event("paused", timeout=90)
+        steps_sent_at_once(run, ["step", "step", "snapshot", "step", "quit"])
+        assert run.finish(timeout=90) == 0, run.explain()
+        assert sorted(steps_of(run.events, 0)) == [1, 2, 3], run.explain()
+        assert sorted(steps_of(rank_log(run), 1)) == [1, 2, 3]
+        snapshot = next(e for e in run.events if e["event"] == "snapshot")
+        assert snapshot["step"] == 2, snapshot
+        assert run.events[-1]["event"] == "exit" and run.events[-1]["step"] == 3
+    finally:
+        run.close()
