@@ -18,7 +18,16 @@ from tests.test_distributed import rank_log, steps_of
 from tests.test_headless import Headless
 from workbench.engine.actions.plain_data_dcp import read_metadata
 from workbench.engine.actions.sharded_snapshot import read_loader_places
-from workbench.engine.loader_places import find_loaders, loaders_read_by, pack, places, put_back, record, unpack
+from workbench.engine.loader_places import (
+    carry_places,
+    find_loaders,
+    loaders_read_by,
+    pack,
+    places,
+    put_back,
+    record,
+    unpack,
+)
 
 pytest.importorskip("torchdata.stateful_dataloader")
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
@@ -159,6 +168,20 @@ def test_what_cannot_take_its_place_is_named_with_why() -> None:
     done = put_back({"other": loader_of(list(range(10)))}, saved, 0, 1, 1)
     assert done.notes == ["other (StatefulDataLoader) starts from its beginning: the snapshot holds no place for it",
                           "the snapshot holds the place of loader(s) setup() did not make: loader (not used)"]
+
+
+def test_a_rebuild_says_a_loader_setup_already_iterated_starts_over_as_a_resume_does() -> None:
+    """A rebuild whose setup() made an iterator of its new loader gave it no place, and said nothing (a resume
+    said it): the data went back to its first batches unannounced (minGPT's Trainer, ported)."""
+    used = loader_of(list(range(10)))
+    iterator = iter(used)
+    next(iterator), next(iterator)
+    made_again = loader_of(list(range(10)))
+    iter(made_again)
+    done = carry_places({"trainer.train_loader": used}, {"trainer.train_loader": made_again})
+    assert done.placed == {} and done.notes == [
+        "trainer.train_loader (StatefulDataLoader) starts from its beginning: setup() already made an iterator of it, "
+        "which the old one's place cannot go into; iterate the loader in a generator or in step() instead"]
 
 
 def test_a_sampler_epoch_that_started_over_is_named_after_the_first_resumed_step() -> None:

@@ -654,6 +654,8 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
         if before is None or before is loader or not _has_begun(before):
             continue
         if isinstance(loader, DataLoader) and _has_begun(loader):  # setup() made an iterator of it: no place to take
+            notes.append(_starts_over(path, loader, "setup() already made an iterator of it, which the old one's "
+                                      "place cannot go into; iterate the loader in a generator or in step() instead"))
             continue
         try:
             state = state_of(before)
