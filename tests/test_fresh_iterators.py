@@ -62,3 +62,37 @@ def test_no_note_for_a_state_without_iterators_and_none_on_globals_a_generator_d
     notes = fresh_iterator_notes({"data": draws()}, 5, ["test_fresh_iterators.epoch"], lambda path: None)
     assert len(notes) == 1 and notes[0].startswith("state['data'] (the generator "), notes
     assert "one that draws at random goes on from the restored RNG states" in notes[0]
+
+
+class Trainer:
+    """minGPT's shape: the trainer keeps its loader and the iterator it reads from."""
+
+    def __init__(self, workers: int) -> None:
+        import torch
+
+        self.train_loader = torch.utils.data.DataLoader(list(range(64)), batch_size=4, shuffle=True,
+                                                        num_workers=workers)
+        self.data_iter = iter(self.train_loader)
+
+
+def test_an_iterator_inside_an_object_of_the_state_is_named_and_one_with_workers_reads_a_fresh_starts_batches() -> None:
+    """minGPT's Trainer, ported: `state['trainer'].data_iter` went unnamed (only the state's top was looked at), and
+    the resumed run read a fresh start's first batches again; with workers, the order was drawn as setup() made the
+    iterator, so "goes on from the restored RNG states" would not be true."""
+    alone = Trainer(workers=0)
+    notes = fresh_iterator_notes({"trainer": alone}, 5, [], lambda path: None)
+    assert len(notes) == 1 and notes[0].startswith("state['trainer'].data_iter (a _SingleProcessDataLoaderIter): the "
+                                                   "one setup() just made, so it starts from its beginning"), notes
+    assert "one that draws at random goes on from the restored RNG states" in notes[0]
+
+    with_workers = Trainer(workers=1)
+    try:
+        notes = fresh_iterator_notes({"trainer": with_workers}, 5, [], lambda path: None, rebuild=True)
+    finally:
+        del with_workers.data_iter  # its worker ends with it
+    assert len(notes) == 1, notes
+    assert notes[0].startswith("state['trainer'].data_iter (a _MultiProcessingDataLoaderIter): the one the new "
+                               "setup() made, so it starts from its beginning, not where step 5 left it, in the order "
+                               "drawn as setup() made it"), notes
+    assert "it reads again the batches a fresh start reads first" in notes[0]
+    assert "goes on from the carried RNG states" not in notes[0]

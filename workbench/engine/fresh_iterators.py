@@ -7,6 +7,11 @@ back `train.epoch = 4`; and the generator `batches()` (pytorch/examples' dcgan, 
 `for epoch in range(opt.niter):` inside it) set `epoch` to 0 again at its first `next()`, so the claim did not
 hold for one step. Both are said now. A generator that reads a loader whose place the resume put back
 (loader_places.py) is said to start over with its own variables only.
+
+Iterators are looked for through the objects of the state too (minGPT's Trainer keeps `self.data_iter`): one
+level down, the resume of a ported minGPT read a fresh start's first batches again with no note. A DataLoader's
+iterator with workers hands them their first batches as it is made, so its order was drawn in setup(), before the
+resume put the random states back: it is said to read a fresh start's batches, not to go on from those states.
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ from typing import Any
 
 import torch
 
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
 from workbench.engine.loader_places import loaders_read_by
-from workbench.engine.state_walk import top_values
+from workbench.engine.state_walk import reachable, top_values
 
 
 def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
@@ -33,8 +41,7 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
     outside it; `placed`: the stateful loaders given back their place (loader_places.py; by id, their paths), of
     which `reshuffled` were given a count of batches, not an order."""
     placed = placed or {}
-    found = [(label, value) for label, value in top_values(state)
-             if isinstance(value, Iterator) and not isinstance(value, io.IOBase)]  # an open file is no data's place
+    found = iterators_in(state)
     if not found:
         return ()
     given = frozenset(placed)
@@ -42,12 +49,23 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
             for label, value in found if isinstance(value, GeneratorType)}
     reading = {label: [placed[id(loader)] for loader in loaders] for label, loaders in read.items()}
     fresh = [(label, value) for label, value in found if not reading.get(label)]
+    drawn = [(label, value) for label, value in fresh if isinstance(value, _MultiProcessingDataLoaderIter)]
+    fresh = [(label, value) for label, value in fresh if not isinstance(value, _MultiProcessingDataLoaderIter)]
     notes = []
+    kept = ("A rebuild carries the weights, the optimizers and their LR schedules, counters, the tensors training "
+            "changed, loaders' places and random streams" if rebuild else
+            "A snapshot keeps the weights, the optimizer, the step, the RNG states and counters in globals")
+    if drawn:
+        shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in drawn)
+        notes.append(
+            f"{shown}: the one {'the new setup() made' if rebuild else 'setup() just made'}, so it starts from its "
+            f"beginning, not where step {step} left it, in the order drawn as setup() made it (its workers were "
+            f"handed their first batches then): it reads again the batches a fresh start reads first. {kept}, not an "
+            "iterator's place: make the iterator in step() or in a generator, or read a torchdata "
+            "StatefulDataLoader, whose place goes on"
+        )
     if fresh:
         shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in fresh)
-        kept = ("A rebuild carries the weights, the optimizers and their LR schedules, counters, the tensors training "
-                "changed, loaders' places and random streams" if rebuild else
-                "A snapshot keeps the weights, the optimizer, the step, the RNG states and counters in globals")
         notes.append(
             f"{shown}: the one {'the new setup() made' if rebuild else 'setup() just made'}, so it starts from its "
             f"beginning, not where step {step} left it. {kept}, not an iterator's place: one that walks a dataset in "
@@ -71,6 +89,20 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
                          f"({value.__qualname__}() assigns it), so the value it had at step {step} holds only until "
                          "then")
     return tuple(notes)
+
+
+def _is_data_iterator(value: Any) -> bool:
+    return isinstance(value, Iterator) and not isinstance(value, io.IOBase)  # an open file is no data's place
+
+
+def iterators_in(state: Any) -> list[tuple[str, Any]]:
+    """The iterators in what setup() returned, by the path the user's code reaches them by: at its top
+    (`state['batches']`) and inside its objects (`state['trainer'].data_iter`), not inside a loader."""
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    for label, value in top_values(state):
+        found.extend(reachable(value, label, matches=_is_data_iterator, seen=seen, depth=1, stop_at=(DataLoader,)))
+    return found
 
 
 def _what(value: Any, in_project: Callable[[str], str | None]) -> str:
