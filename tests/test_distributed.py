@@ -543,6 +543,48 @@ def test_a_forward_that_stops_using_a_parameter_pauses_both_naming_it_and_rollba
     checksums_agree_after(run, mark)
 
 
+def test_a_forward_rolled_back_before_ddp_fails_is_not_blamed_and_a_step_rebuilds_the_wrapper_first(tmp_path: Path):
+    """DDP raises for the unused parameters of a step at the next step's forward. Rolled back in between (minGPT,
+    ported), the error blamed "the code now running" and said to roll back ("nothing to roll back"), and `step` failed
+    the same way each time: the error names the code that ran the step, and `step` rebuilds the wrapper first."""
+    run = Headless(project_folder(tmp_path) / "train.py", "--nproc-per-node", "2", "--paused", "--no-watch")
+    try:
+        run.wait_event("paused", timeout=90)
+        save(run.entry, "return self.b(torch.relu(self.a(x)))", "return torch.relu(self.a(x)).sum(1, keepdim=True)")
+        run.send("reload train.py")
+        assert run.wait_event("reload", timeout=30)["code_version"] == 1
+        run.send("step")  # step 1 runs the forward that leaves b unused; DDP says so at step 2's forward
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 0 and e["code_version"] == 1, timeout=30,
+                     what="step 1")
+        run.send("rollback")
+        assert run.wait_event("reload", timeout=30)["code_version"] == 2
+        run.send("step")
+        error = run.wait_for(lambda e: e["event"] == "error" and e.get("where") == "step", timeout=30, what="the error")
+        message = error["message"]
+        assert message.startswith("DistributedDataParallel: the code that ran step 1 (code version 1) did not use "
+                                  "b.weight, b.bias in the loss"), message
+        assert "(version 2 runs now)" in message and "`step`) rebuilds every rank's DDP wrapper" in message, message
+        assert "rollback" not in message and "no longer uses" not in message, message
+        run.wait_event("paused", timeout=10, reason="error")
+        run.send("step")
+        rebuilt = run.wait_event("rebuild", timeout=60)
+        assert rebuilt["ok"] and rebuilt["code_version"] == 2, rebuilt
+        run.wait_event("paused", timeout=10, reason="user")  # rebuilt, and held for the one step asked for
+        stepped = run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 0, timeout=30, what="step 2")
+        assert stepped["step"] == 2 and stepped["code_version"] == 2, stepped
+        run.send("step")
+        run.send("step")
+        run.send("quit")
+        assert run.finish(timeout=60) == 0, run.explain()
+        assert sorted(steps_of(run.events, 0)) == [1, 2, 3, 4], run.explain()
+        assert [e for e in run.events if e["event"] == "error" and e.get("where") == "step"] == [error]
+    finally:
+        run.close()
+    zero, one = steps_of(run.events, 0), steps_of(rank_log(run), 1)
+    for k in (2, 3, 4):  # rank 0's weights went to every rank with the new wrapper: the replicas agree again
+        assert zero[k]["scalars"]["checksum"] == pytest.approx(one[k]["scalars"]["checksum"], rel=1e-12), k
+
+
 def rank_pid(run: Headless, rank: int) -> int:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -36,10 +36,23 @@ def unused_parameter_names(message: str, state: Any, namespaces: list[tuple[str,
     return []
 
 
-def unused_parameter_sentence(message: str, state: Any, namespaces: list[tuple[str, dict[str, Any]]]) -> str:
+def unused_parameter_sentence(message: str, state: Any, namespaces: list[tuple[str, dict[str, Any]]],
+                              changed_since: tuple[int, int, int] | None = None) -> str:
+    """`changed_since`: (the prior step, the code version that ran it, the version now) when the code changed after
+    that step (a rollback or a fix saved before the next step showed the error): the code now running is then not
+    the one to blame, and a rollback is no remedy; the rebuild is."""
     names = unused_parameter_names(message, state, namespaces)
     shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") if names else "some parameters"
     gradients = "its gradient was" if len(names) == 1 else "their gradients were"
+    if changed_since is not None:
+        step, then, now = changed_since
+        return (
+            f"DistributedDataParallel: the code that ran step {step} (code version {then}) did not use {shown} in the "
+            f"loss, so {gradients} never reduced and the replicas may differ by that step. The code changed since "
+            f"(version {now} runs now), but DDP's reducer refuses every step after this error, so every rank paused: "
+            "resume (command `resume`, or `step`) rebuilds every rank's DDP wrapper (setup() runs again, weights "
+            "carried over, rank 0's copied to all) and trains on with the code now running"
+        )
     return (
         f"DistributedDataParallel: the code now running no longer uses {shown} in the loss, so {gradients} "
         "never reduced and the replicas may differ by the last step. Every rank paused. Roll back (command `rollback`) "

@@ -361,7 +361,12 @@ class Lockstep:
                 if steps:
                     self._publish_steps(worker, sender, steps)
         if run_commands:
-            worker.run_in_order(decode(item) for _, (commands, _) in said for item in commands)
+            commands = [decode(item) for _, (commands, _) in said for item in commands]
+            # A rank's failure first: it happened before this boundary, and a command of rank 0's in the same exchange
+            # (a `step`, a `resume` that rebuilds) was sent not knowing it. After them, it paused the ranks again once
+            # they had recovered, on an error already dealt with (minGPT under DDP, ported).
+            commands.sort(key=lambda command: type(command) is not RankPaused)
+            worker.run_in_order(commands)
 
     def _drain(self, worker: TrainingWorker, block: bool) -> list[Command]:
         found: list[Command] = []

@@ -218,6 +218,7 @@ class TrainingWorker(threading.Thread):
         self.exit_reason = "quit"
         self._quit = False
         self._step_once = False
+        self._last_step_version = 0  # the code version that ran the last step: a DDP error names the code it blames
         # Commands that came after a `step` in one batch: each `step` runs before the next command is taken, so
         # `step`, `step`, `quit` sent at once are two steps and then the quit (under torchrun: on every rank alike).
         self._after_step: deque[Command] = deque()
@@ -626,6 +627,7 @@ class TrainingWorker(threading.Thread):
         later = values.reader is not None and not values.ready
         record = StepRecord(self.step, values, started, ms, later, self.reloader.version, self.last_step_time,
                             saved_bytes, gpu if peak is not None else None, peak)
+        self._last_step_version = record.version
         earlier, self._unread = self._unread, None
         if later:  # its loss is read at the next step's end, once that step is queued, or when something needs it
             self._unread = record
@@ -777,7 +779,9 @@ class TrainingWorker(threading.Thread):
                             "up to --collective-timeout; resuming makes the groups again and rebuilds the state on every rank)")
             elif is_unused_parameter_error(str(exc)):
                 broken = "DistributedDataParallel's reducer refuses every step after unused parameters"
-                message = unused_parameter_sentence(str(exc), self.user_state, self._namespaces())
+                since = self._last_step_version
+                changed = (self.step, since, self.reloader.version) if since != self.reloader.version else None
+                message = unused_parameter_sentence(str(exc), self.user_state, self._namespaces(), changed)
         self._failure = StepFailure(message, self._format(exc), file, line, self.step, broken, renew)
         if broken is not None:
             self.broken = Broken(broken, renew or (self.broken is not None and self.broken.renew_group))

@@ -39,6 +39,14 @@ def resume(worker: TrainingWorker, command: Resume) -> None:
 
 @handles(StepOnce)
 def step_once(worker: TrainingWorker, command: StepOnce) -> None:
+    if worker.state is RunState.PAUSED and worker.broken is not None and worker.pause_reason in AUTO_RESUME_REASONS:
+        # The state cannot train (a DDP reducer that failed, a dead group): rebuilt first, as `resume` does, then the
+        # one step; a step alone would fail again the same way.
+        worker._recover()
+        if worker.broken is not None:
+            return  # the rebuild failed, and said why: the step would fail as the last one did
+        if worker.state is RunState.RUNNING:
+            worker._pause("user")
     if worker.state is RunState.PAUSED:
         worker._step_once = True
     else:
