@@ -47,3 +47,6 @@ def test_steps_sent_at_once_run_on_every_rank_in_the_order_sent(tmp_path: Path) 
         assert run.events[-1]["event"] == "exit" and run.events[-1]["step"] == 3
     finally:
         run.close()
+    (folder,) = (run.entry.parent / ".vram-bench" / "runs").iterdir()
+    logs = sorted(path.name for path in folder.glob("events*.jsonl"))
+    assert logs == ["events-rank1.jsonl", "events.jsonl"], logs  # rank 0's is events.jsonl, headless too

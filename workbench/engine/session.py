@@ -215,9 +215,12 @@ class Session:
             self.worker, self.bus.publish, factor=config.slow_step_factor, minimum=config.slow_step_seconds,
             rank_watch=rank_watch,
         )
+        # Under torchrun every rank keeps its complete log, whatever the front end: rank 0's is `events.jsonl`, as
+        # for one process (headless once wrote it as events-rank0.jsonl, which no note or document named).
+        # Headless in one process writes none: its stdout is that stream.
         self.event_log = (
-            EventLogWriter(self.bus, self.run_dir / "events.jsonl") if config.write_event_log and self.is_main
-            # every other rank keeps its own complete log, whatever the front end
+            EventLogWriter(self.bus, self.run_dir / "events.jsonl")
+            if self.is_main and (config.write_event_log or ranks is not None)
             else EventLogWriter(self.bus, self.run_dir / f"events-rank{ranks.info.rank}.jsonl") if ranks is not None
             else None
         )
