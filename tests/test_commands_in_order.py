@@ -50,3 +50,21 @@ def test_steps_sent_at_once_run_on_every_rank_in_the_order_sent(tmp_path: Path) 
     (folder,) = (run.entry.parent / ".vram-bench" / "runs").iterdir()
     logs = sorted(path.name for path in folder.glob("events*.jsonl"))
     assert logs == ["events-rank1.jsonl", "events.jsonl"], logs  # rank 0's is events.jsonl, headless too
+
+
+def test_closing_stdin_while_paused_ends_every_rank_with_a_final_snapshot(tmp_path: Path) -> None:
+    """Under torchrun, a launcher whose driver died left the launcher and its ranks paused for ever."""
+    run = Headless(project_folder(tmp_path) / "train.py", "--nproc-per-node", "2", "--paused")
+    try:
+        run.wait_event("paused", timeout=90)
+        steps_sent_at_once(run, ["step"])
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 0, timeout=30, what="step 1")
+        assert run.proc.stdin is not None
+        run.proc.stdin.close()
+        snapshot = run.wait_event("snapshot", timeout=60)
+        assert snapshot["step"] == 1, snapshot
+        assert run.finish(timeout=90) == 0, run.explain()
+        assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "input closed", run.events[-1]
+        assert [e["reason"] for e in rank_log(run) if e["event"] == "exit"] == ["input closed"]
+    finally:
+        run.close()

@@ -297,6 +297,23 @@ def test_closing_stdin_does_not_stop_the_run(headless) -> None:
     assert run.finish() == 0, run.explain()
 
 
+def test_closing_stdin_while_paused_ends_the_run_with_a_final_snapshot(headless) -> None:
+    """Nobody can send `resume` once stdin is closed: a run paused by the user (a driver script that died) waited
+    forever, holding its model; it ends as SIGTERM ends it, with the trained state kept."""
+    run = headless(None, "--paused", "--no-watch")
+    run.wait_event("paused", STARTUP_TIMEOUT)
+    run.send("step")
+    run.send("step")
+    run.wait_event("step", 15, step=2)
+    assert run.proc.stdin is not None
+    run.proc.stdin.close()
+    snapshot = run.wait_event("snapshot", 30)
+    assert snapshot["step"] == 2 and Path(snapshot["path"]).is_file(), snapshot
+    exit_event = run.wait_event("exit", 30)
+    assert (exit_event["reason"], exit_event["code"], exit_event["step"]) == ("input closed", 0, 2)
+    assert run.finish() == 0, run.explain()
+
+
 def test_reload_of_one_file_answers_once_for_it_whatever_it_finds(headless) -> None:
     """`reload FILE` (saves not watched): one `reload` event for that file, whether it applied a change or found none,
     so a script knows when its save took effect; a file that is not the project's is refused, nothing reloaded."""

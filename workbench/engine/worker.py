@@ -1164,13 +1164,14 @@ class TrainingWorker(threading.Thread):
 
     def end_without_input(self, reason: str) -> None:
         """A pause nobody can resume (headless, stdin closed) ends the run: with exit code 1 for a failure; for the
-        data's end, the run's natural end as for a plain loop, with a final snapshot of the trained model and code 0."""
-        if reason == DATA_EXHAUSTED:
+        data's end, the run's natural end as for a plain loop, with a final snapshot of the trained model and code 0;
+        for the user's pause, as SIGTERM ends a run: a final snapshot, code 0, reason `input closed`."""
+        if reason in AUTO_RESUME_REASONS:
+            self.exit_code, self.exit_reason = 1, reason
+        else:
             self._final_snapshot(together=True)  # on every rank under torchrun (EndRun): sharded state needs each rank's shard
             if self.exit_reason != "final snapshot failed":
-                self.exit_code, self.exit_reason = 0, reason
-        else:
-            self.exit_code, self.exit_reason = 1, reason
+                self.exit_code, self.exit_reason = 0, (reason if reason == DATA_EXHAUSTED else "input closed")
         self._quit = True
 
     # Under torchrun ------------------------------------------------------------------------

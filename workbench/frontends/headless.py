@@ -22,6 +22,7 @@ from typing import TextIO
 
 from workbench.protocol.eventbus import ROUTINE, write_until_exit
 from workbench.protocol.events import CommandError, Error, Event, Exit, Interrupt, Quit, parse_command
+from workbench.engine.commands.run_control import InputClosed
 from workbench.engine.forked_children import keep_data_loader_workers
 from workbench.engine.quit_escalation import QuitEscalation, QuitTimeouts, end_child_processes
 from workbench.engine.session import Session
@@ -36,8 +37,9 @@ STEP_BATCH_SECONDS = 0.25  # as the socket sends them; 50 ms cost rank 0 three t
 def _read_commands(session: Session, fd: int, on_quit: Callable[[], None]) -> None:
     """Stdin reader thread. End of input is not a quit: scripts may close stdin and let it run.
 
-    But with nobody left to send `resume`, a pause for an error would wait forever: from then
-    on such a pause ends the run (exit code 1), unless a saved fix comes first.
+    But with nobody left to send `resume`, a pause would wait forever: the pause the run is in, or
+    any pause from then on, ends it (exit code 1 for an error, unless a saved fix comes first; a
+    final snapshot and code 0 for the user's pause or the data's end).
     """
     for line in read_lines(fd):
         if line.problem is not None:
@@ -53,7 +55,7 @@ def _read_commands(session: Session, fd: int, on_quit: Callable[[], None]) -> No
         session.send(command)
         if isinstance(command, Quit):
             on_quit()
-    session.worker.exit_on_error_pause = True
+    session.send(InputClosed())  # a pause from now on, or the one the run is in, ends it: nobody could resume
 
 
 def _not_routine(event: Event) -> bool:

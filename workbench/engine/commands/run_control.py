@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from workbench.engine.dispatch import handles
-from workbench.protocol.events import Pause, Quit, Resume, StepOnce
+from workbench.protocol.events import Command, Pause, Quit, Resume, StepOnce
 from workbench.engine.run_state import AUTO_RESUME_REASONS, RunState
 
 if TYPE_CHECKING:
@@ -51,3 +52,22 @@ def step_once(worker: TrainingWorker, command: StepOnce) -> None:
         worker._step_once = True
     else:
         worker._command_error(f"`step` runs a single step while paused; training is {worker.state.value}")
+
+
+@dataclass(frozen=True)
+class InputClosed(Command):
+    """Internal, from the headless front end: its stdin ended, so nobody can send a command any more."""
+
+
+@handles(InputClosed)
+def input_closed(worker: TrainingWorker, command: InputClosed) -> None:
+    """Training goes on (a script may close stdin and let it run to --max-steps), but a pause now waits for nobody: a
+    run already paused ends (every rank under torchrun), and any pause from now on ends it. A pause of the user's
+    (`--paused`, `pause`) waited forever, holding the model and its GPU (a driver script that died)."""
+    worker.exit_on_error_pause = True
+    if worker.state is not RunState.PAUSED or worker.pause_reason is None:
+        return
+    if worker.lockstep is not None:
+        worker.lockstep.end_run(worker, worker.pause_reason)
+    else:
+        worker.end_without_input(worker.pause_reason)
