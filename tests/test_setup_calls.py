@@ -125,6 +125,40 @@ def test_the_walk_follows_constructors_and_other_modules_and_leaves_generators_o
         sys.modules.pop("wb_setup_calls_entry", None)
 
 
+def test_the_walk_follows_methods_setup_calls_and_not_a_callback_it_only_hands_on(tmp_path: Path) -> None:
+    """minGPT, ported: `trainer.prepare()` builds the optimizer through `model.configure_optimizers()`, and
+    `GPT.get_default_config()` the config; editing them said nothing while the optimizer kept the old rate. And its
+    `batch_end_callback`, which setup() only registers, was said to be called by it, with a rebuild to be had."""
+    sys.path.insert(0, str(tmp_path))
+    try:
+        entry = _module(tmp_path, "wb_setup_calls_methods", (
+            "import torch\n\n"
+            "class Config:\n    @staticmethod\n    def get_default_config():\n        return {'lr': 0.1}\n\n"
+            "class Trainer:\n"
+            "    def set_callback(self, fn):\n        self.fn = fn\n"
+            "    def prepare(self, model):\n        self.opt = model.configure_optimizers()\n"
+            "    def train(self):\n        pass\n\n"
+            "class Net(torch.nn.Linear):\n"
+            "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.1)\n\n"
+            "def on_batch_end(trainer):\n    return 1\n\n"
+            "def setup(bench):\n"
+            "    config = Config.get_default_config()\n"
+            "    model = Net(2, 1)\n    model.train()\n"
+            "    trainer = Trainer()\n    trainer.set_callback(on_batch_end)\n    trainer.prepare(model)\n"
+            "    return {'trainer': trainer}\n"
+        ))
+        changed = [entry.Config.get_default_config, entry.Trainer.prepare, entry.Net.configure_optimizers,
+                   entry.on_batch_end, entry.Trainer.train]
+        called = functions_called_when_built(changed, entry.setup, {entry.__name__})
+        assert called == {"get_default_config": "setup -> Config.get_default_config",
+                          "prepare": "setup -> Trainer.prepare",
+                          "configure_optimizers": "setup -> Trainer.prepare -> Net.configure_optimizers"}, called
+        # `model.train()` is nn.Module's train(), most likely: Trainer.train, of the same name, is not followed
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("wb_setup_calls_methods", None)
+
+
 SCRIPT_PY = """\
 import torch
 

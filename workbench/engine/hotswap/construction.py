@@ -6,13 +6,19 @@
 constant, or patching such a function, on a save changes what runs next, not what was built:
 the reload must say so. This follows `setup()` through the functions and the constructors of
 the classes (the globals their code loads) of the constant's module, or of every project module
-for a function.
+for a function, and through the methods it calls by name (`trainer.prepare()`,
+`GPT.get_default_config()`: minGPT, ported, whose edited `configure_optimizers` kept its old
+learning rate with no note) when a class of those modules defines them. A function setup() only
+hands on (`trainer.set_callback(on_batch_end)`) is not called by it: an edit of it is not said to
+leave anything built with the old code.
 """
 
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
+import sys
 import types
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -29,6 +35,61 @@ def _globals_loaded(code: types.CodeType) -> Iterator[str]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _globals_loaded(const)
+
+
+# From 3.11 a global loaded to be called has its low bit set (the NULL pushed for the call); before, every global
+# loaded counts as called, as it always did.
+_CALLS_MARKED = sys.version_info >= (3, 11)
+
+
+def _calls(code: types.CodeType) -> tuple[set[str], set[str]]:
+    """The globals the code (and code nested in it) calls, and the method names it calls (`x.prepare()`)."""
+    functions: set[str] = set()
+    methods: set[str] = set()
+    for instruction in dis.get_instructions(code):
+        name = instruction.argval
+        if not isinstance(name, str):
+            continue
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            if not _CALLS_MARKED or instruction.opname == "LOAD_NAME" or (instruction.arg or 0) & 1:
+                functions.add(name)
+        elif instruction.opname == "LOAD_METHOD" or (instruction.opname == "LOAD_ATTR" and sys.version_info >= (3, 12)
+                                                     and (instruction.arg or 0) & 1):
+            methods.add(name)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            more, more_methods = _calls(const)
+            functions |= more
+            methods |= more_methods
+    return functions, methods
+
+
+@functools.cache
+def _library_method_names() -> frozenset[str]:
+    """Method names a call may well mean on a library's object (`model.train()`, `opt.step()`, `d.update()`): not
+    followed into a project class's method of the same name, which setup() most likely did not call."""
+    import torch
+
+    kinds = (object, dict, list, set, str, bytes, torch.nn.Module, torch.optim.Optimizer, torch.Tensor,
+             torch.utils.data.DataLoader, torch.utils.data.Dataset, torch.optim.lr_scheduler.LRScheduler)
+    return frozenset(name for kind in kinds for name in dir(kind))
+
+
+def _methods_by_name(modules: frozenset[str]) -> dict[str, list[tuple[str, types.FunctionType]]]:
+    """Every method of the classes `modules` define at their top, by name: (its qualified name, its function); none
+    whose name a library's object has too (`_library_method_names`)."""
+    library = _library_method_names()
+    found: dict[str, list[tuple[str, types.FunctionType]]] = {}
+    for module_name in modules:
+        module = sys.modules.get(module_name)
+        for value in list(vars(module).values()) if module is not None else ():
+            if not isinstance(value, type) or value.__module__ != module_name:
+                continue
+            for name, member in vars(value).items():
+                fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+                if isinstance(fn, types.FunctionType) and not name.startswith("__") and name not in library:
+                    found.setdefault(name, []).append((fn.__qualname__, fn))
+    return found
 
 
 def _code_of(obj: Any) -> Iterator[tuple[str, types.CodeType, dict[str, Any]]]:
@@ -54,26 +115,36 @@ def _runs_later(obj: Any) -> bool:
     return isinstance(fn, types.FunctionType) and bool(fn.__code__.co_flags & _RUNS_LATER)
 
 
-def _walk(start: Any, modules: frozenset[str]) -> Iterator[tuple[str, types.CodeType, list[str], dict[str, Any]]]:
+def _walk(start: Any, modules: frozenset[str]) -> Iterator[tuple[str, types.CodeType, list[str], dict[str, Any], bool]]:
     """What `start` (setup(), or a class: its constructors) runs, followed through the functions and classes of
-    `modules` that its code loads as globals: (the chain of calls to it, its code, the globals it loads, their
-    namespace), breadth first, within a bound."""
-    seen: set[tuple[str, str]] = set()
-    queue: list[tuple[str, Any]] = [(getattr(start, "__qualname__", "?"), start)]
+    `modules` that its code loads as globals, and the methods of their classes it calls by name: (the chain of calls
+    to it, its code, the globals it loads, their namespace, whether the chain calls it: False for a function only
+    handed on, a callback, which may run later), breadth first, within a bound."""
+    seen: dict[tuple[str, str], bool] = {}
+    methods: dict[str, list[tuple[str, types.FunctionType]]] | None = None
+    queue: list[tuple[str, Any, bool]] = [(getattr(start, "__qualname__", "?"), start, True)]
     while queue and len(seen) < _MAX_FUNCTIONS:
-        chain, obj = queue.pop(0)
+        chain, obj, called = queue.pop(0)
         for label, code, namespace in _code_of(obj):
-            if (namespace.get("__name__", ""), label) in seen:
+            key = (namespace.get("__name__", ""), label)
+            if key in seen and (seen[key] or not called):
                 continue
-            seen.add((namespace.get("__name__", ""), label))
+            seen[key] = called
             chain_here = chain if chain.endswith(label) else f"{chain} -> {label}"
             loaded = list(dict.fromkeys(_globals_loaded(code)))
-            yield chain_here, code, loaded, namespace
+            yield chain_here, code, loaded, namespace, called
+            calls, method_names = _calls(code)
             for name in loaded:
                 value = namespace.get(name)
                 if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) in modules \
                         and not _runs_later(value):
-                    queue.append((chain_here, value))
+                    queue.append((chain_here, value, called and name in calls))
+            if method_names and methods is None:
+                methods = _methods_by_name(modules)
+            for name in sorted(method_names):
+                for _, fn in (methods or {}).get(name, ()):
+                    if not _runs_later(fn):
+                        queue.append((chain_here, fn, called))
 
 
 def constants_read_when_built(namespace: dict[str, Any], constants: Iterable[str], start: Any) -> dict[str, list[str]]:
@@ -83,7 +154,7 @@ def constants_read_when_built(namespace: dict[str, Any], constants: Iterable[str
     if not wanted or start is None:
         return {}
     found: dict[str, list[str]] = {}
-    for chain, _, loaded, _ in _walk(start, frozenset({namespace.get("__name__", "")})):
+    for chain, _, loaded, _, _ in _walk(start, frozenset({namespace.get("__name__", "")})):
         for name in loaded:
             if name in wanted:
                 found.setdefault(name, []).append(chain)
@@ -98,7 +169,8 @@ def functions_called_when_built(changed: Iterable[types.FunctionType], start: An
     wanted = {fn.__code__: fn.__name__ for fn in changed if not fn.__code__.co_flags & inspect.CO_GENERATOR}
     if not wanted or start is None:
         return {}
-    return {wanted[code]: chain for chain, code, _, _ in _walk(start, frozenset(modules)) if code in wanted}
+    return {wanted[code]: chain for chain, code, _, _, called in _walk(start, frozenset(modules))
+            if code in wanted and called}
 
 
 def globals_read_by(start: Any, namespace: dict[str, Any], modules: Iterable[str]) -> list[str]:
@@ -106,7 +178,7 @@ def globals_read_by(start: Any, namespace: dict[str, Any], modules: Iterable[str
     through the project's functions and constructors (`modules`): inputs a call's arguments do not show
     (`RNNModel(ntokens)` whose `__init__` reads the script's `args`)."""
     found: dict[str, None] = {}
-    for _, _, loaded, where in _walk(start, frozenset(modules)):
+    for _, _, loaded, where, _ in _walk(start, frozenset(modules)):
         if where is namespace:
             found.update(dict.fromkeys(loaded))
     return list(found)
