@@ -50,8 +50,8 @@ def unused_parameter_sentence(message: str, state: Any, namespaces: list[tuple[s
             f"DistributedDataParallel: the code that ran step {step} (code version {then}) did not use {shown} in the "
             f"loss, so {gradients} never reduced and the replicas may differ by that step. The code changed since "
             f"(version {now} runs now), but DDP's reducer refuses every step after this error, so every rank paused: "
-            "resume (command `resume`, or `step`) rebuilds every rank's DDP wrapper (setup() runs again, weights "
-            "carried over, rank 0's copied to all) and trains on with the code now running"
+            "resume (command `resume`) rebuilds every rank's DDP wrapper (setup() runs again, weights carried over, "
+            "rank 0's copied to all) and trains on with the code now running"
         )
     return (
         f"DistributedDataParallel: the code now running no longer uses {shown} in the loss, so {gradients} "

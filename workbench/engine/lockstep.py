@@ -124,6 +124,7 @@ class RankPaused(Command):
     line: int | None = None
     broken: str | None = None
     renew_group: bool = False
+    resumes: int = 0  # how many times the ranks had resumed when it failed: one resumed since is dealt with
 
 
 @dataclass(frozen=True)
@@ -466,7 +467,7 @@ class Lockstep:
     def announce_pause(self, worker: TrainingWorker, reason: str, failure: StepFailure) -> None:
         """A pause this rank decided alone (its step failed): every rank pauses at the next agreed boundary."""
         worker.commands.put(RankPaused(self.rank, reason, failure.message, failure.traceback, failure.file, failure.line,
-                                       failure.broken, failure.renew_group))
+                                       failure.broken, failure.renew_group, worker.resumes))
 
     def end_run(self, worker: TrainingWorker, reason: str) -> None:
         """Rank 0, with nobody left to resume: every rank ends at the next agreed boundary (exit code 1; 0 and a final
@@ -476,7 +477,17 @@ class Lockstep:
 
 @handles(RankPaused)
 def rank_paused(worker: TrainingWorker, command: RankPaused) -> None:
-    """Every rank pauses with the failing rank's reason, so saving a fix resumes them all."""
+    """Every rank pauses with the failing rank's reason, so saving a fix resumes them all. A failure the ranks have
+    resumed from since (a fix saved, `resume`) reached rank 0 late, behind a rank held in a training collective: it
+    is said, and pauses nothing (it paused every rank again, on an error already fixed: minGPT under DDP, ported)."""
+    if command.resumes < worker.resumes:
+        own = worker._failure.message.split(" for rank")[0]
+        if worker.lockstep is not None and worker.lockstep.rank == 0 and command.rank != 0 \
+                and own != command.message.split(" for rank")[0]:  # not what rank 0 said of its own step
+            worker.bus.publish(Error(where="step", message=f"rank {command.rank}, before the ranks resumed: "
+                                     f"{command.message}", file=command.file, line=command.line,
+                                     traceback=command.traceback))
+        return
     if command.broken is not None:  # every rank agrees the state needs a rebuild (and maybe new groups) to go on
         renew = command.renew_group or (worker.broken is not None and worker.broken.renew_group)
         worker.broken = Broken(command.broken, renew)

@@ -13,6 +13,13 @@ The plain values of setup()'s own state dict are training state too: score_sde_p
 learning-rate warm-up reads; a resume began it at 0 again. They take part as one more namespace, `STATE`, whose
 name no module can have, shown as `state['step']`; and a rebuild's setup(), which makes them again as they were,
 is given the values training reached (`carry_state`).
+
+So are the plain attributes of the project's own objects in that state: minGPT's `Trainer` counts
+`self.iter_num`, which its callback reads (`iter_num % 500 == 0` samples text, drawing from the random generator),
+and a resume or rebuild began it at 0 with no note, so the run went apart from the one that never stopped. Each
+such object is one more namespace (its `vars()`), named by the path the user's code reaches it by
+(`state['trainer']`), so `state['trainer'].iter_num` is kept, put back and carried as `state['step']` is. Torch's
+own objects (modules, optimizers, loaders) are not among them: their state has its own keeping.
 """
 
 from __future__ import annotations
@@ -29,13 +36,43 @@ MAX_STR = 256  # a longer string is more likely a log or a path than a counter o
 STATE = "setup()"  # the namespace of setup()'s state dict's plain values; a module's name never has parentheses
 
 
-def state_namespace(state: Any) -> Namespaces:
-    """setup()'s state as a namespace when it is a dict (its keys that are names), else none."""
-    return [(STATE, state)] if isinstance(state, dict) else []
+def state_namespace(state: Any, project_modules: frozenset[str] = frozenset()) -> Namespaces:
+    """setup()'s state as a namespace when it is a dict (its keys that are names), and each object of a class of
+    `project_modules` in it (`object_namespaces`)."""
+    return ([(STATE, state)] if isinstance(state, dict) else []) + object_namespaces(state, project_modules)
+
+
+def object_namespaces(state: Any, project_modules: frozenset[str]) -> Namespaces:
+    """The objects of the project's own classes at the top of the dict (or list) setup() returned (`state['trainer']`),
+    each as its attributes, by the path the user's code reaches it by.
+    Torch's modules, optimizers, schedulers and loaders are left to their own keeping (snapshots, loader places)."""
+    if not project_modules:
+        return []
+    from workbench.engine.state_walk import top_values  # here: state_walk imports torch, this module need not
+
+    found: Namespaces = []
+    seen: set[int] = set()
+    for label, value in top_values(state):
+        # Only a dict's or a list's items: `state['trainer']` can be no module's name, where `state.trainer` could
+        # (a project's state/trainer.py), and a kept value is found again by its namespace's name.
+        if "[" not in label or id(value) in seen or not _project_object(value, project_modules):
+            continue
+        seen.add(id(value))
+        found.append((label, vars(value)))
+    return found
+
+
+def _project_object(value: Any, project_modules: frozenset[str]) -> bool:
+    import torch
+
+    kind = type(value)
+    return (kind.__module__ in project_modules and hasattr(value, "__dict__") and not isinstance(value, type)
+            and not isinstance(value, (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler,
+                                       torch.utils.data.DataLoader, torch.utils.data.Dataset)))
 
 
 def shown(qualified: str) -> str:
-    """`train.iter_num` as it is; `setup().step` as `state['step']`."""
+    """`train.iter_num` and `state['trainer'].iter_num` as they are; `setup().step` as `state['step']`."""
     module, name = split_qualified(qualified)
     return f"state[{name!r}]" if module == STATE else qualified
 
@@ -76,18 +113,20 @@ class TrainingGlobals:
     def __init__(self) -> None:
         self._after_setup: dict[str, dict[str, Any]] = {}
 
-    def mark(self, namespaces: Namespaces, made_by_setup: dict[str, Any] | None = None) -> None:
+    def mark(self, namespaces: Namespaces, made_by_setup: dict[str, dict[str, Any]] | None = None) -> None:
         """After setup() (the first, a rebuild's): the values training starts from. `made_by_setup`: what a
-        rebuild's setup() made of the state's values before `carry_state` gave it those training had reached, the
-        state's baseline still (else a snapshot right after the rebuild left out the carried count, and a second
-        rebuild took it for a start value setup() had changed and dropped it)."""
+        rebuild's setup() made of the state's values (by namespace) before `carry_state` gave it those training had
+        reached, the state's baseline still (else a snapshot right after the rebuild left out the carried count, and
+        a second rebuild took it for a start value setup() had changed and dropped it)."""
         self._after_setup = {module: _plain_values(namespace) for module, namespace in namespaces}
-        if made_by_setup is not None and STATE in self._after_setup:
-            self._after_setup[STATE] = made_by_setup
+        for label, values in (made_by_setup or {}).items():
+            if label in self._after_setup:
+                self._after_setup[label] = values
 
-    def state_values(self, state: Any) -> dict[str, Any]:
-        """setup()'s plain values as it made them (before any carrying): a rebuild's baseline for `mark`."""
-        return _plain_values(state) if isinstance(state, dict) else {}
+    def state_values(self, state: Any, project_modules: frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
+        """setup()'s plain values as it made them (before any carrying), by namespace: a rebuild's baseline for
+        `mark`."""
+        return {label: _plain_values(namespace) for label, namespace in state_namespace(state, project_modules)}
 
     def changed(self, namespaces: Namespaces, file_bound: dict[str, set[str]]) -> dict[str, Any]:
         """{"module.name": value} for the plain globals changed since `mark`, but those `file_bound` names (bound
@@ -138,17 +177,21 @@ def put_back_each(saved: dict[str, Any], namespaces: Namespaces,
     return given, left
 
 
-def carry_state(before_rebuild: Any, rebuilt: Any, marked: TrainingGlobals) -> list[str]:
-    """A rebuild: each plain value of the old state that training changed, into the new state where its setup() made
-    the value the old setup() made (an edited start value is the new code's). The rebuild's notes."""
-    after_setup = marked._after_setup.get(STATE, {})
-    if not (isinstance(before_rebuild, dict) and isinstance(rebuilt, dict)):
-        return []
+def carry_state(before_rebuild: Any, rebuilt: Any, marked: TrainingGlobals,
+                project_modules: frozenset[str] = frozenset()) -> list[str]:
+    """A rebuild: each plain value of the old state (and of its project objects) that training changed, into the new
+    state where its setup() made the value the old setup() made (an edited start value is the new code's). The
+    rebuild's notes."""
+    old_spaces = dict(state_namespace(before_rebuild, project_modules))
     carried = []
-    for name, first in after_setup.items():
-        old, new = before_rebuild.get(name, first), rebuilt.get(name)
-        if name in rebuilt and _same(new, first) and _plain(old) and not _same(old, first):
-            rebuilt[name] = old
-            carried.append(f"state[{name!r}] = {old!r}")
+    for label, new_space in state_namespace(rebuilt, project_modules):
+        old_space = old_spaces.get(label)
+        if old_space is None:
+            continue
+        for name, first in marked._after_setup.get(label, {}).items():
+            old, new = old_space.get(name, first), new_space.get(name)
+            if name in new_space and _same(new, first) and _plain(old) and not _same(old, first):
+                new_space[name] = old
+                carried.append(f"{shown(f'{label}.{name}')} = {old!r}")
     return [f"carried over (plain values of the state that training changed, which setup() made again as they "
             f"began): {', '.join(carried)}"] if carried else []

@@ -219,6 +219,7 @@ class TrainingWorker(threading.Thread):
         self._quit = False
         self._step_once = False
         self._last_step_version = 0  # the code version that ran the last step: a DDP error names the code it blames
+        self.resumes = 0  # pauses ended so far (lockstep.py: a rank's failure reported after one ended is stale)
         # Commands that came after a `step` in one batch: each `step` runs before the next command is taken, so
         # `step`, `step`, `quit` sent at once are two steps and then the quit (under torchrun: on every rank alike).
         self._after_step: deque[Command] = deque()
@@ -570,7 +571,8 @@ class TrainingWorker(threading.Thread):
 
     def _training_namespaces(self) -> list[tuple[str, dict[str, Any]]]:
         """Where plain training values live (training_globals.py): the module globals, and setup()'s state dict."""
-        return self._namespaces() + state_namespace(self.user_state)
+        namespaces = self._namespaces()
+        return namespaces + state_namespace(self.user_state, frozenset(name for name, _ in namespaces))
 
     def _load_pending_optimizers(self) -> None:
         """After a step: load snapshot state into optimizers step() has made since the resume."""
@@ -1215,6 +1217,7 @@ class TrainingWorker(threading.Thread):
             self.bus.publish(Error(where="worker", message=f"the ranks' last exchange failed: {exc}"))
 
     def _resume(self, reason: str) -> None:
+        self.resumes += 1  # at one boundary on every rank (only commands resume): a failure from before is stale
         self.state, self.pause_reason = RunState.RUNNING, None
         self.bus.publish(Resumed(reason=reason, step=self.step))
 

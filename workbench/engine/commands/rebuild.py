@@ -170,7 +170,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
                                           rebuild=True, reshuffled=places.reshuffled))
     except Exception as exc:  # noqa: BLE001 - the rebuild stands; only the note is missing
         notes.append(f"the iterators the new setup() made were not looked at ({type(exc).__name__}: {exc})")
-    made_by_setup = worker.training_globals.state_values(new_state)
+    made_by_setup = worker.training_globals.state_values(new_state, project_modules)
     tensors_as_made = TrainingTensors()  # the baseline is what setup() made, so what is carried stays training's
     tensors_as_made.mark(worker._namespaces() + state_namespace(new_state))
     try:
@@ -179,7 +179,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     except Exception as exc:  # noqa: BLE001 - the rebuild stands; the tensors starting over is said
         notes.append(f"the state's tensors that training changed were not carried over ({type(exc).__name__}: {exc})")
     try:
-        notes.extend(carry_state(worker.user_state, new_state, worker.training_globals))
+        notes.extend(carry_state(worker.user_state, new_state, worker.training_globals, project_modules))
     except Exception as exc:  # noqa: BLE001 - the rebuild stands; the values starting over is said
         notes.append(f"the state's plain values were not carried over ({type(exc).__name__}: {exc})")
     notes.extend(release_iterators(worker.user_state, new_state))

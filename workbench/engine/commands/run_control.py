@@ -40,9 +40,12 @@ def resume(worker: TrainingWorker, command: Resume) -> None:
 
 @handles(StepOnce)
 def step_once(worker: TrainingWorker, command: StepOnce) -> None:
-    if worker.state is RunState.PAUSED and worker.broken is not None and worker.pause_reason in AUTO_RESUME_REASONS:
-        # The state cannot train (a DDP reducer that failed, a dead group): rebuilt first, as `resume` does, then the
-        # one step; a step alone would fail again the same way.
+    if (worker.state is RunState.PAUSED and worker.broken is not None and worker.pause_reason in AUTO_RESUME_REASONS
+            and worker.lockstep is None):
+        # The state cannot train (a generator an error ended): rebuilt first, as `resume` does, then the one step; a
+        # step alone would fail again the same way. Under torchrun `resume` does it: a rebuild there makes the process
+        # groups again, which every rank must enter at one turn, and a `step` sent while one rank was still inside a
+        # training collective led one rank into that alone (minGPT under DDP, ported); there the step runs as sent.
         worker._recover()
         if worker.broken is not None:
             return  # the rebuild failed, and said why: the step would fail as the last one did
