@@ -93,6 +93,49 @@ def test_an_edited_function_setup_called_is_named_and_a_rebuild_builds_with_it(s
     assert scalars["lr"] == 0.5 and scalars["width"] == 8
 
 
+TRAINER_PY = """\
+import torch
+
+
+class Trainer:
+    def __init__(self, model):
+        self.model = model
+
+    def prepare(self):
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def on_batch_end(self):
+        return 1.0
+
+
+def setup(bench):
+    trainer = Trainer(torch.nn.Linear(4, 1))
+    trainer.prepare()
+    return {"trainer": trainer}
+
+
+def step(state, bench):
+    trainer = state["trainer"]
+    loss = trainer.model(torch.ones(2, 4)).pow(2).mean()
+    return {"loss": loss, "lr": trainer.opt.param_groups[0]["lr"], "end": trainer.on_batch_end()}
+"""
+
+
+def test_an_edited_method_setup_called_is_named_and_one_it_did_not_call_is_not(start_session) -> None:
+    """minGPT's Trainer, ported: `trainer.prepare()` makes the optimizer; its edited learning rate was applied with no
+    note while the live optimizer kept the old one."""
+    live = start_session({"train.py": TRAINER_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, TRAINER_PY.replace("lr=0.1", "lr=0.5").replace("return 1.0", "return 2.0"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.ok and set(reload.changed) == {"Trainer.prepare", "Trainer.on_batch_end"}, reload
+    assert "Trainer.prepare is called by setup() (setup -> Trainer.prepare)" in _notes(reload), reload.notes
+    assert "on_batch_end" not in _notes(reload), reload.notes
+    live.send(StepOnce())
+    scalars = live.wait_for(is_event("step")).scalars
+    assert scalars["lr"] == 0.1 and scalars["end"] == 2.0  # what the note says; the method step() calls is new
+
+
 def _module(folder: Path, name: str, source: str) -> types.ModuleType:
     path = folder / f"{name}.py"
     path.write_text(source)
@@ -150,9 +193,9 @@ def test_the_walk_follows_methods_setup_calls_and_not_a_callback_it_only_hands_o
         changed = [entry.Config.get_default_config, entry.Trainer.prepare, entry.Net.configure_optimizers,
                    entry.on_batch_end, entry.Trainer.train]
         called = functions_called_when_built(changed, entry.setup, {entry.__name__})
-        assert called == {"get_default_config": "setup -> Config.get_default_config",
-                          "prepare": "setup -> Trainer.prepare",
-                          "configure_optimizers": "setup -> Trainer.prepare -> Net.configure_optimizers"}, called
+        assert called == {"Config.get_default_config": "setup -> Config.get_default_config",
+                          "Trainer.prepare": "setup -> Trainer.prepare",
+                          "Net.configure_optimizers": "setup -> Trainer.prepare -> Net.configure_optimizers"}, called
         # `model.train()` is nn.Module's train(), most likely: Trainer.train, of the same name, is not followed
     finally:
         sys.path.remove(str(tmp_path))

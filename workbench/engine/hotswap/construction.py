@@ -166,7 +166,7 @@ def functions_called_when_built(changed: Iterable[types.FunctionType], start: An
     constructors (`modules`), each with the chain that reaches it: {"load_train_objs": "setup -> load_train_objs"}.
     What setup() built with them is the old code's result until a rebuild. Generator functions are left out: the
     running generator's own note says so."""
-    wanted = {fn.__code__: fn.__name__ for fn in changed if not fn.__code__.co_flags & inspect.CO_GENERATOR}
+    wanted = {fn.__code__: fn.__qualname__ for fn in changed if not fn.__code__.co_flags & inspect.CO_GENERATOR}
     if not wanted or start is None:
         return {}
     return {wanted[code]: chain for chain, code, _, _, called in _walk(start, frozenset(modules))

@@ -738,6 +738,10 @@ class _Planner:
                     self.changed.append(qual)
                     if new.name == "__init__":
                         self.rebuild_if_live[live_cls] = f"{qual} changed (line {new.line})"
+                    elif len(pairs) == 1 and _own_lines_changed(*pairs[0]):
+                        # A method setup() calls (`trainer.prepare()`) built what it built with the old code: said
+                        # as for a function (construction.py follows method calls by name).
+                        self.patched_functions[qual] = pairs[0][0]
                 return
             rebuilt = _rebind(new_attr, self.live, live_cls)
             if rebuilt is None:
