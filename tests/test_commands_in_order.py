@@ -68,3 +68,72 @@ def test_closing_stdin_while_paused_ends_every_rank_with_a_final_snapshot(tmp_pa
         assert [e["reason"] for e in rank_log(run) if e["event"] == "exit"] == ["input closed"]
     finally:
         run.close()
+
+
+RANK_1_DATA_FAILS = """
+import torch
+from torch import nn
+
+
+def batches(rank):
+    n = 0
+    while True:
+        n += 1
+        if rank == 1 and n == 1:
+            raise ValueError("rank 1's data failed")
+        yield torch.randn(4, 8)
+
+
+def setup(bench):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    return {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.01), "batches": batches(bench.rank)}
+
+
+def step(state, bench):
+    loss = state["model"](next(state["batches"])).pow(2).mean()
+    state["opt"].zero_grad()
+    loss.backward()
+    state["opt"].step()
+    return loss
+"""
+
+
+def test_a_resume_sent_with_a_step_that_fails_on_one_rank_comes_after_that_failure_on_every_rank(
+        tmp_path: Path) -> None:
+    """The `resume` a `step` held back ran before the exchange that said rank 1's step had failed: rank 1 rebuilt (its
+    generator ended) and rank 0 resumed, and their next collectives did not pair (gloo aborted the run). It waits for
+    that exchange now: every rank pauses for the failure, then every rank rebuilds and resumes (a review's finding)."""
+    run = Headless(project_folder(tmp_path, RANK_1_DATA_FAILS) / "train.py", "--nproc-per-node", "2", "--paused",
+                   "--no-watch")
+    try:
+        run.wait_event("paused", timeout=90)
+        steps_sent_at_once(run, ["step", "resume"])
+        run.wait_event("paused", timeout=30, reason="error")
+        rebuilt = run.wait_event("rebuild", timeout=60)
+        assert rebuilt["ok"], rebuilt
+        run.wait_event("resumed", timeout=30, reason="rebuild")
+        run.wait_event("paused", timeout=30, reason="error")  # the rebuilt generator fails on rank 1 again
+        run.send("quit")
+        assert run.finish(timeout=60) == 0, run.explain()
+    finally:
+        run.close()
+    ones = [e for e in rank_log(run) if e["event"] in ("rebuild", "resumed")]
+    assert [e["event"] for e in ones] == ["rebuild", "resumed"], ones  # rank 1 rebuilt with rank 0, once
+    assert not [e for e in run.events if e["event"] == "exit" and e["reason"] == "rank lost"]
+
+
+def test_input_closed_after_a_resume_comes_after_it_on_every_rank(tmp_path: Path) -> None:
+    """The end of input ran on rank 0 at once, before the `resume` sent before it had reached the ranks: the run
+    ended at its pause (`input closed`) instead of training to --max-steps (a review's finding)."""
+    run = Headless(project_folder(tmp_path) / "train.py", "--nproc-per-node", "2", "--paused", "--max-steps", "30")
+    try:
+        run.wait_event("paused", timeout=90)
+        steps_sent_at_once(run, ["resume"])
+        assert run.proc.stdin is not None
+        run.proc.stdin.close()
+        assert run.finish(timeout=90) == 0, run.explain()
+        assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "max steps", run.events[-1]
+        assert max(steps_of(run.events, 0)) == 30
+    finally:
+        run.close()

@@ -96,3 +96,25 @@ def test_an_iterator_inside_an_object_of_the_state_is_named_and_one_with_workers
                                "drawn as setup() made it"), notes
     assert "it reads again the batches a fresh start reads first" in notes[0]
     assert "goes on from the carried RNG states" not in notes[0]
+
+
+class Rows:
+    """An iterator of the project's own whose place is a plain counter: kept and put back (training_globals.py)."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+
+    def __iter__(self) -> "Rows":
+        return self
+
+    def __next__(self) -> int:
+        self.pos += 1
+        return self.pos
+
+
+def test_an_iterator_whose_own_counters_were_put_back_is_not_said_to_start_over() -> None:
+    """A review's finding: `state['rows'].pos` put back by the resume, and the note still said it started over."""
+    notes = fresh_iterator_notes({"rows": Rows()}, 5, ["state['rows'].pos"], lambda path: None)
+    assert notes == (), notes
+    notes = fresh_iterator_notes({"rows": Rows()}, 5, [], lambda path: None)
+    assert len(notes) == 1 and notes[0].startswith("state['rows'] (a Rows): the one setup() just made"), notes

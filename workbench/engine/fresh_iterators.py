@@ -41,7 +41,9 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
     outside it; `placed`: the stateful loaders given back their place (loader_places.py; by id, their paths), of
     which `reshuffled` were given a count of batches, not an order."""
     placed = placed or {}
-    found = iterators_in(state)
+    # A project object whose own counters the resume put back (`state['rows'].pos`, training_globals.py) goes on.
+    found = [(label, value) for label, value in iterators_in(state)
+             if not any(name.startswith(f"{label}.") for name in put_back)]
     if not found:
         return ()
     given = frozenset(placed)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workbench.engine.commands.reload import ApplyChanges
+from workbench.engine.commands.run_control import InputClosed
 from workbench.engine.control_plane import (
     CADENCE,
     CARRIED_VERSION,
@@ -152,6 +153,7 @@ _WIRE: dict[str, type[Command]] = {
     "RankPaused": RankPaused,
     "AgreedSource": AgreedSource,
     "EndRun": EndRun,
+    "InputClosed": InputClosed,  # in order with the commands before it, on every rank
 }
 STATE_CODES = {state: i for i, state in enumerate(RunState)}
 STEP_FIELDS = 5  # step, loss, ms, code version, time: one trained step in a payload's binary part
@@ -257,10 +259,10 @@ class Lockstep:
 
         Every rank makes the same calls at the same turns: the cadence each uses comes from the exchange it just
         collected, and every rank collected the same one."""
-        if worker._after_step:  # commands a `step` held back, the step now run: before anything new is taken
-            worker.run_held_back()
-            if worker._quit or worker._step_once:
-                return
+        # Commands a `step` held back, the step now run: they wait for the next exchange, which says whether that
+        # step failed on some rank (its report runs first), and it comes at once. Run before it, a `resume` sent with
+        # the `step` rebuilt on the rank whose step failed and resumed on the other (a collective mismatch).
+        held = bool(worker._after_step) and not worker._step_once
         self._turn += 1
         now = self.doorbell is not None and self.doorbell.at_boundary(self._turn)  # every rank agreed on this turn
         if not now and self.doorbell is not None and self.doorbell.declined and not worker.commands.empty():
@@ -275,11 +277,11 @@ class Lockstep:
             self._collect(worker, posted, run_commands=True)
             if worker._quit:
                 return
-        if self._posted is None and (now or self._turn >= self._next_exchange):
-            self._post(worker, block and self.rank == 0)
-            if now:  # a command is waiting: collected at once rather than a turn later
+        if self._posted is None and (now or held or self._turn >= self._next_exchange):
+            self._post(worker, block and self.rank == 0 and not held)
+            if now or held:  # a command is waiting: collected at once rather than a turn later
                 posted, self._posted = self._posted, None
-                self._collect(worker, posted, run_commands=True)
+                self._collect(worker, posted, run_commands=True, release=held)  # posted after the held step ran
                 if worker._quit:
                     return
 
@@ -332,9 +334,11 @@ class Lockstep:
         self._posted = self.plane.post(row, data, commands=bool(commands))
         self._posted_turn, self._collect_at = self._turn, self._turn + 1
 
-    def _collect(self, worker: TrainingWorker, posted: BoundaryExchange, run_commands: bool) -> None:
+    def _collect(self, worker: TrainingWorker, posted: BoundaryExchange, run_commands: bool,
+                 release: bool = False) -> None:
         """Every rank's row: the summary, the cadence; the bytes, gathered at once when they hold commands, else
-        posted when some rank has any."""
+        posted when some rank has any. `release`: an exchange posted after a held `step` ran, which holds any
+        failure of that step: the commands the step held back run after it (`TrainingWorker.run_in_order`)."""
         self.rows = posted.collect()
         if self.rank == 0:
             for row in self.rows:
@@ -344,14 +348,18 @@ class Lockstep:
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
         self._next_exchange = self._posted_turn + self.cadence
         if not any(row.payload_bytes for row in self.rows):
+            if run_commands and release:
+                worker.run_in_order([], release=True)  # no rank said anything (no failure): the held commands now
             return
         payload = self.plane.post_bytes(posted.payload, [row.payload_bytes for row in self.rows])
         if any(row.commands for row in self.rows):
-            self._deliver(worker, payload.collect(), run_commands)
+            self._deliver(worker, payload.collect(), run_commands, release)
         else:
             self._payload = payload
+            if run_commands and release:
+                worker.run_in_order([], release=True)  # steps only, no command: no rank failed
 
-    def _deliver(self, worker: TrainingWorker, batches: list[bytes], run_commands: bool) -> None:
+    def _deliver(self, worker: TrainingWorker, batches: list[bytes], run_commands: bool, release: bool = False) -> None:
         """What every rank said, in rank order: other ranks' steps to rank 0's stream, then the commands dispatched.
         Every rank's steps first: a quit among rank 0's commands ends the loop, and rank 1's steps in the same
         exchange were dropped from the stream (a quit on 2 ranks lost rank 1's last 4 step events)."""
@@ -365,9 +373,9 @@ class Lockstep:
             commands = [decode(item) for _, (commands, _) in said for item in commands]
             # A rank's failure first: it happened before this boundary, and a command of rank 0's in the same exchange
             # (a `step`, a `resume` that rebuilds) was sent not knowing it. After them, it paused the ranks again once
-            # they had recovered, on an error already dealt with (minGPT under DDP, ported).
-            commands.sort(key=lambda command: type(command) is not RankPaused)
-            worker.run_in_order(commands)
+            # they had recovered, on an error already dealt with (minGPT under DDP, ported). Then what a `step` held
+            # back, then the rest.
+            worker.run_in_order(commands, release)
 
     def _drain(self, worker: TrainingWorker, block: bool) -> list[Command]:
         found: list[Command] = []
@@ -491,7 +499,10 @@ def rank_paused(worker: TrainingWorker, command: RankPaused) -> None:
     if command.broken is not None:  # every rank agrees the state needs a rebuild (and maybe new groups) to go on
         renew = command.renew_group or (worker.broken is not None and worker.broken.renew_group)
         worker.broken = Broken(command.broken, renew)
-    if worker.state is RunState.RUNNING:
+    if worker.state is RunState.RUNNING or (worker.state is RunState.PAUSED and not is_error_pause(worker.pause_reason)):
+        # Paused by the user (a `step` ran while paused, and failed on that rank): every rank's pause is for this
+        # failure now, so a `resume` rebuilds on every rank alike (it rebuilt on the failed rank alone, and resumed
+        # on the others: a collective mismatch).
         worker._pause(command.reason, announce=False)
     elif worker.exit_on_error_pause and worker.lockstep is not None:
         worker.lockstep.end_run(worker, command.reason)

@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -342,15 +342,21 @@ class TrainingWorker(threading.Thread):
             except queue.Empty:
                 return
 
-    def run_in_order(self, commands: Iterable[Command]) -> None:
-        """Under torchrun, a batch every rank received alike: dispatched in order, each `step` run before the commands
-        after it (kept for the next boundary, `run_held_back`). The split is by the commands' kinds alone, never by a
-        rank's own state, so every rank splits the batch at the same place."""
+    def run_in_order(self, commands: list[Command], release: bool = False) -> None:
+        """Under torchrun, an exchange's commands, which every rank received alike: the ranks' failures first, then
+        the rest in order, each `step` run before the commands after it, which wait for an exchange posted after that
+        step ran (`release`): it holds any failure of the step, which runs before them. While a step is owed or
+        commands wait, the new ones wait behind them. The split is by the commands' kinds and the exchanges alone,
+        never by a rank's own state, so every rank splits the same way."""
         self._after_step.extend(commands)
-        self.run_held_back()
+        if self._step_once or (len(self._after_step) > len(commands) and not release):
+            return
+        waiting = list(self._after_step)
+        self._after_step = deque(sorted(waiting, key=lambda command: type(command).__name__ != "RankPaused"))
+        self._run_held_back()
 
-    def run_held_back(self) -> None:
-        """The commands a `step` held back, up to and with the next `step`; nothing after a quit."""
+    def _run_held_back(self) -> None:
+        """The commands in order, up to and with the next `step`; nothing after a quit."""
         while self._after_step:
             command = self._after_step.popleft()
             dispatch(self, command)

@@ -172,7 +172,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         notes.append(f"the iterators the new setup() made were not looked at ({type(exc).__name__}: {exc})")
     made_by_setup = worker.training_globals.state_values(new_state, project_modules)
     tensors_as_made = TrainingTensors()  # the baseline is what setup() made, so what is carried stays training's
-    tensors_as_made.mark(worker._namespaces() + state_namespace(new_state))
+    tensors_as_made.mark(worker._namespaces() + state_namespace(new_state, project_modules))
     try:
         notes.extend(carry_tensors(worker.training_tensors, worker.user_state, new_state,
                                    list(find_with_globals(worker.user_state, namespaces)[0].values())))

@@ -43,7 +43,8 @@ _CALLS_MARKED = sys.version_info >= (3, 11)
 
 
 def _calls(code: types.CodeType) -> tuple[set[str], set[str]]:
-    """The globals the code (and code nested in it) calls, and the method names it calls (`x.prepare()`)."""
+    """The globals the code (and code nested in it) calls, and the attribute names it loads, which its method calls
+    (`x.prepare()`) are among."""
     functions: set[str] = set()
     methods: set[str] = set()
     for instruction in dis.get_instructions(code):
@@ -53,8 +54,9 @@ def _calls(code: types.CodeType) -> tuple[set[str], set[str]]:
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
             if not _CALLS_MARKED or instruction.opname == "LOAD_NAME" or (instruction.arg or 0) & 1:
                 functions.add(name)
-        elif instruction.opname == "LOAD_METHOD" or (instruction.opname == "LOAD_ATTR" and sys.version_info >= (3, 12)
-                                                     and (instruction.arg or 0) & 1):
+        elif instruction.opname in ("LOAD_METHOD", "LOAD_ATTR"):
+            # Any attribute: a call with *args or **kwargs (and on 3.10 with keywords) loads it as a plain attribute
+            # (`_methods_by_name` leaves out the names a library's object has).
             methods.add(name)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
