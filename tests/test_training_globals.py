@@ -282,9 +282,9 @@ def test_a_counter_of_a_project_object_in_the_state_is_kept_put_back_and_carried
     paused = live.wait_for(is_event("paused"))
     live.send(Rebuild())
     rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
-    assert rebuilt.ok and any(note.startswith("carried over (plain values of the state that training changed, which "
-                                              f"setup() made again as they began): state['trainer'].iter_num = "
-                                              f"{paused.step}, state['trainer'].best = ") for note in rebuilt.notes), rebuilt
+    carried = ("carried over (plain values of the state that training changed, which setup() made again as they "
+               f"began): state['trainer'].iter_num = {paused.step}, state['trainer'].best = ")
+    assert rebuilt.ok and any(note.startswith(carried) for note in rebuilt.notes), rebuilt
     live.send(StepOnce())
     after = live.wait_for(is_event("step", step=paused.step + 1), timeout=30)
     assert after.scalars["count"] == paused.step + 1

@@ -499,7 +499,8 @@ def rank_paused(worker: TrainingWorker, command: RankPaused) -> None:
     if command.broken is not None:  # every rank agrees the state needs a rebuild (and maybe new groups) to go on
         renew = command.renew_group or (worker.broken is not None and worker.broken.renew_group)
         worker.broken = Broken(command.broken, renew)
-    if worker.state is RunState.RUNNING or (worker.state is RunState.PAUSED and not is_error_pause(worker.pause_reason)):
+    paused_by_user = worker.state is RunState.PAUSED and not is_error_pause(worker.pause_reason or "")
+    if worker.state is RunState.RUNNING or paused_by_user:
         # Paused by the user (a `step` ran while paused, and failed on that rank): every rank's pause is for this
         # failure now, so a `resume` rebuilds on every rank alike (it rebuilt on the failed rank alone, and resumed
         # on the others: a collective mismatch).
