@@ -57,24 +57,22 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
     kept = ("A rebuild carries the weights, the optimizers and their LR schedules, counters, the tensors training "
             "changed, loaders' places and random streams" if rebuild else
             "A snapshot keeps the weights, the optimizer, the step, the RNG states and counters in globals")
+
+    def starts_over(iterators: list[tuple[str, Any]], how: str, then: str) -> str:
+        shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in iterators)
+        return (f"{shown}: the one {'the new setup() made' if rebuild else 'setup() just made'}, so it starts from "
+                f"its beginning, not where step {step} left it{how}. {kept}, not an iterator's place: {then}")
+
     if drawn:
-        shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in drawn)
-        notes.append(
-            f"{shown}: the one {'the new setup() made' if rebuild else 'setup() just made'}, so it starts from its "
-            f"beginning, not where step {step} left it, in the order drawn as setup() made it (its workers were "
-            f"handed their first batches then): it reads again the batches a fresh start reads first. {kept}, not an "
-            "iterator's place: make the iterator in step() or in a generator, or read a torchdata "
-            "StatefulDataLoader, whose place goes on"
-        )
+        notes.append(starts_over(
+            drawn, ", in the order drawn as setup() made it (its workers were handed their first batches then): it "
+            "reads again the batches a fresh start reads first",
+            "make the iterator in step() or in a generator, or read a torchdata StatefulDataLoader, whose place goes on"))
     if fresh:
-        shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in fresh)
-        notes.append(
-            f"{shown}: the one {'the new setup() made' if rebuild else 'setup() just made'}, so it starts from its "
-            f"beginning, not where step {step} left it. {kept}, not an iterator's place: one that walks a dataset in "
-            f"order or by epochs starts it over; one that draws at random goes on from the "
-            f"{'carried' if rebuild else 'restored'} RNG states (a torchdata StatefulDataLoader it reads would go on "
-            "from its place)"
-        )
+        notes.append(starts_over(
+            fresh, "", "one that walks a dataset in order or by epochs starts it over; one that draws at random goes "
+            f"on from the {'carried' if rebuild else 'restored'} RNG states (a torchdata StatefulDataLoader it reads "
+            "would go on from its place)"))
     for label, value in found:
         if reading.get(label):
             streams = all(isinstance(loader, torch.Generator) for loader in read[label])
