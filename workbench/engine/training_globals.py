@@ -63,10 +63,15 @@ def object_namespaces(state: Any, project_modules: frozenset[str]) -> Namespaces
 
 
 def _project_object(value: Any, project_modules: frozenset[str]) -> bool:
+    """An object of the project's own class with attributes, and no keeping of its own: torch's modules, optimizers,
+    schedulers and loaders have theirs, as has an object with `state_dict()` and `load_state_dict()` (an EMA, a loader
+    of the project's: loader_places.py gives it what its `state_dict()` held)."""
     import torch
 
     kind = type(value)
+    own_keeping = callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
     return (kind.__module__ in project_modules and hasattr(value, "__dict__") and not isinstance(value, type)
+            and not own_keeping
             and not isinstance(value, (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler,
                                        torch.utils.data.DataLoader, torch.utils.data.Dataset)))
 

@@ -386,7 +386,7 @@ class TrainingWorker(threading.Thread):
             self._state_built_at = self.reloader.version
             self.schedules_as_made = as_made(self.user_state, self._namespaces())  # what a rebuild compares with
             self.setup_rebinds.record(found, self._namespaces())
-            self.training_globals.mark(self._training_namespaces())
+            self.training_globals.mark(self._plain_value_namespaces())
             self.training_tensors.mark(self._training_namespaces())
         except Exception as exc:  # noqa: BLE001 - the user's setup failing is expected, and reported
             seconds = time.monotonic() - self.setup_started
@@ -492,7 +492,7 @@ class TrainingWorker(threading.Thread):
         the stateful data loaders (loader_places.py), and what the iterators setup() made start from
         (fresh_iterators.py): the resume's notes."""
         try:
-            done, left = put_back(saved, self._training_namespaces())
+            done, left = put_back(saved, self._plain_value_namespaces())
         except Exception as exc:  # noqa: BLE001 - the model is loaded: the counters starting over is said, not fatal
             done, left = [], [f"the snapshot's plain values ({type(exc).__name__}: {exc})"]
         in_state = [entry for entry in done if entry.startswith("state[")]
@@ -576,7 +576,12 @@ class TrainingWorker(threading.Thread):
         return [(m.__name__, vars(m)) for m in self.project.modules().values()]
 
     def _training_namespaces(self) -> list[tuple[str, dict[str, Any]]]:
-        """Where plain training values live (training_globals.py): the module globals, and setup()'s state dict."""
+        """Where training tensors live (training_tensors.py): the module globals, and setup()'s state dict."""
+        return self._namespaces() + state_namespace(self.user_state)
+
+    def _plain_value_namespaces(self) -> list[tuple[str, dict[str, Any]]]:
+        """Where plain training values live (training_globals.py): the module globals, setup()'s state dict, and the
+        project's own objects at its top (`state['trainer'].iter_num`)."""
         namespaces = self._namespaces()
         return namespaces + state_namespace(self.user_state, frozenset(name for name, _ in namespaces))
 
@@ -1084,7 +1089,7 @@ class TrainingWorker(threading.Thread):
         return {rank: unpack_places(raw) for rank, raw in enumerate(every) if raw}
 
     def _changed_globals(self) -> dict[str, Any]:
-        return self.training_globals.changed(self._training_namespaces(), self.setup_rebinds.bound_since_setup())
+        return self.training_globals.changed(self._plain_value_namespaces(), self.setup_rebinds.bound_since_setup())
 
     def _update_run_record(self, **extra: Any) -> None:
         if self.run_record is not None:

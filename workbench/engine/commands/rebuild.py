@@ -172,7 +172,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         notes.append(f"the iterators the new setup() made were not looked at ({type(exc).__name__}: {exc})")
     made_by_setup = worker.training_globals.state_values(new_state, project_modules)
     tensors_as_made = TrainingTensors()  # the baseline is what setup() made, so what is carried stays training's
-    tensors_as_made.mark(worker._namespaces() + state_namespace(new_state, project_modules))
+    tensors_as_made.mark(worker._namespaces() + state_namespace(new_state))  # as the worker's: no project objects
     try:
         notes.extend(carry_tensors(worker.training_tensors, worker.user_state, new_state,
                                    list(find_with_globals(worker.user_state, namespaces)[0].values())))
@@ -193,7 +193,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     for version, module, names in bound_by_held:
         worker.setup_rebinds.saved(version, module, names)
     worker.setup_rebinds.record(found, worker._namespaces())
-    worker.training_globals.mark(worker._training_namespaces(), made_by_setup)
+    worker.training_globals.mark(worker._plain_value_namespaces(), made_by_setup)
     worker.training_tensors = tensors_as_made
     worker._state_bytes_estimate = None  # the new state's size, when next asked
     worker.eval_watch.refresh(new_state)
