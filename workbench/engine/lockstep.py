@@ -489,9 +489,8 @@ def rank_paused(worker: TrainingWorker, command: RankPaused) -> None:
     resumed from since (a fix saved, `resume`) reached rank 0 late, behind a rank held in a training collective: it
     is said, and pauses nothing (it paused every rank again, on an error already fixed: minGPT under DDP, ported)."""
     if command.resumes < worker.resumes:
-        own = worker._failure.message.split(" for rank")[0]
         if worker.lockstep is not None and worker.lockstep.rank == 0 and command.rank != 0 \
-                and own != command.message.split(" for rank")[0]:  # not what rank 0 said of its own step
+                and not _same_words(worker._failure.message, command.message):  # rank 0 said it of its own step
             worker.bus.publish(Error(where="step", message=f"rank {command.rank}, before the ranks resumed: "
                                      f"{command.message}", file=command.file, line=command.line,
                                      traceback=command.traceback))
@@ -516,8 +515,12 @@ def rank_paused(worker: TrainingWorker, command: RankPaused) -> None:
 def _said(worker: TrainingWorker, command: RankPaused) -> bool:
     """Rank 0 failed the same way at the same step (every rank ran the same new code): its own error says it."""
     own = worker._failure
-    same_words = own.message.split(" for rank")[0] == command.message.split(" for rank")[0]
-    return bool(own.message) and own.step == worker.step and same_words
+    return bool(own.message) and own.step == worker.step and _same_words(own.message, command.message)
+
+
+def _same_words(own: str, other: str) -> bool:
+    """Two ranks' failure messages that say the same, but for the rank each names."""
+    return own.split(" for rank")[0] == other.split(" for rank")[0]
 
 
 @handles(EndRun)
