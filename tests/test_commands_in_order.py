@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.test_distributed import project_folder, rank_log, steps_of
+from tests.test_distributed import PROJECT, project_folder, rank_log, steps_of
 from tests.test_headless import Headless
 
 
@@ -135,5 +135,30 @@ def test_input_closed_after_a_resume_comes_after_it_on_every_rank(tmp_path: Path
         assert run.finish(timeout=90) == 0, run.explain()
         assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "max steps", run.events[-1]
         assert max(steps_of(run.events, 0)) == 30
+    finally:
+        run.close()
+
+
+PLAIN_EVALUATE = '''
+
+def evaluate(state, bench):
+    return {"val": 1.0}
+'''
+
+
+def test_input_closed_after_the_last_step_leaves_its_due_evaluation_to_run_first(tmp_path: Path) -> None:
+    """`step` then the end of input at --max-steps 1 --eval-every 1: the step's evaluation, a command queued after it,
+    was skipped, and the run ended `input closed` (a review's finding). It runs on every rank, then the run ends as
+    --max-steps says."""
+    project = project_folder(tmp_path, PROJECT + PLAIN_EVALUATE)
+    run = Headless(project / "train.py", "--nproc-per-node", "2", "--paused", "--max-steps", "1", "--eval-every", "1")
+    try:
+        run.wait_event("paused", timeout=90)
+        steps_sent_at_once(run, ["step"])
+        assert run.proc.stdin is not None
+        run.proc.stdin.close()
+        assert run.finish(timeout=90) == 0, run.explain()
+        assert [e["scalars"] for e in run.events if e["event"] == "evaluate"] == [{"val": 1.0}], run.explain()
+        assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "max steps", run.events[-1]
     finally:
         run.close()

@@ -202,6 +202,24 @@ def test_the_walk_follows_methods_setup_calls_and_not_a_callback_it_only_hands_o
         sys.modules.pop("wb_setup_calls_methods", None)
 
 
+def test_a_method_called_with_keywords_through_its_class_is_called_and_the_class_is_not_built(tmp_path: Path) -> None:
+    """`Tools.make(**cfg)`: 3.11 and 3.12 mark `Tools` as a called global (the call goes through CALL_FUNCTION_EX), so
+    an edit of `Tools.__init__`, which setup() never ran, was said to be built into the state."""
+    sys.path.insert(0, str(tmp_path))
+    try:
+        entry = _module(tmp_path, "wb_setup_calls_keywords", (
+            "class Tools:\n"
+            "    def __init__(self):\n        self.ready = True\n"
+            "    @staticmethod\n    def make(**kw):\n        return dict(kw)\n\n"
+            "def setup(bench):\n    cfg = {'lr': 0.1}\n    return {'made': Tools.make(**cfg)}\n"
+        ))
+        called = functions_called_when_built([entry.Tools.__init__, entry.Tools.make], entry.setup, {entry.__name__})
+        assert called == {"Tools.make": "setup -> Tools.make"}, called
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("wb_setup_calls_keywords", None)
+
+
 SCRIPT_PY = """\
 import torch
 

@@ -19,7 +19,9 @@ So are the plain attributes of the project's own objects in that state: minGPT's
 and a resume or rebuild began it at 0 with no note, so the run went apart from the one that never stopped. Each
 such object is one more namespace (its `vars()`), named by the path the user's code reaches it by
 (`state['trainer']`), so `state['trainer'].iter_num` is kept, put back and carried as `state['step']` is. Torch's
-own objects (modules, optimizers, loaders) are not among them: their state has its own keeping.
+own objects (modules, optimizers, loaders, datasets) are not among them: their state has its own keeping; nor is an
+object with `state_dict()` and `load_state_dict()` (an EMA), which keeps itself; nor an object's tensors, which the
+state's tensors' keeping (training_tensors.py) has, or not, as before.
 """
 
 from __future__ import annotations

@@ -42,17 +42,25 @@ def _globals_loaded(code: types.CodeType) -> Iterator[str]:
 _CALLS_MARKED = sys.version_info >= (3, 11)
 
 
+def _attribute_called(after: dis.Instruction | None) -> bool:
+    """3.11 and 3.12 mark the global of `Cls.m(**kw)` (a call through CALL_FUNCTION_EX) as called: what is called
+    is its attribute, when one is loaded straight after it."""
+    return after is not None and after.opname in ("LOAD_ATTR", "LOAD_METHOD")
+
+
 def _calls(code: types.CodeType) -> tuple[set[str], set[str]]:
     """The globals the code (and code nested in it) calls, and the attribute names it loads, which its method calls
     (`x.prepare()`) are among."""
     functions: set[str] = set()
     methods: set[str] = set()
-    for instruction in dis.get_instructions(code):
+    instructions = list(dis.get_instructions(code))
+    for instruction, after in zip(instructions, instructions[1:] + [None]):
         name = instruction.argval
         if not isinstance(name, str):
             continue
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            if not _CALLS_MARKED or instruction.opname == "LOAD_NAME" or (instruction.arg or 0) & 1:
+            if not _CALLS_MARKED or instruction.opname == "LOAD_NAME" or (
+                    (instruction.arg or 0) & 1 and not _attribute_called(after)):
                 functions.add(name)
         elif instruction.opname in ("LOAD_METHOD", "LOAD_ATTR"):
             # Any attribute: a call with *args or **kwargs (and on 3.10 with keywords) loads it as a plain attribute
