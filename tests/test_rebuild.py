@@ -118,6 +118,26 @@ def test_init_change_with_live_instances_is_held_until_rebuild_which_carries_wei
     assert steps[0].step > after_hold[-1].step, "the step counter restarted"
 
 
+def test_a_later_save_of_a_file_holding_a_change_says_its_own_edits_wait_for_that_change(start_session):
+    """minGPT, ported: once `Block.__init__` was held, an edit of `NewGELU.forward` in the same file was listed as held
+    with no reason of its own (`needs_rebuild` named only `Block.__init__`)."""
+    live = start(start_session)
+    model_py = live.root / "model.py"
+    init_only = MODEL_PY.replace(
+        "        self.head = torch.nn.Linear(8, 1)\n",
+        "        self.head = torch.nn.Linear(8, 1)\n        self.scale = torch.nn.Parameter(torch.full((1,), 2.0))\n",
+    )
+    save(model_py, init_only)
+    first = live.wait_for(is_event("reload", file="model.py"))
+    assert first.held == ("Net.__init__",) and not any("held with" in n for n in first.notes), first
+    save(model_py, init_only.replace("torch.relu(self.body(x))", "torch.tanh(self.body(x))"))
+    second = live.wait_for(is_event("reload", file="model.py", held=("Net.__init__", "Net.forward")))
+    assert any("Net.__init__ changed" in r for r in second.needs_rebuild), second.needs_rebuild
+    said = [n for n in second.notes if n.startswith("Net.forward held with")]
+    assert said and "already holds for a rebuild (Net.__init__)" in said[0], second.notes
+    assert all(e.code_version == 0 for e in live.events.steps(2)), "nothing was applied"
+
+
 def test_setup_change_is_held_and_rebuild_runs_the_new_setup(start_session):
     live = start(start_session)
     save(live.entry, TRAIN_PY.replace('return {"model": model, "opt": opt}', 'return {"model": model, "opt": opt, "extra": 5}'))

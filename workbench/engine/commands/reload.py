@@ -72,6 +72,7 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
         ]
     if reasons and worker.user_state is not None:
         # Applying would leave live objects built by old code running new code: hold it back.
+        held_along = _held_along(worker._held.get(changeset.path), changeset)
         worker._held[changeset.path] = changeset
         worker.reloader.forget_prepared(changeset.path)
         worker.bus.publish(
@@ -88,6 +89,7 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
                         "models and optimizers the files build at import), carrying weights and optimizer state over, "
                         "or keep going on the old code"
                     ),
+                    *held_along,
                     *changeset.notes,
                 ),
             )
@@ -330,6 +332,20 @@ def _rolled_back_rebuild_reasons(worker: TrainingWorker, undone: AppliedVersion)
     return _reasons_with_live_instances(
         worker, undone.needs_rebuild, undone.rebuild_if_live, "live instances built by the rolled-back code"
     )
+
+
+def _held_along(before: ChangeSet | None, now: ChangeSet) -> list[str]:
+    """A save of a file that holds a change for a rebuild is held whole: the names this save changed are held for the
+    earlier change's reason, which `needs_rebuild` gives; say so, or they look held for none (minGPT, ported: an edited
+    `NewGELU.forward` held behind `Block.__init__`)."""
+    if before is None:
+        return []
+    earlier = [name for name in before.changed if name in now.changed]
+    alone = [name for name in now.changed if name not in before.changed]
+    if not earlier or not alone:
+        return []
+    return [f"{', '.join(alone)} held with the change this file already holds for a rebuild ({', '.join(earlier)}): "
+            "a file's changes are applied together; press R, or save the held change back to apply the rest"]
 
 
 def _reasons_with_live_instances(
