@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import is_event, save
 
-from workbench.engine.hotswap.construction import functions_called_when_built
+from workbench.engine.hotswap.construction import constants_read_when_built, functions_called_when_built
 from workbench.protocol.events import Rebuild, Rollback, RunStatements, StepOnce
 
 MODEL_PY = """\
@@ -218,6 +218,31 @@ def test_a_method_called_with_keywords_through_its_class_is_called_and_the_class
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("wb_setup_calls_keywords", None)
+
+
+def test_a_function_handed_to_model_apply_is_called_by_setup_and_a_callback_reads_no_constant_then(
+        tmp_path: Path) -> None:
+    """`model.apply(init_weights)` runs `init_weights` inside setup(), as a call does: an edit of it, or of the
+    constant it reads, leaves the live model initialized by the old code. A callback setup() only registers reads its
+    constants when it runs: `STD` was said to be "read when setup() built the live state" through it."""
+    sys.path.insert(0, str(tmp_path))
+    try:
+        entry = _module(tmp_path, "wb_setup_calls_apply", (
+            "import torch\n\nSTD = 0.02\nSCALE = 2.0\n\n"
+            "def init_weights(m):\n    if isinstance(m, torch.nn.Linear):\n"
+            "        torch.nn.init.normal_(m.weight, std=STD)\n\n"
+            "def on_batch(t):\n    return SCALE\n\n"
+            "def register(fn):\n    pass\n\n"
+            "def setup(bench):\n    model = torch.nn.Linear(2, 2)\n    model.apply(init_weights)\n"
+            "    register(on_batch)\n    return {'model': model}\n"
+        ))
+        called = functions_called_when_built([entry.init_weights, entry.on_batch], entry.setup, {entry.__name__})
+        assert called == {"init_weights": "setup -> init_weights"}, called
+        read = constants_read_when_built(vars(entry), ["STD", "SCALE"], entry.setup)
+        assert read == {"STD": ["setup -> init_weights"]}, read
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("wb_setup_calls_apply", None)
 
 
 SCRIPT_PY = """\

@@ -42,6 +42,16 @@ def _globals_loaded(code: types.CodeType) -> Iterator[str]:
 _CALLS_MARKED = sys.version_info >= (3, 11)
 
 
+# Handed as the first argument to one of these, a function runs before the call returns: `model.apply(init_weights)`
+# initializes the model with it in setup(), where a callback handed to `register(on_batch)` runs later.
+_CALL_AT_ONCE = frozenset({"apply", "map", "filter", "sorted"})
+
+
+def _handed_to_a_caller(before: dis.Instruction | None) -> bool:
+    return before is not None and before.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL") \
+        and before.argval in _CALL_AT_ONCE
+
+
 def _attribute_called(after: dis.Instruction | None) -> bool:
     """3.11 and 3.12 mark the global of `Cls.m(**kw)` (a call through CALL_FUNCTION_EX) as called: what is called
     is its attribute, when one is loaded straight after it."""
@@ -54,12 +64,12 @@ def _calls(code: types.CodeType) -> tuple[set[str], set[str]]:
     functions: set[str] = set()
     methods: set[str] = set()
     instructions = list(dis.get_instructions(code))
-    for instruction, after in zip(instructions, instructions[1:] + [None]):
+    for before, instruction, after in zip([None, *instructions], instructions, instructions[1:] + [None]):
         name = instruction.argval
         if not isinstance(name, str):
             continue
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            if not _CALLS_MARKED or instruction.opname == "LOAD_NAME" or (
+            if not _CALLS_MARKED or instruction.opname == "LOAD_NAME" or _handed_to_a_caller(before) or (
                     (instruction.arg or 0) & 1 and not _attribute_called(after)):
                 functions.add(name)
         elif instruction.opname in ("LOAD_METHOD", "LOAD_ATTR"):
@@ -164,7 +174,9 @@ def constants_read_when_built(namespace: dict[str, Any], constants: Iterable[str
     if not wanted or start is None:
         return {}
     found: dict[str, list[str]] = {}
-    for chain, _, loaded, _, _ in _walk(start, frozenset({namespace.get("__name__", "")})):
+    for chain, _, loaded, _, called in _walk(start, frozenset({namespace.get("__name__", "")})):
+        if not called:
+            continue  # a callback setup() only hands on reads its constants when it runs, later
         for name in loaded:
             if name in wanted:
                 found.setdefault(name, []).append(chain)
