@@ -1241,7 +1241,10 @@ def test_eval_every_runs_evaluate_on_every_rank_at_one_boundary_and_a_collective
     one = {e["step"]: e for e in rank_log(run) if e["event"] == "evaluate" and e["scalars"]["val"] == 2.0}
     for event in zero:  # both ranks ran it at the same boundary: after the same step, the same all-reduced value
         assert event["step"] in one and one[event["step"]]["scalars"] == event["scalars"], (event, one)
-        assert event["step"] % 5 in (0, 1, 2), event  # queued after a 5th step, run a turn or two later
+    # Queued after every 5th step, run a turn or two later (more on a loaded machine, whose doorbell proposes turns
+    # further ahead): one evaluation for each, after it.
+    steps = sorted(e["step"] for e in zero)
+    assert steps and steps[0] >= 5 and len({step // 5 for step in steps}) == len(steps), steps
 
 
 def test_the_evaluation_due_at_the_last_step_runs_on_every_rank_before_the_run_ends(tmp_path: Path):
