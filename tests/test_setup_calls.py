@@ -245,6 +245,37 @@ def test_a_function_handed_to_model_apply_is_called_by_setup_and_a_callback_read
         sys.modules.pop("wb_setup_calls_apply", None)
 
 
+def test_a_lambda_or_inner_function_setup_hands_on_reads_its_constants_later_one_it_calls_reads_them_now(
+        tmp_path: Path) -> None:
+    """LambdaLR's warm-up lambda and a `collate_fn` defined in setup() read WARMUP and MAXLEN each time they run: an
+    edit of either is what the live lambda reads next, yet the reload said it "was read when setup() built the live
+    state", offering a rebuild nothing needed. What setup() runs as it builds (an inner function it calls, a lambda
+    handed to `model.apply`, a comprehension, a class body) still counts."""
+    sys.path.insert(0, str(tmp_path))
+    try:
+        entry = _module(tmp_path, "wb_setup_calls_lambdas", (
+            "import torch\n\nWARMUP = 10\nMAXLEN = 5\nWIDTH = 4\nSTD = 0.5\nK = 2\nH = 3\nTAG = 'a'\n\n"
+            "def setup(bench):\n"
+            "    model = torch.nn.Linear(WIDTH, 2)\n"
+            "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP))\n"
+            "    def collate(b):\n        return b[:MAXLEN]\n"
+            "    def hidden(w):\n        return w * H\n"
+            "    width = hidden(3)\n"
+            "    model.apply(lambda m: m.weight.data.mul_(STD) if isinstance(m, torch.nn.Linear) else None)\n"
+            "    sizes = [x * K for x in range(3)]\n"
+            "    class Local:\n        tag = TAG\n"
+            "    return {'model': model, 'opt': opt, 'sched': sched, 'collate': collate}\n"
+        ))
+        names = ["WARMUP", "MAXLEN", "WIDTH", "STD", "K", "H", "TAG"]
+        read = constants_read_when_built(vars(entry), names, entry.setup)
+        expected = {"WIDTH", "STD", "K", "H", "TAG"} if sys.version_info >= (3, 11) else set(names)
+        assert set(read) == expected, read
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("wb_setup_calls_lambdas", None)
+
+
 SCRIPT_PY = """\
 import torch
 

@@ -27,14 +27,70 @@ _MAX_FUNCTIONS = 200  # a bound on the walk through what setup() calls
 _CONSTRUCTORS = ("__init__", "__post_init__")
 
 
+_RUN_WHERE_WRITTEN = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+_CALLED_AS_MADE = ("LOAD_BUILD_CLASS", "PUSH_NULL")  # 3.13 pushes the NULL after the function is made
+_STORES = ("STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL")
+
+
+def _nested_run_at_once(code: types.CodeType) -> Iterator[types.CodeType]:
+    """The code nested in `code` that runs while it runs: a comprehension, a function it defines and calls, or hands to
+    `model.apply`. Not a lambda or function it only hands on (LambdaLR's warm-up lambda, a `collate_fn`): that reads
+    its globals each time it runs, later, so an edited WARMUP is what the live lambda reads next. Before 3.11 a call
+    is not told from a hand-over: all of it, as before."""
+    nested = [const for const in code.co_consts if isinstance(const, types.CodeType)]
+    if not nested or not _CALLS_MARKED:
+        yield from nested
+        return
+    instructions = list(dis.get_instructions(code))
+    called = _local_functions_called(instructions)
+    for at, instruction in enumerate(instructions):
+        made = instruction.argval
+        if instruction.opname != "LOAD_CONST" or not isinstance(made, types.CodeType):
+            continue
+        before = _before_closure(instructions, at)
+        made_then = instructions[at + 2] if at + 2 < len(instructions) else None
+        if made.co_name in _RUN_WHERE_WRITTEN or (before is not None and before.opname in _CALLED_AS_MADE) \
+                or (made_then is not None and made_then.opname == "PUSH_NULL"):
+            yield made  # a class body, `(lambda: ...)()`: run where written
+        elif made.co_name == "<lambda>":
+            if _handed_to_a_caller(before):
+                yield made
+        else:
+            stored = next((later.argval for later in instructions[at + 1:at + 6] if later.opname in _STORES), None)
+            if stored is None or stored in called:  # a decorated or otherwise unusual def: as before, it runs
+                yield made
+
+
+def _local_functions_called(instructions: list[dis.Instruction]) -> set[str]:
+    """Local names the code calls (3.11-3.12 push NULL before loading one to call, 3.13 after) or hands to
+    `model.apply`."""
+    called: set[str] = set()
+    for at, instruction in enumerate(instructions):
+        if instruction.opname not in ("LOAD_FAST", "LOAD_DEREF"):
+            continue
+        before = instructions[at - 1] if at else None
+        after = instructions[at + 1] if at + 1 < len(instructions) else None
+        if (before is not None and before.opname == "PUSH_NULL") or (after is not None and after.opname == "PUSH_NULL") \
+                or _handed_to_a_caller(before):
+            called.add(instruction.argval)
+    return called
+
+
+def _before_closure(instructions: list[dis.Instruction], at: int) -> dis.Instruction | None:
+    """The instruction before a nested function's code is loaded, past the tuple of cells a closure is made with."""
+    at -= 1
+    if at >= 0 and instructions[at].opname == "BUILD_TUPLE":
+        at -= 1 + (instructions[at].arg or 0)
+    return instructions[at] if at >= 0 else None
+
+
 def _globals_loaded(code: types.CodeType) -> Iterator[str]:
     """Names the code (and code nested in it) loads as globals: `n_layer`, not `config.n_layer`."""
     for instruction in dis.get_instructions(code):
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(instruction.argval, str):
             yield instruction.argval
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _globals_loaded(const)
+    for nested in _nested_run_at_once(code):
+        yield from _globals_loaded(nested)
 
 
 # From 3.11 a global loaded to be called has its low bit set (the NULL pushed for the call); before, every global
@@ -76,11 +132,10 @@ def _calls(code: types.CodeType) -> tuple[set[str], set[str]]:
             # Any attribute: a call with *args or **kwargs (and on 3.10 with keywords) loads it as a plain attribute
             # (`_methods_by_name` leaves out the names a library's object has).
             methods.add(name)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            more, more_methods = _calls(const)
-            functions |= more
-            methods |= more_methods
+    for nested in _nested_run_at_once(code):
+        more, more_methods = _calls(nested)
+        functions |= more
+        methods |= more_methods
     return functions, methods
 
 
