@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import os
 import shutil
 import sys
 import textwrap
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +70,19 @@ def make_project(tmp_path: Path, files: dict[str, str], *, folder: str = "proj")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text), encoding="utf-8")
     return root
+
+
+def import_file(folder: Path, name: str, source: str) -> types.ModuleType:
+    """Write `name.py` (dedented) into folder and import it as a real module, registered in sys.modules: the caller
+    forgets it (`sys.modules.pop`) when done."""
+    path = folder / f"{name}.py"
+    path.write_text(textwrap.dedent(source), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def save(path: Path, text: str) -> None:

@@ -18,6 +18,20 @@ def steps_sent_at_once(run: Headless, lines: list[str]) -> None:
     run.send("\n".join(lines))
 
 
+def sent_then_input_closed(run: Headless, lines: list[str], ends: str) -> None:
+    """Once the paused run is up, the lines in one write, then the end of input (a driver script that is done); the
+    run ends by itself, for the reason `ends`."""
+    try:
+        run.wait_event("paused", timeout=90)
+        steps_sent_at_once(run, lines)
+        assert run.proc.stdin is not None
+        run.proc.stdin.close()
+        assert run.finish(timeout=90) == 0, run.explain()
+        assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == ends, run.events[-1]
+    finally:
+        run.close()
+
+
 def test_steps_sent_at_once_each_run_and_a_quit_after_them_comes_last(tmp_path: Path) -> None:
     run = Headless(project_folder(tmp_path) / "train.py", "--paused", "--", "--no-ddp")
     try:
@@ -127,16 +141,8 @@ def test_input_closed_after_a_resume_comes_after_it_on_every_rank(tmp_path: Path
     """The end of input ran on rank 0 at once, before the `resume` sent before it had reached the ranks: the run
     ended at its pause (`input closed`) instead of training to --max-steps (a review's finding)."""
     run = Headless(project_folder(tmp_path) / "train.py", "--nproc-per-node", "2", "--paused", "--max-steps", "30")
-    try:
-        run.wait_event("paused", timeout=90)
-        steps_sent_at_once(run, ["resume"])
-        assert run.proc.stdin is not None
-        run.proc.stdin.close()
-        assert run.finish(timeout=90) == 0, run.explain()
-        assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "max steps", run.events[-1]
-        assert max(steps_of(run.events, 0)) == 30
-    finally:
-        run.close()
+    sent_then_input_closed(run, ["resume"], ends="max steps")
+    assert max(steps_of(run.events, 0)) == 30
 
 
 PLAIN_EVALUATE = '''
@@ -152,13 +158,5 @@ def test_input_closed_after_the_last_step_leaves_its_due_evaluation_to_run_first
     --max-steps says."""
     project = project_folder(tmp_path, PROJECT + PLAIN_EVALUATE)
     run = Headless(project / "train.py", "--nproc-per-node", "2", "--paused", "--max-steps", "1", "--eval-every", "1")
-    try:
-        run.wait_event("paused", timeout=90)
-        steps_sent_at_once(run, ["step"])
-        assert run.proc.stdin is not None
-        run.proc.stdin.close()
-        assert run.finish(timeout=90) == 0, run.explain()
-        assert [e["scalars"] for e in run.events if e["event"] == "evaluate"] == [{"val": 1.0}], run.explain()
-        assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "max steps", run.events[-1]
-    finally:
-        run.close()
+    sent_then_input_closed(run, ["step"], ends="max steps")
+    assert [e["scalars"] for e in run.events if e["event"] == "evaluate"] == [{"val": 1.0}], run.explain()

@@ -8,7 +8,6 @@ live objects (not fresh copies) now behave like the new source.
 from __future__ import annotations
 
 import __future__
-import importlib.util
 import itertools
 import sys
 import textwrap
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import line_of
+from conftest import import_file, line_of
 from workbench.engine.hotswap.deleted_names import RemoveDeleted
 from workbench.engine.hotswap.patches import ReplaceCode, RunInNamespace, SetAttribute, apply_all, undo_all
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError, plan_reload
@@ -38,15 +37,8 @@ def load_module(tmp_path: Path) -> Iterator[Loader]:
 
     def load(source: str, name: str | None = None) -> tuple[types.ModuleType, Path]:
         name = name or f"wb_planner_mod_{next(_counter)}"
-        path = tmp_path / f"{name}.py"
-        path.write_text(textwrap.dedent(source), encoding="utf-8")
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
         names.append(name)
-        spec.loader.exec_module(module)
-        return module, path
+        return import_file(tmp_path, name, source), tmp_path / f"{name}.py"
 
     sys.path.insert(0, str(tmp_path))
     try:

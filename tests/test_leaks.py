@@ -6,10 +6,8 @@ leak planted in a module written to a tmp dir and imported for real.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +17,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from conftest import import_file
 from workbench.engine.memory.leaks import MODEL, OPTIMIZER, STATE, UNOWNED, LeakReport, Suspect, TensorGroup, find_leaks
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -34,15 +33,8 @@ def make_module(tmp_path: Path) -> Iterator[Callable[[str, str], ModuleType]]:
     made: list[str] = []
 
     def make(name: str, source: str) -> ModuleType:
-        path = tmp_path / f"{name}.py"
-        path.write_text(textwrap.dedent(source))
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
         made.append(name)
-        spec.loader.exec_module(module)
-        return module
+        return import_file(tmp_path, name, source)
 
     yield make
     for name in made:

@@ -9,12 +9,14 @@ rate and the live model the old layers, where a fresh start would have the new o
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from conftest import is_event, save
+import pytest
+
+from conftest import import_file, is_event, save
 
 from workbench.engine.hotswap.construction import constants_read_when_built, functions_called_when_built
 from workbench.protocol.events import Rebuild, Rollback, RunStatements, StepOnce
@@ -136,144 +138,126 @@ def test_an_edited_method_setup_called_is_named_and_one_it_did_not_call_is_not(s
     assert scalars["lr"] == 0.1 and scalars["end"] == 2.0  # what the note says; the method step() calls is new
 
 
-def _module(folder: Path, name: str, source: str) -> types.ModuleType:
-    path = folder / f"{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def module_from(tmp_path: Path) -> Iterator[Callable[[str, str], types.ModuleType]]:
+    """Imports a module written from source into tmp_path (on sys.path meanwhile, as a project folder is); forgets
+    the modules afterwards."""
+    made: list[str] = []
 
+    def make(name: str, source: str) -> types.ModuleType:
+        made.append(name)
+        return import_file(tmp_path, name, source)
 
-def test_the_walk_follows_constructors_and_other_modules_and_leaves_generators_out(tmp_path: Path) -> None:
     sys.path.insert(0, str(tmp_path))
     try:
-        helpers = _module(tmp_path, "wb_setup_calls_helpers", "def load_objs():\n    return 1\n")
-        entry = _module(tmp_path, "wb_setup_calls_entry", (
-            "from wb_setup_calls_helpers import load_objs\n\n"
-            "class Trainer:\n    def __init__(self):\n        self.objs = load_objs()\n\n"
-            "def batches():\n    yield 1\n\n"
-            "def unrelated():\n    return 2\n\n"
-            "def setup(bench):\n    return {'trainer': Trainer(), 'data': batches()}\n"
-        ))
-        modules = {entry.__name__, helpers.__name__}
-        called = functions_called_when_built([helpers.load_objs, entry.batches, entry.unrelated], entry.setup, modules)
-        assert called == {"load_objs": "setup -> Trainer.__init__ -> load_objs"}
-        assert functions_called_when_built([helpers.load_objs], entry.setup, {entry.__name__}) == {}  # not followed there
+        yield make
     finally:
         sys.path.remove(str(tmp_path))
-        sys.modules.pop("wb_setup_calls_helpers", None)
-        sys.modules.pop("wb_setup_calls_entry", None)
+        for name in made:
+            sys.modules.pop(name, None)
 
 
-def test_the_walk_follows_methods_setup_calls_and_not_a_callback_it_only_hands_on(tmp_path: Path) -> None:
+def test_the_walk_follows_constructors_and_other_modules_and_leaves_generators_out(module_from) -> None:
+    helpers = module_from("wb_setup_calls_helpers", "def load_objs():\n    return 1\n")
+    entry = module_from("wb_setup_calls_entry", (
+        "from wb_setup_calls_helpers import load_objs\n\n"
+        "class Trainer:\n    def __init__(self):\n        self.objs = load_objs()\n\n"
+        "def batches():\n    yield 1\n\n"
+        "def unrelated():\n    return 2\n\n"
+        "def setup(bench):\n    return {'trainer': Trainer(), 'data': batches()}\n"
+    ))
+    modules = {entry.__name__, helpers.__name__}
+    called = functions_called_when_built([helpers.load_objs, entry.batches, entry.unrelated], entry.setup, modules)
+    assert called == {"load_objs": "setup -> Trainer.__init__ -> load_objs"}
+    assert functions_called_when_built([helpers.load_objs], entry.setup, {entry.__name__}) == {}  # not followed there
+
+
+def test_the_walk_follows_methods_setup_calls_and_not_a_callback_it_only_hands_on(module_from) -> None:
     """minGPT, ported: `trainer.prepare()` builds the optimizer through `model.configure_optimizers()`, and
     `GPT.get_default_config()` the config; editing them said nothing while the optimizer kept the old rate. And its
     `batch_end_callback`, which setup() only registers, was said to be called by it, with a rebuild to be had."""
-    sys.path.insert(0, str(tmp_path))
-    try:
-        entry = _module(tmp_path, "wb_setup_calls_methods", (
-            "import torch\n\n"
-            "class Config:\n    @staticmethod\n    def get_default_config():\n        return {'lr': 0.1}\n\n"
-            "class Trainer:\n"
-            "    def set_callback(self, fn):\n        self.fn = fn\n"
-            "    def prepare(self, model):\n        self.opt = model.configure_optimizers()\n"
-            "    def train(self):\n        pass\n\n"
-            "class Net(torch.nn.Linear):\n"
-            "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.1)\n\n"
-            "def on_batch_end(trainer):\n    return 1\n\n"
-            "def setup(bench):\n"
-            "    config = Config.get_default_config()\n"
-            "    model = Net(2, 1)\n    model.train()\n"
-            "    trainer = Trainer()\n    trainer.set_callback(on_batch_end)\n    trainer.prepare(model)\n"
-            "    return {'trainer': trainer}\n"
-        ))
-        changed = [entry.Config.get_default_config, entry.Trainer.prepare, entry.Net.configure_optimizers,
-                   entry.on_batch_end, entry.Trainer.train]
-        called = functions_called_when_built(changed, entry.setup, {entry.__name__})
-        assert called == {"Config.get_default_config": "setup -> Config.get_default_config",
-                          "Trainer.prepare": "setup -> Trainer.prepare",
-                          "Net.configure_optimizers": "setup -> Trainer.prepare -> Net.configure_optimizers"}, called
-        # `model.train()` is nn.Module's train(), most likely: Trainer.train, of the same name, is not followed
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("wb_setup_calls_methods", None)
+    entry = module_from("wb_setup_calls_methods", (
+        "import torch\n\n"
+        "class Config:\n    @staticmethod\n    def get_default_config():\n        return {'lr': 0.1}\n\n"
+        "class Trainer:\n"
+        "    def set_callback(self, fn):\n        self.fn = fn\n"
+        "    def prepare(self, model):\n        self.opt = model.configure_optimizers()\n"
+        "    def train(self):\n        pass\n\n"
+        "class Net(torch.nn.Linear):\n"
+        "    def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.1)\n\n"
+        "def on_batch_end(trainer):\n    return 1\n\n"
+        "def setup(bench):\n"
+        "    config = Config.get_default_config()\n"
+        "    model = Net(2, 1)\n    model.train()\n"
+        "    trainer = Trainer()\n    trainer.set_callback(on_batch_end)\n    trainer.prepare(model)\n"
+        "    return {'trainer': trainer}\n"
+    ))
+    changed = [entry.Config.get_default_config, entry.Trainer.prepare, entry.Net.configure_optimizers,
+               entry.on_batch_end, entry.Trainer.train]
+    called = functions_called_when_built(changed, entry.setup, {entry.__name__})
+    assert called == {"Config.get_default_config": "setup -> Config.get_default_config",
+                      "Trainer.prepare": "setup -> Trainer.prepare",
+                      "Net.configure_optimizers": "setup -> Trainer.prepare -> Net.configure_optimizers"}, called
+    # `model.train()` is nn.Module's train(), most likely: Trainer.train, of the same name, is not followed
 
 
-def test_a_method_called_with_keywords_through_its_class_is_called_and_the_class_is_not_built(tmp_path: Path) -> None:
+def test_a_method_called_with_keywords_through_its_class_is_called_and_the_class_is_not_built(module_from) -> None:
     """`Tools.make(**cfg)`: 3.11 and 3.12 mark `Tools` as a called global (the call goes through CALL_FUNCTION_EX), so
     an edit of `Tools.__init__`, which setup() never ran, was said to be built into the state."""
-    sys.path.insert(0, str(tmp_path))
-    try:
-        entry = _module(tmp_path, "wb_setup_calls_keywords", (
-            "class Tools:\n"
-            "    def __init__(self):\n        self.ready = True\n"
-            "    @staticmethod\n    def make(**kw):\n        return dict(kw)\n\n"
-            "def setup(bench):\n    cfg = {'lr': 0.1}\n    return {'made': Tools.make(**cfg)}\n"
-        ))
-        called = functions_called_when_built([entry.Tools.__init__, entry.Tools.make], entry.setup, {entry.__name__})
-        assert called == {"Tools.make": "setup -> Tools.make"}, called
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("wb_setup_calls_keywords", None)
+    entry = module_from("wb_setup_calls_keywords", (
+        "class Tools:\n"
+        "    def __init__(self):\n        self.ready = True\n"
+        "    @staticmethod\n    def make(**kw):\n        return dict(kw)\n\n"
+        "def setup(bench):\n    cfg = {'lr': 0.1}\n    return {'made': Tools.make(**cfg)}\n"
+    ))
+    called = functions_called_when_built([entry.Tools.__init__, entry.Tools.make], entry.setup, {entry.__name__})
+    assert called == {"Tools.make": "setup -> Tools.make"}, called
 
 
 def test_a_function_handed_to_model_apply_is_called_by_setup_and_a_callback_reads_no_constant_then(
-        tmp_path: Path) -> None:
+        module_from) -> None:
     """`model.apply(init_weights)` runs `init_weights` inside setup(), as a call does: an edit of it, or of the
     constant it reads, leaves the live model initialized by the old code. A callback setup() only registers reads its
     constants when it runs: `STD` was said to be "read when setup() built the live state" through it."""
-    sys.path.insert(0, str(tmp_path))
-    try:
-        entry = _module(tmp_path, "wb_setup_calls_apply", (
-            "import torch\n\nSTD = 0.02\nSCALE = 2.0\n\n"
-            "def init_weights(m):\n    if isinstance(m, torch.nn.Linear):\n"
-            "        torch.nn.init.normal_(m.weight, std=STD)\n\n"
-            "def on_batch(t):\n    return SCALE\n\n"
-            "def register(fn):\n    pass\n\n"
-            "def setup(bench):\n    model = torch.nn.Linear(2, 2)\n    model.apply(init_weights)\n"
-            "    register(on_batch)\n    return {'model': model}\n"
-        ))
-        called = functions_called_when_built([entry.init_weights, entry.on_batch], entry.setup, {entry.__name__})
-        assert called == {"init_weights": "setup -> init_weights"}, called
-        read = constants_read_when_built(vars(entry), ["STD", "SCALE"], entry.setup)
-        assert read == {"STD": ["setup -> init_weights"]}, read
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("wb_setup_calls_apply", None)
+    entry = module_from("wb_setup_calls_apply", (
+        "import torch\n\nSTD = 0.02\nSCALE = 2.0\n\n"
+        "def init_weights(m):\n    if isinstance(m, torch.nn.Linear):\n"
+        "        torch.nn.init.normal_(m.weight, std=STD)\n\n"
+        "def on_batch(t):\n    return SCALE\n\n"
+        "def register(fn):\n    pass\n\n"
+        "def setup(bench):\n    model = torch.nn.Linear(2, 2)\n    model.apply(init_weights)\n"
+        "    register(on_batch)\n    return {'model': model}\n"
+    ))
+    called = functions_called_when_built([entry.init_weights, entry.on_batch], entry.setup, {entry.__name__})
+    assert called == {"init_weights": "setup -> init_weights"}, called
+    read = constants_read_when_built(vars(entry), ["STD", "SCALE"], entry.setup)
+    assert read == {"STD": ["setup -> init_weights"]}, read
 
 
 def test_a_lambda_or_inner_function_setup_hands_on_reads_its_constants_later_one_it_calls_reads_them_now(
-        tmp_path: Path) -> None:
+        module_from) -> None:
     """LambdaLR's warm-up lambda and a `collate_fn` defined in setup() read WARMUP and MAXLEN each time they run: an
     edit of either is what the live lambda reads next, yet the reload said it "was read when setup() built the live
     state", offering a rebuild nothing needed. What setup() runs as it builds (an inner function it calls, a lambda
     handed to `model.apply`, a comprehension, a class body) still counts."""
-    sys.path.insert(0, str(tmp_path))
-    try:
-        entry = _module(tmp_path, "wb_setup_calls_lambdas", (
-            "import torch\n\nWARMUP = 10\nMAXLEN = 5\nWIDTH = 4\nSTD = 0.5\nK = 2\nH = 3\nTAG = 'a'\n\n"
-            "def setup(bench):\n"
-            "    model = torch.nn.Linear(WIDTH, 2)\n"
-            "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-            "    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP))\n"
-            "    def collate(b):\n        return b[:MAXLEN]\n"
-            "    def hidden(w):\n        return w * H\n"
-            "    width = hidden(3)\n"
-            "    model.apply(lambda m: m.weight.data.mul_(STD) if isinstance(m, torch.nn.Linear) else None)\n"
-            "    sizes = [x * K for x in range(3)]\n"
-            "    class Local:\n        tag = TAG\n"
-            "    return {'model': model, 'opt': opt, 'sched': sched, 'collate': collate}\n"
-        ))
-        names = ["WARMUP", "MAXLEN", "WIDTH", "STD", "K", "H", "TAG"]
-        read = constants_read_when_built(vars(entry), names, entry.setup)
-        expected = {"WIDTH", "STD", "K", "H", "TAG"} if sys.version_info >= (3, 11) else set(names)
-        assert set(read) == expected, read
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("wb_setup_calls_lambdas", None)
+    entry = module_from("wb_setup_calls_lambdas", (
+        "import torch\n\nWARMUP = 10\nMAXLEN = 5\nWIDTH = 4\nSTD = 0.5\nK = 2\nH = 3\nTAG = 'a'\n\n"
+        "def setup(bench):\n"
+        "    model = torch.nn.Linear(WIDTH, 2)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP))\n"
+        "    def collate(b):\n        return b[:MAXLEN]\n"
+        "    def hidden(w):\n        return w * H\n"
+        "    width = hidden(3)\n"
+        "    model.apply(lambda m: m.weight.data.mul_(STD) if isinstance(m, torch.nn.Linear) else None)\n"
+        "    sizes = [x * K for x in range(3)]\n"
+        "    class Local:\n        tag = TAG\n"
+        "    return {'model': model, 'opt': opt, 'sched': sched, 'collate': collate}\n"
+    ))
+    names = ["WARMUP", "MAXLEN", "WIDTH", "STD", "K", "H", "TAG"]
+    read = constants_read_when_built(vars(entry), names, entry.setup)
+    expected = {"WIDTH", "STD", "K", "H", "TAG"} if sys.version_info >= (3, 11) else set(names)
+    assert set(read) == expected, read
 
 
 SCRIPT_PY = """\
