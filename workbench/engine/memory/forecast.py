@@ -97,6 +97,10 @@ class MemoryForecast:
         n = len(self._samples)
         ts = [t for t, _ in self._samples]
         ys = [y for _, y in self._samples]
+        if max(ys) - min(ys) < MIN_CLIMB / 4:
+            # The usual case, flat memory, without the fit (the sampler's thread, 10 times a second): a line through
+            # samples taken at a steady rate climbs at most sqrt(3) times their range, so none climbs MIN_CLIMB.
+            return None
         mean_t, mean_y = sum(ts) / n, sum(ys) / n
         var_t = sum((t - mean_t) ** 2 for t in ts)
         if var_t <= 0:
