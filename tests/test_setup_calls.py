@@ -123,6 +123,46 @@ def step(state, bench):
 """
 
 
+WARMUP_PY = """\
+import torch
+
+WARMUP = 4
+
+
+def setup(bench):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP))
+    return {"model": model, "opt": opt, "sched": sched}
+
+
+def step(state, bench):
+    lr = state["opt"].param_groups[0]["lr"]
+    state["opt"].step()
+    state["sched"].step()
+    return {"loss": 0.0, "lr": lr}
+"""
+
+
+def test_a_warm_up_constant_the_schedulers_lambda_reads_is_live_at_once_and_said_to_be(start_session) -> None:
+    """LambdaLR's lambda, made in setup(), reads WARMUP at each scheduler step: an edit is what the next step's rate
+    comes from, as a fresh start's (the rate is the lambda's at the run's step), and the reload said it "was read when
+    setup() built the live state", offering a rebuild nothing needed."""
+    live = start_session({"train.py": WARMUP_PY}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    live.send(StepOnce())
+    assert live.wait_for(is_event("step", step=1)).scalars["lr"] == 0.25  # (0 + 1) / 4
+    save(live.entry, WARMUP_PY.replace("WARMUP = 4", "WARMUP = 10"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.ok and reload.changed == ("WARMUP",) and "read when setup() built" not in _notes(reload), reload
+    live.send(StepOnce())
+    live.send(StepOnce())
+    # Step 2 trains at the rate step 1's scheduler step set, (1 + 1) / 4, as a fresh start from step 1's snapshot
+    # would (the optimizer's rate is restored); step 2's scheduler step then reads the new value: (2 + 1) / 10.
+    assert live.wait_for(is_event("step", step=2)).scalars["lr"] == 0.5
+    assert live.wait_for(is_event("step", step=3)).scalars["lr"] == 0.3
+
+
 def test_an_edited_method_setup_called_is_named_and_one_it_did_not_call_is_not(start_session) -> None:
     """minGPT's Trainer, ported: `trainer.prepare()` makes the optimizer; its edited learning rate was applied with no
     note while the live optimizer kept the old one."""
