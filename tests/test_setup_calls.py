@@ -144,7 +144,7 @@ def step(state, bench):
 """
 
 
-def test_a_warm_up_constant_the_schedulers_lambda_reads_is_live_at_once_and_said_to_be(start_session) -> None:
+def test_a_warm_up_constant_a_schedulers_lambda_reads_is_live_at_its_next_step_and_not_said_built(start_session) -> None:
     """LambdaLR's lambda, made in setup(), reads WARMUP at each scheduler step: an edit is what the next step's rate
     comes from, as a fresh start's (the rate is the lambda's at the run's step), and the reload said it "was read when
     setup() built the live state", offering a rebuild nothing needed."""
