@@ -279,9 +279,9 @@ def test_a_lambda_or_inner_function_setup_hands_on_reads_its_constants_later_one
     """LambdaLR's warm-up lambda and a `collate_fn` defined in setup() read WARMUP and MAXLEN each time they run: an
     edit of either is what the live lambda reads next, yet the reload said it "was read when setup() built the live
     state", offering a rebuild nothing needed. What setup() runs as it builds (an inner function it calls, a lambda
-    handed to `model.apply`, a comprehension, a class body) still counts."""
+    handed to `model.apply`, a comprehension and an inner function called in one, a class body) still counts."""
     entry = module_from("wb_setup_calls_lambdas", (
-        "import torch\n\nWARMUP = 10\nMAXLEN = 5\nWIDTH = 4\nSTD = 0.5\nK = 2\nH = 3\nTAG = 'a'\n\n"
+        "import torch\n\nWARMUP = 10\nMAXLEN = 5\nWIDTH = 4\nSTD = 0.5\nK = 2\nH = 3\nTAG = 'a'\nBW = 1\n\n"
         "def setup(bench):\n"
         "    model = torch.nn.Linear(WIDTH, 2)\n"
         "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
@@ -291,12 +291,14 @@ def test_a_lambda_or_inner_function_setup_hands_on_reads_its_constants_later_one
         "    width = hidden(3)\n"
         "    model.apply(lambda m: m.weight.data.mul_(STD) if isinstance(m, torch.nn.Linear) else None)\n"
         "    sizes = [x * K for x in range(3)]\n"
+        "    def block(i):\n        return i * BW\n"
+        "    blocks = [block(i) for i in range(2)]\n"
         "    class Local:\n        tag = TAG\n"
         "    return {'model': model, 'opt': opt, 'sched': sched, 'collate': collate}\n"
     ))
-    names = ["WARMUP", "MAXLEN", "WIDTH", "STD", "K", "H", "TAG"]
+    names = ["WARMUP", "MAXLEN", "WIDTH", "STD", "K", "H", "TAG", "BW"]
     read = constants_read_when_built(vars(entry), names, entry.setup)
-    expected = {"WIDTH", "STD", "K", "H", "TAG"} if sys.version_info >= (3, 11) else set(names)
+    expected = {"WIDTH", "STD", "K", "H", "TAG", "BW"} if sys.version_info >= (3, 11) else set(names)
     assert set(read) == expected, read
 
 

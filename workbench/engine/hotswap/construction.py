@@ -43,6 +43,9 @@ def _nested_run_at_once(code: types.CodeType) -> Iterator[types.CodeType]:
         return
     instructions = list(dis.get_instructions(code))
     called = _local_functions_called(instructions)
+    for comprehension in nested:  # 3.11 runs a comprehension as code of its own: `[block(i) for i in ...]` calls there
+        if comprehension.co_name in _RUN_WHERE_WRITTEN:
+            called |= _local_functions_called(list(dis.get_instructions(comprehension)))
     for at, instruction in enumerate(instructions):
         made = instruction.argval
         if instruction.opname != "LOAD_CONST" or not isinstance(made, types.CodeType):
@@ -66,14 +69,27 @@ def _local_functions_called(instructions: list[dis.Instruction]) -> set[str]:
     `model.apply`."""
     called: set[str] = set()
     for at, instruction in enumerate(instructions):
-        if instruction.opname not in ("LOAD_FAST", "LOAD_DEREF"):
+        name = _local_loaded(instruction)
+        if name is None:
             continue
         before = instructions[at - 1] if at else None
         after = instructions[at + 1] if at + 1 < len(instructions) else None
         if (before is not None and before.opname == "PUSH_NULL") or (after is not None and after.opname == "PUSH_NULL") \
                 or _handed_to_a_caller(before):
-            called.add(instruction.argval)
+            called.add(name)
     return called
+
+
+def _local_loaded(instruction: dis.Instruction) -> str | None:
+    """The local (or cell) name an instruction leaves on top of the stack: LOAD_FAST and its variants, and 3.13's
+    pairs (`STORE_FAST_LOAD_FAST (i, block)` loads `block`)."""
+    if instruction.opname == "LOAD_DEREF" or instruction.opname.startswith("LOAD_FAST") \
+            or instruction.opname == "STORE_FAST_LOAD_FAST":
+        name = instruction.argval
+        if isinstance(name, tuple):
+            name = name[-1] if name else None
+        return name if isinstance(name, str) else None
+    return None
 
 
 def _before_closure(instructions: list[dis.Instruction], at: int) -> dis.Instruction | None:
