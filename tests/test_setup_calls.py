@@ -287,6 +287,7 @@ def test_a_lambda_or_inner_function_setup_hands_on_reads_its_constants_later_one
         "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP))\n"
         "    def collate(b):\n        return b[:MAXLEN]\n"
+        "    loader = torch.utils.data.DataLoader(range(4), collate_fn=collate)\n"
         "    def hidden(w):\n        return w * H\n"
         "    width = hidden(3)\n"
         "    model.apply(lambda m: m.weight.data.mul_(STD) if isinstance(m, torch.nn.Linear) else None)\n"
@@ -294,12 +295,56 @@ def test_a_lambda_or_inner_function_setup_hands_on_reads_its_constants_later_one
         "    def block(i):\n        return i * BW\n"
         "    blocks = [block(i) for i in range(2)]\n"
         "    class Local:\n        tag = TAG\n"
-        "    return {'model': model, 'opt': opt, 'sched': sched, 'collate': collate}\n"
+        "    return {'model': model, 'opt': opt, 'sched': sched, 'loader': loader}\n"
     ))
     names = ["WARMUP", "MAXLEN", "WIDTH", "STD", "K", "H", "TAG", "BW"]
     read = constants_read_when_built(vars(entry), names, entry.setup)
     expected = {"WIDTH", "STD", "K", "H", "TAG", "BW"} if sys.version_info >= (3, 11) else set(names)
     assert set(read) == expected, read
+
+
+BUILT_AT_ONCE = {  # setup() reaches code that reads N while it builds, other than by calling its name: still said
+    "a lambda stored, then called": "    make = lambda: [N]\n    return {'x': make()}\n",
+    "an inner function called under another name": (
+        "    def make():\n        return [N]\n    build = make\n    return {'x': build()}\n"),
+    "an inner function called by another": (
+        "    def block():\n        return [N]\n    def model():\n        return [block()]\n    return {'x': model()}\n"),
+    "an inner function called through a dict": (
+        "    def make():\n        return [N]\n    builders = {'mlp': make}\n    return {'x': builders['mlp']()}\n"),
+    "an inner function handed to a builder of the project": (
+        "    def make():\n        return [N]\n    return {'x': build(make)}\n"),
+    "a module function handed to a builder of the project": "    return {'x': build(from_module)}\n",
+    "a module function through functools.partial": (
+        "    model = torch.nn.Linear(2, 2)\n    model.apply(functools.partial(init, k=2))\n    return {'m': model}\n"),
+    "a lambda with a default handed to model.apply": (
+        "    cfg = Cfg()\n    model = torch.nn.Linear(2, 2)\n"
+        "    model.apply(lambda m, s=cfg.k: [N, s])\n    return {'m': model}\n"),
+    "a decorator that runs the function": (
+        "    model = torch.nn.Linear(2, 2)\n    @model.apply\n    def init(m):\n        return [N]\n"
+        "    return {'m': model}\n"),
+    "a class of setup()'s own, built": (
+        "    class Local:\n        def __init__(self):\n            self.n = N\n    return {'x': Local()}\n"),
+    "a class picked by a condition, then built": "    cls = Net if True else Cfg\n    return {'x': cls()}\n",
+    "a classmethod that builds its class": "    return {'x': Net.from_config({})}\n",
+    "a key function sorted() runs": "    return {'x': sorted([3, 1], key=lambda i: i % N)}\n",
+}
+
+
+@pytest.mark.parametrize("body", BUILT_AT_ONCE.values(), ids=BUILT_AT_ONCE.keys())
+def test_code_setup_runs_as_it_builds_is_followed_however_it_is_reached(module_from, body: str) -> None:
+    """Leaving out what setup() only hands on must not leave out what it runs: a missing note is a run that differs
+    from a fresh start unsaid (a review's findings on the first version of the rule)."""
+    entry = module_from("wb_setup_calls_at_once", (
+        "import functools\n\nimport torch\n\nN = 4\n\n"
+        "def build(fn):\n    return fn()\n\n"
+        "def from_module():\n    return [N]\n\n"
+        "def init(m, k):\n    return [N, k]\n\n"
+        "class Cfg:\n    k = 1\n\n"
+        "class Net:\n    def __init__(self):\n        self.n = N\n"
+        "    @classmethod\n    def from_config(cls, config):\n        return cls()\n\n"
+        "def setup(bench=None):\n" + body
+    ))
+    assert "N" in constants_read_when_built(vars(entry), ["N"], entry.setup)
 
 
 SCRIPT_PY = """\

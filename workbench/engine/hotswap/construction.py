@@ -21,87 +21,148 @@ import inspect
 import sys
 import types
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 _MAX_FUNCTIONS = 200  # a bound on the walk through what setup() calls
 _CONSTRUCTORS = ("__init__", "__post_init__")
 
 
-_RUN_WHERE_WRITTEN = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
-_CALLED_AS_MADE = ("LOAD_BUILD_CLASS", "PUSH_NULL")  # 3.13 pushes the NULL after the function is made
-_STORES = ("STORE_FAST", "STORE_DEREF", "STORE_NAME", "STORE_GLOBAL")
+# Handed to one of these, a function runs later, not while setup() builds: LambdaLR's warm-up lambda reads WARMUP at
+# each scheduler step, a DataLoader's collate_fn at each batch, a hook or a callback when it fires. Anything else a
+# function is handed to may call it at once (`model.apply(init_weights)`, a builder of the project's), so it counts
+# as run: a false "built with" note costs a needless rebuild, a missing one a run that differs unsaid.
+_RUNS_IT_LATER = frozenset({"LambdaLR", "MultiplicativeLR", "DataLoader", "Thread", "Timer"})
+_LATER_PREFIXES = ("register", "on_")
+_LATER_SUFFIXES = ("callback", "callbacks", "hook", "hooks")
+_CALLS = ("CALL", "CALL_KW", "CALL_FUNCTION_EX")
+_STATEMENT_ENDS = ("POP_TOP", "RETURN_VALUE", "RETURN_CONST", "YIELD_VALUE")
+_SCAN_BACK = 64  # instructions: how far back the call an argument is handed to is looked for
+
+# From 3.11 a callable is loaded with the NULL (or self) a call needs, which tells a call from a hand-over; 3.10 does
+# not, and there every function setup() reaches counts as run, as it always did.
+_CALLS_MARKED = sys.version_info >= (3, 11)
+
+
+def _runs_it_later(callee: str | None) -> bool:
+    if callee is None:
+        return False
+    lowered = callee.lower()
+    return callee in _RUNS_IT_LATER or lowered.startswith(_LATER_PREFIXES) or lowered.endswith(_LATER_SUFFIXES)
+
+
+def _callee_loaded(instructions: list[dis.Instruction], at: int) -> tuple[bool, str | None]:
+    """Whether the instruction at `at` loads something to be called, and its name: a global or method loaded with its
+    NULL or self, or a local after (3.11-3.12) or before (3.13) a PUSH_NULL."""
+    instruction = instructions[at]
+    op, flag = instruction.opname, (instruction.arg or 0) & 1
+    if (op == "LOAD_GLOBAL" and flag) or op == "LOAD_METHOD" or (op == "LOAD_ATTR" and flag and sys.version_info >= (3, 12)):
+        return True, instruction.argval
+    if op == "PUSH_NULL":
+        near = instructions[at - 1] if sys.version_info >= (3, 13) and at else \
+            (instructions[at + 1] if at + 1 < len(instructions) else None)
+        return True, (near.argval if near is not None and isinstance(near.argval, str) else None)
+    return False, None
+
+
+def _handed_to(instructions: list[dis.Instruction], at: int) -> str | None:
+    """The name of the call that what is loaded at `at` is an argument of, looking back through the arguments before
+    it (skipping the calls made among them); None when it is no argument (an assignment, a return) or not known."""
+    pending = 0
+    for back in range(at - 1, max(at - _SCAN_BACK, 0) - 1, -1):
+        instruction = instructions[back]
+        if instruction.opname in _CALLS:
+            pending += 1
+        elif instruction.opname.startswith("STORE_") or instruction.opname in _STATEMENT_ENDS:
+            return None
+        else:
+            is_callee, name = _callee_loaded(instructions, back)
+            if is_callee:
+                if pending == 0:
+                    return name
+                pending -= 1
+    return None
+
+
+def _loaded_names(instruction: dis.Instruction) -> tuple[str, ...]:
+    """The local, cell or global names an instruction loads (3.13's pairs load two)."""
+    op, value = instruction.opname, instruction.argval
+    if op in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF") \
+            or op.startswith("LOAD_FAST"):
+        pass
+    elif op == "STORE_FAST_LOAD_FAST":
+        value = value[-1:] if isinstance(value, tuple) else value
+    else:
+        return ()
+    names = value if isinstance(value, tuple) else (value,)
+    return tuple(name for name in names if isinstance(name, str))
+
+
+def _only_handed_on(code: types.CodeType) -> set[str]:
+    """Names (globals, locals, cells, attributes) the code, and the code nested in it, loads only to hand to something
+    that runs them later (`_runs_it_later`): a callback, a LambdaLR's lambda, a collate_fn."""
+    if not _CALLS_MARKED:
+        return set()
+    later: set[str] = set()
+    now: set[str] = set()
+    for each in _with_nested(code):
+        instructions = list(dis.get_instructions(each))
+        for at, instruction in enumerate(instructions):
+            names = _loaded_names(instruction)
+            if not names and instruction.opname == "LOAD_ATTR" and isinstance(instruction.argval, str):
+                names = (instruction.argval,)
+            if not names:
+                continue
+            is_callee, _ = _callee_loaded(instructions, at)
+            handed_later = not is_callee and _runs_it_later(_handed_to(instructions, at))
+            (later if handed_later else now).update(names)
+    return later - now
+
+
+def _with_nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _with_nested(const)
 
 
 def _nested_run_at_once(code: types.CodeType) -> Iterator[types.CodeType]:
-    """The code nested in `code` that runs while it runs: a comprehension, a function it defines and calls, or hands to
-    `model.apply`. Not a lambda or function it only hands on (LambdaLR's warm-up lambda, a `collate_fn`): that reads
-    its globals each time it runs, later, so an edited WARMUP is what the live lambda reads next. Before 3.11 a call
-    is not told from a hand-over: all of it, as before."""
+    """The code nested in `code` that may run while it runs: all of it (comprehensions, inner functions, lambdas,
+    class bodies), but a lambda or inner function only handed to what runs it later (LambdaLR's warm-up lambda, a
+    `collate_fn`), which reads its globals each time it runs: an edited WARMUP is what the live lambda reads next."""
     nested = [const for const in code.co_consts if isinstance(const, types.CodeType)]
     if not nested or not _CALLS_MARKED:
         yield from nested
         return
     instructions = list(dis.get_instructions(code))
-    called = _local_functions_called(instructions)
-    for comprehension in nested:  # 3.11 runs a comprehension as code of its own: `[block(i) for i in ...]` calls there
-        if comprehension.co_name in _RUN_WHERE_WRITTEN:
-            called |= _local_functions_called(list(dis.get_instructions(comprehension)))
+    handed_on = _only_handed_on(code)
     for at, instruction in enumerate(instructions):
         made = instruction.argval
         if instruction.opname != "LOAD_CONST" or not isinstance(made, types.CodeType):
             continue
-        before = _before_closure(instructions, at)
-        made_then = instructions[at + 2] if at + 2 < len(instructions) else None
-        if made.co_name in _RUN_WHERE_WRITTEN or (before is not None and before.opname in _CALLED_AS_MADE) \
-                or (made_then is not None and made_then.opname == "PUSH_NULL"):
-            yield made  # a class body, `(lambda: ...)()`: run where written
-        elif made.co_name == "<lambda>":
-            if _handed_to_a_caller(before):
-                yield made
-        else:
-            stored = next((later.argval for later in instructions[at + 1:at + 6] if later.opname in _STORES), None)
-            if stored is None or stored in called:  # a decorated or otherwise unusual def: as before, it runs
-                yield made
+        stored = _stored_as(instructions, at)
+        if _runs_it_later(_handed_to(instructions, at)):
+            continue  # made as the argument of what runs it later: `LambdaLR(opt, lambda s: ...)`
+        if isinstance(stored, str) and stored in handed_on and made.co_name != "<module>":
+            continue  # stored, then only handed on: `def collate(b): ...; DataLoader(ds, collate_fn=collate)`
+        yield made
 
 
-def _local_functions_called(instructions: list[dis.Instruction]) -> set[str]:
-    """Local names the code calls (3.11-3.12 push NULL before loading one to call, 3.13 after) or hands to
-    `model.apply`."""
-    called: set[str] = set()
-    for at, instruction in enumerate(instructions):
-        name = _local_loaded(instruction)
-        if name is None:
-            continue
-        before = instructions[at - 1] if at else None
-        after = instructions[at + 1] if at + 1 < len(instructions) else None
-        if (before is not None and before.opname == "PUSH_NULL") or (after is not None and after.opname == "PUSH_NULL") \
-                or _handed_to_a_caller(before):
-            called.add(name)
-    return called
-
-
-def _local_loaded(instruction: dis.Instruction) -> str | None:
-    """The local (or cell) name an instruction leaves on top of the stack: LOAD_FAST and its variants, and 3.13's
-    pairs (`STORE_FAST_LOAD_FAST (i, block)` loads `block`)."""
-    if instruction.opname == "LOAD_DEREF" or instruction.opname.startswith("LOAD_FAST") \
-            or instruction.opname == "STORE_FAST_LOAD_FAST":
-        name = instruction.argval
-        if isinstance(name, tuple):
-            name = name[-1] if name else None
+def _stored_as(instructions: list[dis.Instruction], at: int) -> str | None:
+    """The name a function made from the code loaded at `at` is stored under straight away (`def collate`, `f =
+    lambda ...`), or None (handed to a call, decorated)."""
+    after = at + 1
+    while after < len(instructions) and instructions[after].opname in ("MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"):
+        after += 1
+    if after < len(instructions) and instructions[after].opname.startswith("STORE_"):
+        name = instructions[after].argval
         return name if isinstance(name, str) else None
     return None
 
 
-def _before_closure(instructions: list[dis.Instruction], at: int) -> dis.Instruction | None:
-    """The instruction before a nested function's code is loaded, past the tuple of cells a closure is made with."""
-    at -= 1
-    if at >= 0 and instructions[at].opname == "BUILD_TUPLE":
-        at -= 1 + (instructions[at].arg or 0)
-    return instructions[at] if at >= 0 else None
-
-
 def _globals_loaded(code: types.CodeType) -> Iterator[str]:
-    """Names the code (and code nested in it) loads as globals: `n_layer`, not `config.n_layer`."""
+    """Names the code (and code nested in it that may run with it) loads as globals: `n_layer`, not
+    `config.n_layer`."""
     for instruction in dis.get_instructions(code):
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(instruction.argval, str):
             yield instruction.argval
@@ -109,50 +170,55 @@ def _globals_loaded(code: types.CodeType) -> Iterator[str]:
         yield from _globals_loaded(nested)
 
 
-# From 3.11 a global loaded to be called has its low bit set (the NULL pushed for the call); before, every global
-# loaded counts as called, as it always did.
-_CALLS_MARKED = sys.version_info >= (3, 11)
+@dataclass(frozen=True)
+class _Uses:
+    """How a function's code uses the names it loads, for the walk."""
+
+    handed_on: frozenset[str]  # loaded only to be handed to what runs them later: not run by this code
+    attributes: frozenset[str]  # attribute names loaded: its method calls (`x.prepare()`) are among them
+    owners: dict[str, frozenset[str]]  # globals loaded only to read an attribute of: `Net.from_config`, `Config.LR`
 
 
-# Handed as the first argument to one of these, a function runs before the call returns: `model.apply(init_weights)`
-# initializes the model with it in setup(), where a callback handed to `register(on_batch)` runs later.
-_CALL_AT_ONCE = frozenset({"apply", "map", "filter", "sorted"})
+def _uses(code: types.CodeType) -> _Uses:
+    attributes: set[str] = set()
+    owner_of: dict[str, set[str]] = {}
+    not_owner: set[str] = set()
+    for each in [code, *_nested_run_at_once_all(code)]:
+        instructions = list(dis.get_instructions(each))
+        for instruction, after in zip(instructions, instructions[1:] + [None]):
+            name = instruction.argval
+            if not isinstance(name, str):
+                continue
+            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                if after is not None and after.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(after.argval, str):
+                    owner_of.setdefault(name, set()).add(after.argval)
+                else:
+                    not_owner.add(name)
+            elif instruction.opname in ("LOAD_METHOD", "LOAD_ATTR"):
+                # Any attribute: a call with *args or **kwargs (and on 3.10 with keywords) loads it as a plain attribute
+                # (`_methods_by_name` leaves out the names a library's object has).
+                attributes.add(name)
+    handed_on = _only_handed_on(code)
+    owners = {name: frozenset(read) for name, read in owner_of.items() if name not in not_owner}
+    return _Uses(frozenset(handed_on), frozenset(attributes - handed_on), owners)
 
 
-def _handed_to_a_caller(before: dis.Instruction | None) -> bool:
-    return before is not None and before.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL") \
-        and before.argval in _CALL_AT_ONCE
-
-
-def _attribute_called(after: dis.Instruction | None) -> bool:
-    """3.11 and 3.12 mark the global of `Cls.m(**kw)` (a call through CALL_FUNCTION_EX) as called: what is called
-    is its attribute, when one is loaded straight after it."""
-    return after is not None and after.opname in ("LOAD_ATTR", "LOAD_METHOD")
-
-
-def _calls(code: types.CodeType) -> tuple[set[str], set[str]]:
-    """The globals the code (and code nested in it) calls, and the attribute names it loads, which its method calls
-    (`x.prepare()`) are among."""
-    functions: set[str] = set()
-    methods: set[str] = set()
-    instructions = list(dis.get_instructions(code))
-    for before, instruction, after in zip([None, *instructions], instructions, instructions[1:] + [None]):
-        name = instruction.argval
-        if not isinstance(name, str):
-            continue
-        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            if not _CALLS_MARKED or instruction.opname == "LOAD_NAME" or _handed_to_a_caller(before) or (
-                    (instruction.arg or 0) & 1 and not _attribute_called(after)):
-                functions.add(name)
-        elif instruction.opname in ("LOAD_METHOD", "LOAD_ATTR"):
-            # Any attribute: a call with *args or **kwargs (and on 3.10 with keywords) loads it as a plain attribute
-            # (`_methods_by_name` leaves out the names a library's object has).
-            methods.add(name)
+def _nested_run_at_once_all(code: types.CodeType) -> Iterator[types.CodeType]:
     for nested in _nested_run_at_once(code):
-        more, more_methods = _calls(nested)
-        functions |= more
-        methods |= more_methods
-    return functions, methods
+        yield nested
+        yield from _nested_run_at_once_all(nested)
+
+
+def _builds(value: Any, name: str, uses: _Uses) -> bool:
+    """Whether loading `name` (a function or class of the project) runs it: not when only handed to what runs it
+    later, nor for a class only read an attribute of (`Config.LR`, a static helper), unless that attribute is a
+    classmethod, which may well build one (`Net.from_config(cfg)`)."""
+    if name in uses.handed_on:
+        return False
+    read = uses.owners.get(name)
+    if read is not None and isinstance(value, type):
+        return any(isinstance(inspect.getattr_static(value, attribute, None), classmethod) for attribute in read)
+    return True
 
 
 @functools.cache
@@ -224,15 +290,15 @@ def _walk(start: Any, modules: frozenset[str]) -> Iterator[tuple[str, types.Code
             chain_here = chain if chain.endswith(label) else f"{chain} -> {label}"
             loaded = list(dict.fromkeys(_globals_loaded(code)))
             yield chain_here, code, loaded, namespace, called
-            calls, method_names = _calls(code)
+            uses = _uses(code)
             for name in loaded:
                 value = namespace.get(name)
                 if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) in modules \
                         and not _runs_later(value):
-                    queue.append((chain_here, value, called and name in calls))
-            if method_names and methods is None:
+                    queue.append((chain_here, value, called and _builds(value, name, uses)))
+            if uses.attributes and methods is None:
                 methods = _methods_by_name(modules)
-            for name in sorted(method_names):
+            for name in sorted(uses.attributes):
                 for _, fn in (methods or {}).get(name, ()):
                     if not _runs_later(fn):
                         queue.append((chain_here, fn, called))
