@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.conftest import is_event, save
+from workbench.protocol.events import Rebuild
 
 TRAIN_PY = """\
 import time
@@ -190,3 +191,41 @@ def test_where_code_sets_finds_the_first_subscript_assignment_of_the_key(tmp_pat
     assert where_code_sets(namespaces, "lr") == "train.py:6"
     assert where_code_sets(namespaces, "weight_decay") is None
     assert where_code_sets([("x", {"__file__": None}), ("y", {})], "lr") is None
+
+
+GLOBAL_GENERATOR_PY = """\
+import torch
+
+
+def cycle(rows):
+    while True:
+        for row in rows:
+            yield row
+
+
+batches = cycle([1.0, 2.0, 3.0])
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1)}
+
+
+def step(state, bench):
+    return {"loss": 0.0, "row": next(batches)}
+"""
+
+
+def test_a_running_generator_a_module_statement_made_is_said_to_keep_the_old_code_through_r(start_session):
+    """An x-transformers trainer, ported: `train_loader = cycle(DataLoader(...))` at the top of the script; an edit of
+    cycle() was said to keep the old code "until it is created again (R rebuilds)", and neither R nor x made it again."""
+    live = start_session({"train.py": GLOBAL_GENERATOR_PY})
+    live.wait_running(2)
+    save(live.entry, GLOBAL_GENERATOR_PY.replace("yield row", "yield row * 10"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    said = [note for note in reload.notes if "running generator made by the old cycle() at import" in note]
+    assert said and "R makes again what setup() makes" in said[0] and "press x, or restart" in said[0], reload.notes
+    assert not any("(R rebuilds)" in note for note in reload.notes), reload.notes
+    live.send(Rebuild())
+    assert live.wait_for(is_event("rebuild"), timeout=30).ok
+    rows = [e.scalars["row"] for e in live.events.steps(3)]
+    assert all(row < 10 for row in rows), rows  # as said: R did not make it again

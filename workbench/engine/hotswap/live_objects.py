@@ -81,6 +81,20 @@ def iter_live(roots: list[Any]) -> Iterator[tuple[str, Any]]:
                 stack.append((value, f"{path}.{key}", depth + 1))
 
 
+def _running_generator_note(path: str, made_by: str) -> str:
+    """A generator setup()'s state holds is made again by R (setup() runs again); one only a module global holds was
+    made by a module statement, which R does not run again (an x-transformers trainer, ported: `train_loader =
+    cycle(DataLoader(...))` at the top of the script kept the old cycle() through R and x, as the note said R would
+    make it again)."""
+    if not path.startswith("module "):
+        return f"{path} is a running generator made by the old {made_by}(): it keeps the old code until it is created " \
+               "again (R rebuilds)"
+    return (f"{path.removeprefix('module ')} is a running generator made by the old {made_by}() at import: it keeps "
+            "the old code for the rest of the session, since R makes again what setup() makes and the models and "
+            "optimizers built at import, not this; to run the new code, make it in setup() (R then makes it again), "
+            "or edit the statement that makes it and press x, or restart")
+
+
 def _named(roots: list[Any]) -> Iterator[tuple[str, Any]]:
     for root in roots:
         if isinstance(root, tuple) and len(root) == 2 and isinstance(root[0], str):
@@ -144,10 +158,7 @@ class UpdateLiveCopies(Patch):
             elif isinstance(obj, types.GeneratorType) and obj.gi_frame is not None:
                 name = code_name(obj.gi_code)
                 if name in self.changes.changed or name in self.changes.ambiguous:
-                    self.notes.append(
-                        f"{path} is a running generator made by the old {name[1]}(): it keeps the old code until it "
-                        "is created again (R rebuilds)"
-                    )
+                    self.notes.append(_running_generator_note(path, name[1]))
         if self._patched:
             self.notes.append(f"updated {len(self._patched)} live closure(s) made from the changed code")
         self._name_all(
