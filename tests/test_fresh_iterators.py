@@ -118,3 +118,69 @@ def test_an_iterator_whose_own_counters_were_put_back_is_not_said_to_start_over(
     assert notes == (), notes
     notes = fresh_iterator_notes({"rows": Rows()}, 5, [], lambda path: None)
     assert len(notes) == 1 and notes[0].startswith("state['rows'] (a Rows): the one setup() just made"), notes
+
+
+SCRIPT_LOADER = """\
+import torch
+from torch.utils.data import DataLoader
+
+torch.manual_seed(0)
+model = torch.nn.Linear(1, 1)
+
+
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        return torch.rand(1)  # a random crop's draw, as an enwik8 dataset's random start is
+
+
+def cycle(loader):
+    while True:
+        for row in loader:
+            yield row
+
+
+batches = cycle(DataLoader(Rows(), batch_size=2, shuffle=True GENERATOR))
+
+
+def setup(bench):
+    return {"model": model}
+
+
+def step(state, bench):
+    return {"loss": float(next(batches).sum())}
+"""
+
+
+def _losses_after(tmp_path: Path, source: str, folder: str) -> tuple[list[float], list[float], tuple[str, ...]]:
+    """The straight run's losses of steps 4-6, the run resumed from its step 3's snapshot, and the resume's notes."""
+    snapshot = snapshot_after(tmp_path, source, 3, folder=f"{folder}-snap")
+    straight_root = make_project(tmp_path, {"train.py": source}, folder=f"{folder}-straight")
+    with open_session(straight_root / "train.py", max_steps=6, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        straight = [e.loss for e in live.events.of("step")][3:]
+    root = make_project(tmp_path, {"train.py": source}, folder=f"{folder}-resumed")
+    with open_session(root / "train.py", resume=snapshot, max_steps=6, exit_at_max_steps=False) as live:
+        notes = live.wait_for(is_event("resume"), timeout=30).notes
+        live.wait_for(is_event("paused", reason="max steps"), timeout=30)
+        resumed = [e.loss for e in live.events.of("step")]
+    return straight, resumed, notes
+
+
+def test_a_generator_a_script_made_at_import_is_named_and_its_loaders_seed_draw_said(tmp_path: Path) -> None:
+    """An x-transformers trainer, ported: `train_loader = cycle(DataLoader(...))` at the top of the script; every step
+    after a resume differed from the run that never stopped (the loader's new iterator drew its seed and its shuffle
+    from the global generator after the resume put it back), and the resume's notes were empty."""
+    straight, resumed, notes = _losses_after(tmp_path, SCRIPT_LOADER.replace(" GENERATOR", ""), "global")
+    said = [n for n in notes if n.startswith("train.batches (the generator cycle(), train.py:")]
+    assert said and "draws its seed (a shuffling sampler's order too) from the global random generator" in said[0], notes
+    assert "give the DataLoader a generator of its own" in said[0], notes
+    assert resumed != straight, "what the note says: the draws after the resume are not the run's"
+    # With a generator of its own the loader draws from it: the dataset's own draws go on as in the run.
+    straight, resumed, notes = _losses_after(
+        tmp_path, SCRIPT_LOADER.replace(" GENERATOR", ", generator=torch.Generator().manual_seed(0)"), "own")
+    assert not any("draws its seed" in n for n in notes), notes
+    assert any(n.startswith("train.batches (the generator cycle()") for n in notes), notes
+    assert resumed == straight

@@ -111,7 +111,8 @@ def test_without_a_stateful_loader_the_data_starts_over_as_the_notes_say(tmp_pat
     straight = straight_run(tmp_path, source, 9)
     resumed, after = resumed_after(tmp_path, source, 7, 9)
     assert any("starts from its beginning, not where step 7 left it" in n
-               and "a torchdata StatefulDataLoader it reads would go on from its place" in n for n in resumed.notes)
+               and "whose new iterator draws its seed (a shuffling sampler's order too) from the global random" in n
+               and "or read a torchdata StatefulDataLoader, whose place goes on" in n for n in resumed.notes), resumed.notes
     assert after[8] != straight[8] or after[9] != straight[9], "a plain DataLoader starts its epoch over"
 
 
@@ -1317,7 +1318,8 @@ def test_a_rebuild_names_the_iterators_its_setup_made_that_start_over(tmp_path: 
         rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
     assert rebuilt.ok and any(
         n.startswith("state['batches'] (the generator batches(), train.py:8): the one the new setup() made, so it "
-                     "starts from its beginning, not where step 3 left it. A rebuild carries") for n in rebuilt.notes
+                     "starts from its beginning, not where step 3 left it; and it reads batches(loader), whose new "
+                     "iterator draws its seed") and "after the RNG states were carried" in n for n in rebuilt.notes
     ), rebuilt.notes
 
 

@@ -27,22 +27,24 @@ from typing import Any
 import torch
 
 from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
-from workbench.engine.loader_places import loaders_read_by
-from workbench.engine.state_walk import reachable, top_values
+from workbench.engine.loader_places import is_stateful, loaders_read_by
+from workbench.engine.state_walk import Namespaces, generator_inputs, reachable, top_values
 
 
 def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
                          in_project: Callable[[str], str | None], placed: dict[int, str] | None = None,
-                         rebuild: bool = False, reshuffled: frozenset[int] = frozenset()) -> tuple[str, ...]:
+                         rebuild: bool = False, reshuffled: frozenset[int] = frozenset(),
+                         namespaces: Namespaces = ()) -> tuple[str, ...]:
     """The resume's notes (a rebuild's with `rebuild`: its new setup() made the iterators). `put_back`: the
     qualified globals the resume set (`train.epoch`); `in_project`: a file's path relative to the project, or None
     outside it; `placed`: the stateful loaders given back their place (loader_places.py; by id, their paths), of
-    which `reshuffled` were given a count of batches, not an order."""
+    which `reshuffled` were given a count of batches, not an order; `namespaces`: the project's module globals,
+    whose iterators a script made at import (a resume's only: a rebuild does not make them again)."""
     placed = placed or {}
     # A project object whose own counters the resume put back (`state['rows'].pos`, training_globals.py) goes on.
-    found = [(label, value) for label, value in iterators_in(state)
+    found = [(label, value) for label, value in iterators_in(state, () if rebuild else namespaces)
              if not any(name.startswith(f"{label}.") for name in put_back)]
     if not found:
         return ()
@@ -53,6 +55,8 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
     fresh = [(label, value) for label, value in found if not reading.get(label)]
     drawn = [(label, value) for label, value in fresh if isinstance(value, _MultiProcessingDataLoaderIter)]
     fresh = [(label, value) for label, value in fresh if not isinstance(value, _MultiProcessingDataLoaderIter)]
+    seeded = [(label, value, loaders) for label, value in fresh if (loaders := _loaders_seeding_from_global(value))]
+    fresh = [(label, value) for label, value in fresh if not any(value is other for _, other, _ in seeded)]
     notes = []
     kept = ("A rebuild carries the weights, the optimizers and their LR schedules, counters, the tensors training "
             "changed, loaders' places and random streams" if rebuild else
@@ -68,6 +72,14 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
             drawn, ", in the order drawn as setup() made it (its workers were handed their first batches then): it "
             "reads again the batches a fresh start reads first",
             "make the iterator in step() or in a generator, or read a torchdata StatefulDataLoader, whose place goes on"))
+    for label, value, loaders in seeded:
+        notes.append(starts_over(
+            [(label, value)], f"; and it reads {', '.join(loaders)}, whose new iterator draws its seed (a shuffling "
+            "sampler's order too) from the global random generator when it is made, here after the RNG states were "
+            f"{'carried' if rebuild else 'put back'}, where the run made its first at its start: every random draw "
+            "after it (dropout, a dataset's random crops) differs from the run that never stopped",
+            "give the DataLoader a generator of its own (`generator=torch.Generator()`), which it then draws these "
+            "from, or read a torchdata StatefulDataLoader, whose place goes on"))
     if fresh:
         notes.append(starts_over(
             fresh, "", "one that walks a dataset in order or by epochs starts it over; one that draws at random goes "
@@ -95,14 +107,41 @@ def _is_data_iterator(value: Any) -> bool:
     return isinstance(value, Iterator) and not isinstance(value, io.IOBase)  # an open file is no data's place
 
 
-def iterators_in(state: Any) -> list[tuple[str, Any]]:
+def iterators_in(state: Any, namespaces: Namespaces = ()) -> list[tuple[str, Any]]:
     """The iterators in what setup() returned, by the path the user's code reaches them by: at its top
-    (`state['batches']`) and inside its objects (`state['trainer'].data_iter`), not inside a loader."""
+    (`state['batches']`) and inside its objects (`state['trainer'].data_iter`), not inside a loader; and those the
+    project's module globals hold (`train.train_loader = cycle(DataLoader(...))`, made at import)."""
     found: list[tuple[str, Any]] = []
     seen: set[int] = set()
     for label, value in top_values(state):
         found.extend(reachable(value, label, matches=_is_data_iterator, seen=seen, depth=1, stop_at=(DataLoader,)))
+    for module, names in namespaces:
+        for name, value in list(names.items()):
+            if not name.startswith("__") and id(value) not in seen and isinstance(value, (GeneratorType, _BaseDataLoaderIter)):
+                seen.add(id(value))
+                found.append((f"{module}.{name}", value))
     return found
+
+
+def _loaders_seeding_from_global(value: Any) -> list[str]:
+    """The plain DataLoaders a generator that has not begun reads (given, closed over, or a module global it names)
+    that have no generator of their own: each of its new iterators draws from the global random generator."""
+    if not isinstance(value, GeneratorType) or inspect.getgeneratorstate(value) != inspect.GEN_CREATED:
+        return []
+    inputs = generator_inputs(value, "")
+    frame_globals = value.gi_frame.f_globals if value.gi_frame is not None else {}
+    inputs += [(name, frame_globals[name]) for name in sorted(_globals_loaded(value.gi_code))
+               if isinstance(frame_globals.get(name), DataLoader)]
+    seen: set[int] = {id(value)}
+    found = [path for where, input_value in inputs
+             for path, loader in reachable(input_value, where, matches=lambda o: isinstance(o, DataLoader), seen=seen,
+                                           depth=1, stop_at=(DataLoader,), into_generators=True)
+             if getattr(loader, "generator", None) is None and not is_stateful(loader)]
+    return list(dict.fromkeys(found))
+
+
+def _globals_loaded(code: CodeType) -> set[str]:
+    return {ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"}
 
 
 def _what(value: Any, in_project: Callable[[str], str | None]) -> str:

@@ -514,7 +514,7 @@ class TrainingWorker(threading.Thread):
         names = [entry.split(" = ", 1)[0] for entry in done]
         return (notes + tuple(loaders.notes)
                 + fresh_iterator_notes(self.user_state, self.step, names, self._project_relative, loaders.placed,
-                                       reshuffled=loaders.reshuffled)
+                                       reshuffled=loaders.reshuffled, namespaces=self._namespaces())
                 + ((said,) if said else ()))
 
     def _put_back_tensors(self, saved_places: dict[str, Any] | None, rank: int, world_size: int) -> tuple[str, ...]:
