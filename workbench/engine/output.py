@@ -18,6 +18,9 @@ from typing import Any, TextIO
 from workbench.protocol.events import Print
 
 
+_forwarding = threading.local()  # a retired stream's write is on its way through the current one
+
+
 class _RoutedStream:
     """A stand-in for sys.stdout/sys.stderr that splits writes by thread."""
 
@@ -26,8 +29,25 @@ class _RoutedStream:
         self._stream_name = stream_name
         self._passthrough = passthrough
         self._partial: dict[int, str] = {}
+        self.retired = False  # uninstalled: what still holds it writes where sys.stdout/sys.stderr are now
+
+    def _current(self) -> TextIO | None:
+        """Once retired, the stream in its place now: a logging handler, a tqdm bar or loguru made while the project
+        was imported (early_output.py) kept this object, and their writes from the training thread went past the
+        session's router to the raw stderr (an x-transformers trainer, ported: its bar and its log never reached
+        the app's log)."""
+        if not self.retired or getattr(_forwarding, "active", False):
+            return None  # a stream put in place later that writes through to this one: its own passthrough, then
+        now = sys.stdout if self._stream_name == "stdout" else sys.stderr
+        return None if now is self else now
 
     def write(self, text: str) -> int:
+        if (now := self._current()) is not None:
+            _forwarding.active = True
+            try:
+                return now.write(text)
+            finally:
+                _forwarding.active = False
         ident = threading.get_ident()
         if ident not in self._router._threads:
             return self._passthrough.write(text)
@@ -40,6 +60,13 @@ class _RoutedStream:
         return len(text)
 
     def flush(self) -> None:
+        if (now := self._current()) is not None:
+            _forwarding.active = True
+            try:
+                now.flush()
+            finally:
+                _forwarding.active = False
+            return
         rest = self._partial.pop(threading.get_ident(), "")
         if rest:
             self._router._emit(self._stream_name, rest)
@@ -89,6 +116,7 @@ class OutputRouter:
         for routed in (out, err):
             for ident in list(routed._partial):
                 self._emit(routed._stream_name, routed._partial.pop(ident))
+            routed.retired = True
         if sys.stdout is out:
             sys.stdout = self._previous[0]
         if sys.stderr is err:
