@@ -69,7 +69,8 @@ def test_a_generator_only_a_module_global_holds_is_said_to_have_ended_when_its_e
     live = start_session({"train.py": failing}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
     failed = _step_into_error(live, (1, 2))
-    assert "after a fix, reading it raises StopIteration. R (command `rebuild`) makes it again" in failed.message
+    assert "after a fix, reading it raises StopIteration. A module statement made it at import, which R (command " \
+        "`rebuild`) does not run again" in failed.message, failed.message
     live.wait_for(is_event("paused", reason="error"))
 
     save(live.entry, failing.replace('raise ValueError("check failed")', "return None"))
@@ -158,3 +159,20 @@ def test_after_a_save_that_did_not_parse_a_traceback_shows_the_live_codes_line_n
                               "since)"), shown[at]
     assert shown[at + 1].strip() == 'raise ValueError("the second step fails")', shown[at + 1]
     assert broken.splitlines()[9].strip() == "def step(state, bench):", "the file's line 10 is another line"
+
+
+def test_a_recovery_says_what_earlier_saves_left_for_r_comes_in_with_it(start_session) -> None:
+    """A recovery's rebuild is R's: an x-transformers trainer, ported, under torchrun, had a DEPTH edit (noted: the live
+    model keeps the old depth until R) built in by the recovery after a one-rank fix, and nothing said so."""
+    failing = PROJECT_PY.replace("FAIL = False", "FAIL = True\nWIDTH = 1").replace(
+        "torch.nn.Linear(1, 1)", "torch.nn.Linear(WIDTH, 1)")
+    live = start_session({"train.py": failing}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    _step_into_error(live, (1, 2))
+    live.wait_for(is_event("paused", reason="error"))
+    save(live.entry, failing.replace('raise ValueError("check failed")', "return None").replace("WIDTH = 1", "WIDTH = 2"))
+    said = live.wait_for(is_event("error", where="recovery"))
+    assert said.message.endswith("Like R, it builds from the code and values on disk, so what earlier saves left for R "
+                                 "comes in now: built with: WIDTH"), said.message
+    assert live.wait_for(is_event("rebuild")).ok
+    assert live.session.worker.user_state["model"].in_features == 2, "what the warning says"

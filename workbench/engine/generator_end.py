@@ -46,8 +46,9 @@ def ended_sentence(generators: list[str], in_state: bool) -> str:
     which = " and ".join(generators)
     then = ("so saving a fix (or resuming) rebuilds first: setup() runs again and makes it anew, with the trained "
             "weights and optimizer state carried over (a stateful data loader goes on from its place)" if in_state else
-            "after a fix, reading it raises StopIteration. R (command `rebuild`) makes it again (setup() runs, the "
-            "trained weights are carried over)")
+            "after a fix, reading it raises StopIteration. A module statement made it at import, which R (command "
+            "`rebuild`) does not run again: stop and start with --resume latest (the trained state goes on), or make "
+            "it in setup(), which R runs again")
     return f" The error went up through the generator {which}, and an exception that leaves a generator ends it: {then}."
 
 

@@ -228,6 +228,7 @@ class TrainingWorker(threading.Thread):
         device = bench.device
         self._gpu_index = (device.index or 0) if device.type == "cuda" and probe.available() else None
         self._held: dict[Path, ChangeSet] = {}
+        self.left_for_rebuild: dict[str, None] = {}  # what applied saves said R would build in (constants, functions)
         # After a resume: optimizer states the snapshot has and setup() made no optimizer for (step() makes them).
         self._pending_optimizers: PendingOptimizers | None = None
         self._epoch_check: EpochCheck | None = None  # after the first resumed step: the loaders' sampler epochs
@@ -1133,7 +1134,8 @@ class TrainingWorker(threading.Thread):
         if main:
             everywhere = " on every rank" if self.lockstep is not None else ""
             self.bus.publish(Error(where="recovery", message=f"{broken.reason}: rebuilding{everywhere} before training goes on"
-                                   + (" (the process groups are made again first)" if broken.renew_group else "")))
+                                   + (" (the process groups are made again first)" if broken.renew_group else "")
+                                   + self._what_a_recovery_builds()))
         if broken.renew_group:
             assert self.lockstep is not None
             try:
@@ -1159,6 +1161,18 @@ class TrainingWorker(threading.Thread):
         if self.lockstep.rank == 0 and sent:
             self.bus.publish(Error(where="recovery", message=f"every rank now holds rank 0's weights and optimizer state "
                                    f"({sent} tensors broadcast; sharded ones, if any, stay each rank's own)"))
+
+    def _what_a_recovery_builds(self) -> str:
+        """A recovery's rebuild is R's: what earlier saves left for R comes in with it, which the user did not ask for
+        (an x-transformers trainer, ported: a held DEPTH edit added a freshly initialized layer, and an edited learning
+        rate took effect, when a one-rank fix was saved)."""
+        held = sorted({name for changeset in self._held.values() for name in changeset.changed})
+        left = [name for name in self.left_for_rebuild if name not in held]
+        parts = ([f"held back: {', '.join(held)}"] if held else []) + ([f"built with: {', '.join(left)}"] if left else [])
+        if not parts:
+            return ""
+        return f". Like R, it builds from the code and values on disk, so what earlier saves left for R comes in now: " \
+               f"{'; '.join(parts)}"
 
     # Helpers -----------------------------------------------------------------------------
     def _pause(self, reason: str, announce: bool = True) -> None:
