@@ -494,3 +494,33 @@ def test_r_makes_again_a_config_made_at_import_by_a_class_whose_defaults_changed
     assert len(rebuilt.new) == 2, rebuilt.new  # the third layer's weight and bias
     live.send(StepOnce())
     assert live.wait_for(is_event("step")).scalars == {"layers": 3.0, "fresh_config": 1.0}
+
+
+WRAPPED_PY = """\
+import torch
+
+LR = 0.1
+model = torch.nn.Linear(2, 1)
+model = torch.nn.Sequential(model)
+opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+
+def setup(bench):
+    return {"model": model, "opt": opt}
+
+
+def step(state, bench):
+    return 0.0
+"""
+
+
+def test_an_edited_rate_names_the_optimizer_and_not_each_statement_that_makes_the_model(start_session) -> None:
+    """x-transformers' enwik8 trainer, ported: `model = TransformerWrapper(...)`, `model = AutoregressiveWrapper(model)`;
+    an LR edit gave, beside the optimizer's note, "x leaves line 55: `model = AutoregressiveWrapper(model)` as it is
+    ... if a value it reads has changed by then (none)", a note with nothing in it, one per such statement."""
+    live = _trained(start_session, WRAPPED_PY, 1)
+    save(live.entry, WRAPPED_PY.replace("LR = 0.1", "LR = 0.2"))
+    reload = live.wait_for(is_event("reload", file="train.py"))
+    assert reload.ok and reload.changed == ("LR",), reload
+    assert any("opt = torch.optim.SGD" in note for note in reload.notes), reload.notes
+    assert not any("model = torch.nn.Sequential(model)" in note or "(none)" in note for note in reload.notes), reload.notes

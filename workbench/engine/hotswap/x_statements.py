@@ -75,11 +75,13 @@ class StatementsForX:
                 continue
             kept = " and ".join(replaced or touched)
             inputs = tuple(dict.fromkeys([*inputs_of(node), *self._hidden_inputs(inputs_of(node))]))
-            if replaced and not is_edited:
-                shown = [name for name in inputs if self._worth_naming(name.split(".")[0], binds)]
+            shown = [name for name in inputs if self._worth_naming(name.split(".")[0], binds)]
+            if replaced and not is_edited and shown:
+                # One that reads nothing worth naming (`model = Outer(model)`) is left as it is unsaid: an LR edit gave
+                # such a note for each statement that makes the model (an x-transformers trainer, ported).
                 notes.append(
                     f"x leaves {label} as it is: it would put a new object in place of {kept}; if a value it reads "
-                    f"has changed by then ({', '.join(shown) or 'none'}), R (command `rebuild`) runs it with the "
+                    f"has changed by then ({', '.join(shown)}), R (command `rebuild`) runs it with the "
                     "trained weights and optimizer state carried over"
                 )
             elif touched and not is_edited:
