@@ -174,7 +174,8 @@ def test_a_generator_a_script_made_at_import_is_named_and_its_loaders_seed_draw_
     after a resume differed from the run that never stopped (the loader's new iterator drew its seed and its shuffle
     from the global generator after the resume put it back), and the resume's notes were empty."""
     straight, resumed, notes = _losses_after(tmp_path, SCRIPT_LOADER.replace(" GENERATOR", ""), "global")
-    said = [n for n in notes if n.startswith("train.batches (the generator cycle(), train.py:")]
+    said = [n for n in notes if n.startswith("train.batches (the generator cycle(), train.py:")
+            and "the one the import just made, so it starts from its beginning" in n]
     assert said and "draws its seed (a shuffling sampler's order too) from the global random generator" in said[0], notes
     assert "give the DataLoader a generator of its own" in said[0], notes
     assert resumed != straight, "what the note says: the draws after the resume are not the run's"

@@ -64,7 +64,10 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
 
     def starts_over(iterators: list[tuple[str, Any]], how: str, then: str) -> str:
         shown = "; ".join(f"{label} ({_what(value, in_project)})" for label, value in iterators)
-        return (f"{shown}: the one {'the new setup() made' if rebuild else 'setup() just made'}, so it starts from "
+        made = "the new setup() made" if rebuild else "setup() just made"
+        if not any(label.startswith("state") for label, _ in iterators):
+            made = "the import just made"  # a module global's: a script's `train_loader = cycle(...)`
+        return (f"{shown}: the one {made}, so it starts from "
                 f"its beginning, not where step {step} left it{how}. {kept}, not an iterator's place: {then}")
 
     if drawn:
