@@ -133,8 +133,8 @@ def test_a_later_save_of_a_file_holding_a_change_says_its_own_edits_wait_for_tha
     save(model_py, init_only.replace("torch.relu(self.body(x))", "torch.tanh(self.body(x))"))
     second = live.wait_for(is_event("reload", file="model.py", held=("Net.__init__", "Net.forward")))
     assert any("Net.__init__ changed" in r for r in second.needs_rebuild), second.needs_rebuild
-    said = [n for n in second.notes if n.startswith("Net.forward held with")]
-    assert said and "already holds for a rebuild (Net.__init__)" in said[0], second.notes
+    said = [n for n in second.notes if n.startswith("Net.forward held with Net.__init__, which needs a rebuild")]
+    assert said and "save that change back to apply the rest" in said[0], second.notes
     assert all(e.code_version == 0 for e in live.events.steps(2)), "nothing was applied"
 
 
@@ -322,3 +322,22 @@ def test_factored_optimizer_state_follows_its_parameters_through_a_rebuild_that_
     assert report.optimizer_states == 2 and not report.restarted, report
     assert torch.equal(new["optimizer"].state[new["model"][0].weight]["row_var"],
                        old["optimizer"].state[old["model"][0].weight]["row_var"])
+
+
+def test_held_along_names_only_the_changes_that_need_no_rebuild_and_those_that_do() -> None:
+    """A review's cases: a save whose own `Head.__init__` needs a rebuild was said to wait only for the earlier held
+    change, and one that reverted that change named a plain `Net.forward` as the change held for a rebuild."""
+    from types import SimpleNamespace
+
+    from workbench.engine.commands.reload import _held_along
+
+    changed = SimpleNamespace(changed=["Head.__init__", "Net.__init__", "Net.forward"])
+    reasons = ["Head.__init__ changed (line 5); live instances built by the old code: model.head",
+               "Net.__init__ changed (line 15); live instances built by the old code: model"]
+    assert _held_along(changed, reasons) == [
+        "Net.forward held with Head.__init__, Net.__init__, which need a rebuild: a file's changes are applied "
+        "together; press R, or save those changes back to apply the rest"]
+    assert _held_along(SimpleNamespace(changed=["setup", "helper"]), ["setup() changed: the live state was built by "
+                                                                      "the old setup()"])[0].startswith(
+        "helper held with setup, which needs a rebuild")
+    assert _held_along(SimpleNamespace(changed=["Net.__init__"]), reasons[1:]) == []

@@ -7,6 +7,7 @@ failed setup() runs again or a pause for an error ends.
 from __future__ import annotations
 
 import functools
+import re
 import time
 import traceback
 import types
@@ -72,7 +73,7 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
         ]
     if reasons and worker.user_state is not None:
         # Applying would leave live objects built by old code running new code: hold it back.
-        held_along = _held_along(worker._held.get(changeset.path), changeset)
+        held_along = _held_along(changeset, reasons)
         worker._held[changeset.path] = changeset
         worker.reloader.forget_prepared(changeset.path)
         worker.bus.publish(
@@ -336,18 +337,28 @@ def _rolled_back_rebuild_reasons(worker: TrainingWorker, undone: AppliedVersion)
     )
 
 
-def _held_along(before: ChangeSet | None, now: ChangeSet) -> list[str]:
-    """A save of a file that holds a change for a rebuild is held whole: the names this save changed are held for the
-    earlier change's reason, which `needs_rebuild` gives; say so, or they look held for none (minGPT, ported: an edited
-    `NewGELU.forward` held behind `Block.__init__`)."""
-    if before is None:
+_REASON_SUBJECT = re.compile(r"^(?:class (?P<cls>\S+) \(line|setup\(\) re-binds (?P<bound>\S+)|(?P<name>\S+?)(?:\(\))? "
+                             r"(?:changed|was removed))")
+
+
+def _held_along(changeset: ChangeSet, reasons: list[str]) -> list[str]:
+    """A file's save is held whole: the names it changed that need no rebuild themselves are held for the others'
+    reasons; say so, or they look held for none (minGPT, ported: an edited `NewGELU.forward` held behind
+    `Block.__init__`, which a save before it had changed)."""
+    needing: list[str] = []
+    for reason in reasons:
+        match = _REASON_SUBJECT.match(reason)
+        if match is not None:
+            needing.append(match.group("cls") or match.group("bound") or match.group("name"))
+    if not needing:
         return []
-    earlier = [name for name in before.changed if name in now.changed]
-    alone = [name for name in now.changed if name not in before.changed]
-    if not earlier or not alone:
+    alone = [name for name in changeset.changed
+             if name not in needing and not any(name.startswith(f"{whole}.") for whole in needing)]
+    if not alone:
         return []
-    return [f"{', '.join(alone)} held with the change this file already holds for a rebuild ({', '.join(earlier)}): "
-            "a file's changes are applied together; press R, or save the held change back to apply the rest"]
+    return [f"{', '.join(alone)} held with {', '.join(needing)}, which "
+            f"{'needs' if len(needing) == 1 else 'need'} a rebuild: a file's changes are applied together; press R, "
+            f"or save {'that change' if len(needing) == 1 else 'those changes'} back to apply the rest"]
 
 
 def _reasons_with_live_instances(
