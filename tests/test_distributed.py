@@ -1245,6 +1245,7 @@ def test_eval_every_runs_evaluate_on_every_rank_at_one_boundary_and_a_collective
     # further ahead): one evaluation for each, after it.
     steps = sorted(e["step"] for e in zero)
     assert steps and steps[0] >= 5 and len({step // 5 for step in steps}) == len(steps), steps
+    assert all(later - earlier < 10 for earlier, later in zip(steps, steps[1:])), steps  # none skipped
 
 
 def test_the_evaluation_due_at_the_last_step_runs_on_every_rank_before_the_run_ends(tmp_path: Path):
