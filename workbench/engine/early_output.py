@@ -56,7 +56,7 @@ class EarlyOutput:
             yield
         finally:
             router.release_thread()
-            router.uninstall()
+            router.uninstall(forward=True)  # a logging handler or a tqdm bar made at import writes through the session's
 
     def replay_to_stderr(self) -> None:
         """Show what was printed when no session will ever publish it (the import failed)."""

@@ -107,8 +107,10 @@ class OutputRouter:
         self._installed = (out, err)
         sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
 
-    def uninstall(self) -> None:
-        """Put the previous streams back, unless someone else has replaced ours since."""
+    def uninstall(self, forward: bool = False) -> None:
+        """Put the previous streams back, unless someone else has replaced ours since. `forward`: what still holds ours
+        writes where sys.stdout/sys.stderr are then (the import's streams, early_output.py); otherwise it goes on as
+        before (a session's, closing: a last print of its training thread stays an event, off the terminal)."""
         if self._installed is None or self._previous is None:
             return
         _INSTALLED.discard(self)
@@ -116,7 +118,7 @@ class OutputRouter:
         for routed in (out, err):
             for ident in list(routed._partial):
                 self._emit(routed._stream_name, routed._partial.pop(ident))
-            routed.retired = True
+            routed.retired = forward
         if sys.stdout is out:
             sys.stdout = self._previous[0]
         if sys.stderr is err:
