@@ -176,3 +176,20 @@ def test_a_recovery_says_what_earlier_saves_left_for_r_comes_in_with_it(start_se
                                  "comes in now: built with: WIDTH"), said.message
     assert live.wait_for(is_event("rebuild")).ok
     assert live.session.worker.user_state["model"].in_features == 2, "what the warning says"
+
+
+def test_a_recovery_names_the_module_statements_left_for_x_that_it_runs(start_session) -> None:
+    """The x-transformers trainer builds its model at import (`model = Wrapper(depth=DEPTH)`): a DEPTH edit leaves that
+    statement for x or R, and the recovery's rebuild, which is R's, runs it."""
+    failing = PROJECT_PY.replace("FAIL = False", "FAIL = True\nWIDTH = 1\nMODEL = torch.nn.Linear(WIDTH, 1)").replace(
+        '{"model": torch.nn.Linear(1, 1)', '{"model": MODEL')
+    live = start_session({"train.py": failing}, start_paused=True)
+    live.wait_for(is_event("setup", status="done"))
+    _step_into_error(live, (1, 2))
+    live.wait_for(is_event("paused", reason="error"))
+    save(live.entry, failing.replace('raise ValueError("check failed")', "return None").replace("WIDTH = 1", "WIDTH = 2"))
+    said = live.wait_for(is_event("error", where="recovery"))
+    assert "comes in now: module statements left for x: line 5: `MODEL = torch.nn.Linear(WIDTH, 1)`" in said.message, \
+        said.message
+    assert live.wait_for(is_event("rebuild")).ok
+    assert live.session.worker.user_state["model"].in_features == 2, "what the warning says"

@@ -1168,7 +1168,9 @@ class TrainingWorker(threading.Thread):
         rate took effect, when a one-rank fix was saved)."""
         held = sorted({name for changeset in self._held.values() for name in changeset.changed})
         left = [name for name in self.left_for_rebuild if name not in held]
-        parts = ([f"held back: {', '.join(held)}"] if held else []) + ([f"built with: {', '.join(left)}"] if left else [])
+        statements = [label for pending in self._statements.values() for label, _ in pending]  # x's, which R runs
+        parts = ([f"held back: {', '.join(held)}"] if held else []) + ([f"built with: {', '.join(left)}"] if left else []) \
+            + ([f"module statements left for x: {', '.join(statements)}"] if statements else [])
         if not parts:
             return ""
         return f". Like R, it builds from the code and values on disk, so what earlier saves left for R comes in now: " \
