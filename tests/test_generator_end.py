@@ -8,6 +8,8 @@ and the next step said the data had run out.
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import is_event, save
 from workbench.engine.generator_end import generators_ended
 from workbench.protocol.events import Rebuild, StepOnce
@@ -161,35 +163,27 @@ def test_after_a_save_that_did_not_parse_a_traceback_shows_the_live_codes_line_n
     assert broken.splitlines()[9].strip() == "def step(state, bench):", "the file's line 10 is another line"
 
 
-def test_a_recovery_says_what_earlier_saves_left_for_r_comes_in_with_it(start_session) -> None:
+LEFT_FOR_R = {  # a project whose model WIDTH builds, and what the recovery says comes in with a WIDTH edit
+    "read by setup()": (PROJECT_PY.replace("FAIL = False", "FAIL = True\nWIDTH = 1").replace(
+        "torch.nn.Linear(1, 1)", "torch.nn.Linear(WIDTH, 1)"), "comes in now: built with: WIDTH"),
+    "built at import": (PROJECT_PY.replace("FAIL = False", "FAIL = True\nWIDTH = 1\nMODEL = torch.nn.Linear(WIDTH, 1)").replace(
+        '{"model": torch.nn.Linear(1, 1)', '{"model": MODEL'),
+        "comes in now: module statements left for x: line 5: `MODEL = torch.nn.Linear(WIDTH, 1)`"),
+}
+
+
+@pytest.mark.parametrize("failing, said", LEFT_FOR_R.values(), ids=LEFT_FOR_R.keys())
+def test_a_recovery_says_what_earlier_saves_left_for_r_comes_in_with_it(start_session, failing: str, said: str) -> None:
     """A recovery's rebuild is R's: an x-transformers trainer, ported, under torchrun, had a DEPTH edit (noted: the live
-    model keeps the old depth until R) built in by the recovery after a one-rank fix, and nothing said so."""
-    failing = PROJECT_PY.replace("FAIL = False", "FAIL = True\nWIDTH = 1").replace(
-        "torch.nn.Linear(1, 1)", "torch.nn.Linear(WIDTH, 1)")
+    model keeps the old depth until R; its model is built at import) built in by the recovery after a one-rank fix,
+    and nothing said so."""
     live = start_session({"train.py": failing}, start_paused=True)
     live.wait_for(is_event("setup", status="done"))
     _step_into_error(live, (1, 2))
     live.wait_for(is_event("paused", reason="error"))
     save(live.entry, failing.replace('raise ValueError("check failed")', "return None").replace("WIDTH = 1", "WIDTH = 2"))
-    said = live.wait_for(is_event("error", where="recovery"))
-    assert said.message.endswith("Like R, it builds from the code and values on disk, so what earlier saves left for R "
-                                 "comes in now: built with: WIDTH"), said.message
-    assert live.wait_for(is_event("rebuild")).ok
-    assert live.session.worker.user_state["model"].in_features == 2, "what the warning says"
-
-
-def test_a_recovery_names_the_module_statements_left_for_x_that_it_runs(start_session) -> None:
-    """The x-transformers trainer builds its model at import (`model = Wrapper(depth=DEPTH)`): a DEPTH edit leaves that
-    statement for x or R, and the recovery's rebuild, which is R's, runs it."""
-    failing = PROJECT_PY.replace("FAIL = False", "FAIL = True\nWIDTH = 1\nMODEL = torch.nn.Linear(WIDTH, 1)").replace(
-        '{"model": torch.nn.Linear(1, 1)', '{"model": MODEL')
-    live = start_session({"train.py": failing}, start_paused=True)
-    live.wait_for(is_event("setup", status="done"))
-    _step_into_error(live, (1, 2))
-    live.wait_for(is_event("paused", reason="error"))
-    save(live.entry, failing.replace('raise ValueError("check failed")', "return None").replace("WIDTH = 1", "WIDTH = 2"))
-    said = live.wait_for(is_event("error", where="recovery"))
-    assert "comes in now: module statements left for x: line 5: `MODEL = torch.nn.Linear(WIDTH, 1)`" in said.message, \
-        said.message
+    warning = live.wait_for(is_event("error", where="recovery")).message
+    assert "Like R, it builds from the code and values on disk, so what earlier saves left for R " in warning, warning
+    assert said in warning, warning
     assert live.wait_for(is_event("rebuild")).ok
     assert live.session.worker.user_state["model"].in_features == 2, "what the warning says"
