@@ -228,7 +228,6 @@ class TrainingWorker(threading.Thread):
         device = bench.device
         self._gpu_index = (device.index or 0) if device.type == "cuda" and probe.available() else None
         self._held: dict[Path, ChangeSet] = {}
-        self.left_for_rebuild: dict[str, None] = {}  # what applied saves said R would build in (constants, functions)
         # After a resume: optimizer states the snapshot has and setup() made no optimizer for (step() makes them).
         self._pending_optimizers: PendingOptimizers | None = None
         self._epoch_check: EpochCheck | None = None  # after the first resumed step: the loaders' sampler epochs
@@ -1167,7 +1166,9 @@ class TrainingWorker(threading.Thread):
         (an x-transformers trainer, ported: a held DEPTH edit added a freshly initialized layer, and an edited learning
         rate took effect, when a one-rank fix was saved)."""
         held = sorted({name for changeset in self._held.values() for name in changeset.changed})
-        left = [name for name in self.left_for_rebuild if name not in held]
+        since_built = [v for v in self.reloader.history if v.version > self._state_built_at]  # what its notes said
+        left = [name for name in dict.fromkeys(name for v in since_built for name, _ in (*v.built_from, *v.setup_calls))
+                if name not in held]
         statements = [label for pending in self._statements.values() for label, _ in pending]  # x's, which R runs
         parts = ([f"held back: {', '.join(held)}"] if held else []) + ([f"built with: {', '.join(left)}"] if left else []) \
             + ([f"module statements left for x: {', '.join(statements)}"] if statements else [])

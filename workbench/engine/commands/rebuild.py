@@ -205,7 +205,6 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         if module is not None:
             worker.setup_rebinds.saved(worker.reloader.version, module.__name__,
                                        names_bound_by(patch for _, patch in statements if ran(patch)))
-    worker.left_for_rebuild.clear()  # built in now
     collect_all()  # the old state, frozen since setup: thawed, collected, and the new state frozen
     trim_c_heap()  # the old state's small CPU tensors came from the C heap: give its pages back (RSS falls)
     worker.probe.empty_cache()

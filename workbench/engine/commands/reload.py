@@ -127,8 +127,6 @@ def apply_changes(worker: TrainingWorker, command: ApplyChanges) -> None:
             notes.extend(_worker_notes(worker, changeset.changed, changeset.module, version))
         notes.extend(_reasons_with_live_instances(worker, (), changeset.note_if_live.items(), "live instances"))
         notes.extend(changeset.built_from_notes())
-        # What the notes say R would build in (a recovery's rebuild names them: it is R's).
-        worker.left_for_rebuild.update(dict.fromkeys([*changeset.built_from, *changeset.setup_calls]))
     worker.bus.publish(
         Reload(
             ok=True,

@@ -20,7 +20,7 @@ import functools
 import inspect
 import sys
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,13 @@ _SCAN_BACK = 64  # instructions: how far back the call an argument is handed to 
 _CALLS_MARKED = sys.version_info >= (3, 11)
 
 
+@functools.lru_cache(maxsize=4096)
+def _instructions(code: types.CodeType) -> tuple[dis.Instruction, ...]:
+    """A code object's instructions, read once: a reload's planning walks the same functions several times (setup(),
+    then each class's constructors)."""
+    return tuple(dis.get_instructions(code))
+
+
 def _runs_it_later(callee: str | None) -> bool:
     if callee is None:
         return False
@@ -51,7 +58,7 @@ def _runs_it_later(callee: str | None) -> bool:
     return callee in _RUNS_IT_LATER or lowered.startswith(_LATER_PREFIXES) or lowered.endswith(_LATER_SUFFIXES)
 
 
-def _callee_loaded(instructions: list[dis.Instruction], at: int) -> tuple[bool, str | None]:
+def _callee_loaded(instructions: Sequence[dis.Instruction], at: int) -> tuple[bool, str | None]:
     """Whether the instruction at `at` loads something to be called, and its name: a global or method loaded with its
     NULL or self, or a local after (3.11-3.12) or before (3.13) a PUSH_NULL."""
     instruction = instructions[at]
@@ -65,7 +72,7 @@ def _callee_loaded(instructions: list[dis.Instruction], at: int) -> tuple[bool, 
     return False, None
 
 
-def _handed_to(instructions: list[dis.Instruction], at: int) -> str | None:
+def _handed_to(instructions: Sequence[dis.Instruction], at: int) -> str | None:
     """The name of the call that what is loaded at `at` is an argument of, looking back through the arguments before
     it (skipping the calls made among them); None when it is no argument (an assignment, a return) or not known."""
     pending = 0
@@ -87,26 +94,25 @@ def _handed_to(instructions: list[dis.Instruction], at: int) -> str | None:
 def _loaded_names(instruction: dis.Instruction) -> tuple[str, ...]:
     """The local, cell or global names an instruction loads (3.13's pairs load two)."""
     op, value = instruction.opname, instruction.argval
-    if op in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF") \
-            or op.startswith("LOAD_FAST"):
-        pass
-    elif op == "STORE_FAST_LOAD_FAST":
+    if op == "STORE_FAST_LOAD_FAST":
         value = value[-1:] if isinstance(value, tuple) else value
-    else:
+    elif not (op in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF")
+              or op.startswith("LOAD_FAST")):
         return ()
     names = value if isinstance(value, tuple) else (value,)
     return tuple(name for name in names if isinstance(name, str))
 
 
-def _only_handed_on(code: types.CodeType) -> set[str]:
+@functools.lru_cache(maxsize=4096)
+def _only_handed_on(code: types.CodeType) -> frozenset[str]:
     """Names (globals, locals, cells, attributes) the code, and the code nested in it, loads only to hand to something
     that runs them later (`_runs_it_later`): a callback, a LambdaLR's lambda, a collate_fn."""
     if not _CALLS_MARKED:
-        return set()
+        return frozenset()
     later: set[str] = set()
     now: set[str] = set()
     for each in _with_nested(code):
-        instructions = list(dis.get_instructions(each))
+        instructions = _instructions(each)
         for at, instruction in enumerate(instructions):
             names = _loaded_names(instruction)
             if not names and instruction.opname == "LOAD_ATTR" and isinstance(instruction.argval, str):
@@ -116,7 +122,7 @@ def _only_handed_on(code: types.CodeType) -> set[str]:
             is_callee, _ = _callee_loaded(instructions, at)
             handed_later = not is_callee and _runs_it_later(_handed_to(instructions, at))
             (later if handed_later else now).update(names)
-    return later - now
+    return frozenset(later - now)
 
 
 def _with_nested(code: types.CodeType) -> Iterator[types.CodeType]:
@@ -126,29 +132,30 @@ def _with_nested(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _with_nested(const)
 
 
-def _nested_run_at_once(code: types.CodeType) -> Iterator[types.CodeType]:
+@functools.lru_cache(maxsize=4096)
+def _nested_run_at_once(code: types.CodeType) -> tuple[types.CodeType, ...]:
     """The code nested in `code` that may run while it runs: all of it (comprehensions, inner functions, lambdas,
     class bodies), but a lambda or inner function only handed to what runs it later (LambdaLR's warm-up lambda, a
     `collate_fn`), which reads its globals each time it runs: an edited WARMUP is what the live lambda reads next."""
-    nested = [const for const in code.co_consts if isinstance(const, types.CodeType)]
+    nested = tuple(const for const in code.co_consts if isinstance(const, types.CodeType))
     if not nested or not _CALLS_MARKED:
-        yield from nested
-        return
-    instructions = list(dis.get_instructions(code))
+        return nested
+    instructions = _instructions(code)
     handed_on = _only_handed_on(code)
+    run: list[types.CodeType] = []
     for at, instruction in enumerate(instructions):
         made = instruction.argval
         if instruction.opname != "LOAD_CONST" or not isinstance(made, types.CodeType):
             continue
-        stored = _stored_as(instructions, at)
         if _runs_it_later(_handed_to(instructions, at)):
             continue  # made as the argument of what runs it later: `LambdaLR(opt, lambda s: ...)`
-        if isinstance(stored, str) and stored in handed_on and made.co_name != "<module>":
+        if _stored_as(instructions, at) in handed_on:
             continue  # stored, then only handed on: `def collate(b): ...; DataLoader(ds, collate_fn=collate)`
-        yield made
+        run.append(made)
+    return tuple(run)
 
 
-def _stored_as(instructions: list[dis.Instruction], at: int) -> str | None:
+def _stored_as(instructions: Sequence[dis.Instruction], at: int) -> str | None:
     """The name a function made from the code loaded at `at` is stored under straight away (`def collate`, `f =
     lambda ...`), or None (handed to a call, decorated)."""
     after = at + 1
@@ -163,7 +170,7 @@ def _stored_as(instructions: list[dis.Instruction], at: int) -> str | None:
 def _globals_loaded(code: types.CodeType) -> Iterator[str]:
     """Names the code (and code nested in it that may run with it) loads as globals: `n_layer`, not
     `config.n_layer`."""
-    for instruction in dis.get_instructions(code):
+    for instruction in _instructions(code):
         if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(instruction.argval, str):
             yield instruction.argval
     for nested in _nested_run_at_once(code):
@@ -179,13 +186,14 @@ class _Uses:
     owners: dict[str, frozenset[str]]  # globals loaded only to read an attribute of: `Net.from_config`, `Config.LR`
 
 
+@functools.lru_cache(maxsize=4096)
 def _uses(code: types.CodeType) -> _Uses:
     attributes: set[str] = set()
     owner_of: dict[str, set[str]] = {}
     not_owner: set[str] = set()
     for each in [code, *_nested_run_at_once_all(code)]:
-        instructions = list(dis.get_instructions(each))
-        for instruction, after in zip(instructions, instructions[1:] + [None]):
+        instructions = _instructions(each)
+        for instruction, after in zip(instructions, (*instructions[1:], None)):
             name = instruction.argval
             if not isinstance(name, str):
                 continue
@@ -200,7 +208,7 @@ def _uses(code: types.CodeType) -> _Uses:
                 attributes.add(name)
     handed_on = _only_handed_on(code)
     owners = {name: frozenset(read) for name, read in owner_of.items() if name not in not_owner}
-    return _Uses(frozenset(handed_on), frozenset(attributes - handed_on), owners)
+    return _Uses(handed_on, frozenset(attributes - handed_on), owners)
 
 
 def _nested_run_at_once_all(code: types.CodeType) -> Iterator[types.CodeType]:
