@@ -517,3 +517,51 @@ def test_line_numbers_in_notes_join_runs_of_consecutive_lines() -> None:
     # makemore's parser: the add_argument lines between its comments read as ranges.
     assert line_numbers([598, 599, 600, 601, 605, 607, 608, 610]) == "598-601, 605, 607, 608, 610"
     assert line_numbers([12]) == "12" and line_numbers([]) == ""
+
+
+def test_a_note_on_a_name_bound_twice_quotes_the_statement_that_reads_the_changed_constant(load_module: Loader) -> None:
+    """x-transformers' script: `model = TransformerWrapper(dim=DIM, ...)` then `model = AutoregressiveWrapper(model)`,
+    one scope of two statements when a save's edited lines span them (a rollback left DIM's edit on disk, then the
+    loader's line below was edited). The note named the first one's line with the second one's text."""
+    old = textwrap.dedent(
+        """
+        DIM = 4
+
+
+        class Wrap:
+            def __init__(self, inner):
+                self.inner = inner
+
+
+        model = list(range(DIM))
+        model = Wrap(model)
+        BATCH = 2
+        """
+    )
+    module, path = load_module(old)
+    changeset = plan(module, path, old, old.replace("DIM = 4", "DIM = 6").replace("BATCH = 2", "BATCH = 3"))
+    said = " ".join(changeset.notes)
+    first = line_of(old, "model = list(range(DIM))")
+    assert f"line {first}: `model = list(range(DIM))` uses DIM but was not re-run" in said, changeset.notes
+    assert "`model = Wrap(model)` uses DIM" not in said, changeset.notes
+
+
+def test_a_note_on_an_edited_statement_of_a_name_bound_twice_quotes_the_edited_one(load_module: Loader) -> None:
+    old = textwrap.dedent(
+        """
+        class Wrap:
+            def __init__(self, inner):
+                self.inner = inner
+
+
+        model = list(range(3))
+        model = Wrap(model)
+        BATCH = 2
+        """
+    )
+    module, path = load_module(old)
+    changeset = plan(module, path, old, old.replace("range(3)", "range(4)").replace("BATCH = 2", "BATCH = 3"))
+    said = " ".join(changeset.notes)
+    first = line_of(old, "model = list(range(3))")
+    assert f"line {first}: `model = list(range(4))` was not re-run" in said, changeset.notes
+    assert "`model = Wrap(model)` was not re-run" not in said, changeset.notes

@@ -233,6 +233,16 @@ def _live_copies_patch(patches: list[Patch]) -> UpdateLiveCopies | None:
     return UpdateLiveCopies(changes, rebinds)
 
 
+def _first_edited(old: Scope | None, new: Scope) -> ast.stmt:
+    """The first statement of `new` that differs from its place in `old`: a scope of several statements binding one
+    name (`model = Net()`, then `model = Wrap(model)`) is quoted by the one the user edited."""
+    before = [ast.dump(node) for node in old.nodes] if old is not None else []
+    for position, node in enumerate(new.nodes):
+        if position >= len(before) or ast.dump(node) != before[position]:
+            return node
+    return new.nodes[0]
+
+
 def _changed_or_moved(old: Scope | None, new: Scope) -> bool:
     return old is None or old.fingerprint != new.fingerprint or old.lines != new.lines
 
@@ -456,7 +466,8 @@ class _Planner:
             # `if args.batch_size is not None: batch_size = ...`: it calls nothing, so it runs again like a constant
             self.rerun(new, binds=tuple(sorted(bound_names(new.node))))
         else:
-            label = f"line {new.line}: `{label_for(new.node, self.source)}`"
+            edited = _first_edited(old, new)
+            label = f"line {edited.lineno}: `{label_for(edited, self.source)}`"
             self.edited_statements.extend(new.nodes)
             self.notes.append(
                 f"{label} was not re-run: module statements that call code run once at import, and running it "
@@ -627,19 +638,24 @@ class _Planner:
         return type(live) is type(old) and live == old
 
     def dependent_constant(self, scope: Scope) -> None:
-        """An unchanged constant computed from a changed one (`B = A * 2`) is recomputed too."""
-        used = {
-            n.id for node in scope.nodes for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        """An unchanged constant computed from a changed one (`B = A * 2`) is recomputed too.
+
+        A scope may be several statements binding one name (`model = Net(DIM)`, then `model = Wrap(model)`): the note
+        quotes the first that reads a changed constant, and x is offered them all (the later ones wrap what it makes)."""
+        reads = {
+            node: {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} & self.dirty
+            for node in scope.nodes
         }
-        stale = sorted(used & self.dirty)
+        stale = sorted(set().union(*reads.values()))
         if not stale:
             return
         if scope.is_rerunnable():
             self.rerun(scope)
         else:
+            reader = next(node for node in scope.nodes if reads[node])
             self.edited_statements.extend(scope.nodes)
             self.notes.append(
-                f"line {scope.line}: `{label_for(scope.node, self.source)}` uses {', '.join(stale)} but was not "
+                f"line {reader.lineno}: `{label_for(reader, self.source)}` uses {', '.join(stale)} but was not "
                 f"re-run (it calls code), so it keeps its old value; {self.x.offer(scope.nodes)}"
             )
 
