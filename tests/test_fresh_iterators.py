@@ -185,3 +185,51 @@ def test_a_generator_a_script_made_at_import_is_named_and_its_loaders_seed_draw_
     assert not any("draws its seed" in n for n in notes), notes
     assert any(n.startswith("train.batches (the generator cycle()") for n in notes), notes
     assert resumed == straight
+
+
+MADE_INSIDE = """\
+import torch
+from torch.utils.data import DataLoader
+
+torch.manual_seed(0)
+
+
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        return torch.full((1,), float(i))
+
+
+def batches():
+    loader = DataLoader(Rows(), batch_size=2, shuffle=True GENERATOR)
+    for epoch in range(100):
+        for row in loader:
+            yield row
+
+
+def setup(bench):
+    return {"model": torch.nn.Linear(1, 1), "batches": batches()}
+
+
+def step(state, bench):
+    next(state["batches"])
+    return {"loss": float(torch.rand(()))}  # a dropout's draw, after the loader's
+"""
+
+
+def test_a_loader_made_in_a_generators_body_is_said_to_draw_from_the_restored_global_generator(tmp_path: Path) -> None:
+    """README's porting advice (`for epoch ...: for batch in loader: yield`) with the loader made inside the generator:
+    its first `next()` after a resume makes it, drawing its shuffle from the global generator, so every later random
+    draw differed from the run that never stopped, and the resume's note said only that it starts over."""
+    straight, resumed, notes = _losses_after(tmp_path, MADE_INSIDE.replace(" GENERATOR", ""), "inside")
+    said = [n for n in notes if n.startswith("state['batches'] (the generator batches(), train.py:15)")]
+    assert said and "it reads the DataLoader it makes (train.py:16), whose new iterator draws its seed" in said[0], notes
+    assert "give the DataLoader a generator of its own" in said[0], notes
+    assert resumed != straight
+    # With a generator of its own, the order starts over (as said) and the step's own draws go on as in the run.
+    straight, resumed, notes = _losses_after(tmp_path, MADE_INSIDE.replace(" GENERATOR", ", generator=torch.Generator()"),
+                                             "inside-own")
+    assert not any("draws its seed" in n for n in notes), notes
+    assert resumed == straight, "the step's own draws are the run's"

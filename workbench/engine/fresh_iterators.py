@@ -16,10 +16,13 @@ resume put the random states back: it is said to read a fresh start's batches, n
 
 from __future__ import annotations
 
+import ast
+import builtins
 import dis
 import inspect
 import io
 import os
+import textwrap
 from collections.abc import Callable, Iterator
 from types import CodeType, GeneratorType
 from typing import Any
@@ -29,6 +32,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
+from workbench.engine.hotswap.syntax_trees import parse
 from workbench.engine.loader_places import is_stateful, loaders_read_by
 from workbench.engine.state_walk import Namespaces, generator_inputs, reachable, top_values
 
@@ -55,7 +59,8 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
     fresh = [(label, value) for label, value in found if not reading.get(label)]
     drawn = [(label, value) for label, value in fresh if isinstance(value, _MultiProcessingDataLoaderIter)]
     fresh = [(label, value) for label, value in fresh if not isinstance(value, _MultiProcessingDataLoaderIter)]
-    seeded = [(label, value, loaders) for label, value in fresh if (loaders := _loaders_seeding_from_global(value))]
+    seeded = [(label, value, loaders) for label, value in fresh
+              if (loaders := _loaders_seeding_from_global(value) + _loaders_made_inside(value, in_project))]
     fresh = [(label, value) for label, value in fresh if not any(value is other for _, other, _ in seeded)]
     notes = []
     kept = ("A rebuild carries the weights, the optimizers and their LR schedules, counters, the tensors training "
@@ -141,6 +146,38 @@ def _loaders_seeding_from_global(value: Any) -> list[str]:
                                            depth=1, stop_at=(DataLoader,), into_generators=True)
              if getattr(loader, "generator", None) is None and not is_stateful(loader)]
     return list(dict.fromkeys(found))
+
+
+def _loaders_made_inside(value: Any, in_project: Callable[[str], str | None]) -> list[str]:
+    """The plain DataLoaders a generator that has not begun makes in its own body with no `generator=` (the loop
+    README's porting advice gives: `loader = DataLoader(...)`, then `for epoch ...: for batch in loader: yield`):
+    made at its first `next()`, after the resume put the random states back, each draws from the global generator."""
+    if not isinstance(value, GeneratorType) or inspect.getgeneratorstate(value) != inspect.GEN_CREATED:
+        return []
+    try:
+        lines, first = inspect.getsourcelines(value.gi_code)
+        tree = parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    namespace = value.gi_frame.f_globals if value.gi_frame is not None else {}
+    where = in_project(os.path.abspath(value.gi_code.co_filename)) or os.path.basename(value.gi_code.co_filename)
+    return [f"the DataLoader it makes ({where}:{first + node.lineno - 1})" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and _plain_loader_class(_resolved(node.func, namespace))
+            and not any(keyword.arg in ("generator", None) for keyword in node.keywords)]  # None: `**kwargs` may give one
+
+
+def _resolved(node: ast.expr, namespace: dict[str, Any]) -> Any:
+    """What `DataLoader` or `torch.utils.data.DataLoader` names in the generator's module, or None."""
+    if isinstance(node, ast.Name):
+        return namespace.get(node.id, getattr(builtins, node.id, None))
+    if isinstance(node, ast.Attribute):
+        return getattr(_resolved(node.value, namespace), node.attr, None)
+    return None
+
+
+def _plain_loader_class(value: Any) -> bool:
+    """A DataLoader class that cannot say where it is (a torchdata StatefulDataLoader can: its place goes on)."""
+    return isinstance(value, type) and issubclass(value, DataLoader) and not callable(getattr(value, "load_state_dict", None))
 
 
 def _globals_loaded(code: CodeType) -> set[str]:
