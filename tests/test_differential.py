@@ -226,3 +226,16 @@ def test_script_family_with_a_dataclass_config_made_at_import_has_no_silent_mism
     results, _ = _family_without_silent_mismatches(harness, "script_config", SCRIPT_CONFIG_CI_SEEDS)
     held = [r for r in results if any("ModelConfig" in str(c) and "held" in str(c) for c in r.checks)]
     assert held, "the family must hold edits of the config's dataclass for R"
+
+
+@pytest.mark.parametrize("family", ["two_file", "script"])
+def test_long_sequences_have_as_many_saves_as_asked_and_the_default_ones_stay_the_same(family: str) -> None:
+    """`--saves 12-30` (the long run: notes, held changes and versions pile up); the seeds of the default 1-5 are the
+    CI's cases, so asking for long ones must not change them."""
+    from differential.generator import SAVES
+
+    long = generate(101, family, (14, 14))
+    saved = [a for a in long.actions if type(a).__name__ == "Save"]
+    assert len(saved) == 14, [a.what for a in long.actions]
+    assert SAVES == (1, 5)
+    assert generate(101, family, SAVES).actions == generate(101, family).actions

@@ -1,4 +1,4 @@
-"""Random sequences of 1-5 saves over the project in project.py, reproducible from a seed.
+"""Random sequences of 1-5 saves (or as many as asked) over the project in project.py, reproducible from a seed.
 
 A save edits one file the way people do: a value in a body, a constant, a
 closure's body or what it captures, a decorator, a dataclass field, a method of
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from differential.script import ScriptSequence
 
 FAMILIES = ("two_file", "script", "script_import", "script_config")
+SAVES = (1, 5)  # saves a sequence (`--saves 12-30` for long ones: notes, held changes and versions pile up)
 
 VALUES = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
 BOOLEAN = ("f_capture", "decorator_on", "inline_body", "extra_field", "inline_mix")
@@ -90,20 +91,20 @@ def describe_change(before: Spec, after: Spec) -> str:
     return ", ".join(parts) or "no change"
 
 
-def generate(seed: int, family: str = "two_file") -> Sequence | ScriptSequence:
+def generate(seed: int, family: str = "two_file", saves: tuple[int, int] = SAVES) -> Sequence | ScriptSequence:
     """The sequence of `seed` in a project family: "two_file" (train.py and model.py, project.py), "script"
     (a script-style train.py, script.py), "script_import" (the same, its model built at import) or "script_config"
     (that, its layer count a default of a dataclass config made at import)."""
     if family in ("script", "script_import", "script_config"):
         from differential.script import generate_script
 
-        return generate_script(seed, family)
+        return generate_script(seed, family, saves)
     if family != "two_file":
         raise ValueError(f"no project family {family!r}: {', '.join(FAMILIES)}")
-    return _generate_two_file(seed)
+    return _generate_two_file(seed, saves)
 
 
-def _generate_two_file(seed: int) -> Sequence:
+def _generate_two_file(seed: int, saves_between: tuple[int, int] = SAVES) -> Sequence:
     rng = random.Random(seed)
     specs: dict[str, Spec] = {TRAIN: TrainSpec(), MODEL: ModelSpec()}
     if rng.random() < 0.5:  # start from a varied project half of the time
@@ -113,7 +114,7 @@ def _generate_two_file(seed: int) -> Sequence:
     start = dict(specs)
     versions: dict[str, list[Spec]] = {file: [spec] for file, spec in specs.items()}
     actions: list[Action] = []
-    saves = rng.randint(1, 5)
+    saves = rng.randint(*saves_between)
     forced: str | None = None  # after a syntax error, the next save fixes that file
     for index in range(saves):
         file = forced or (TRAIN if rng.random() < 0.6 else MODEL)

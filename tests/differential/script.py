@@ -278,8 +278,8 @@ def describe_change(before: ScriptSpec, after: ScriptSpec) -> str:
     return ", ".join(parts) or "no change"
 
 
-def generate_script(seed: int, family: str = FAMILY) -> ScriptSequence:
-    """1-5 saves of train.py, each maybe followed by rebuild, rollback or x; the script's arguments drawn first.
+def generate_script(seed: int, family: str = FAMILY, saves_between: tuple[int, int] = (1, 5)) -> ScriptSequence:
+    """1-5 saves of train.py (`saves_between`), each maybe followed by rebuild, rollback or x; the script's arguments drawn first.
     `family` "script_import": the same draws, the model and optimizer built at import (ScriptSpec.at_import);
     "script_config": that, with `n_layer` read from a dataclass config made at import (ScriptSpec.config_class)."""
     rng = random.Random(seed)
@@ -293,7 +293,7 @@ def generate_script(seed: int, family: str = FAMILY) -> ScriptSequence:
     start = spec
     versions = [spec]
     actions: list[Action | RunStatementsNow] = []
-    saves = rng.randint(1, 5)
+    saves = rng.randint(*saves_between)
     fixing = False  # after a syntax error, the next save fixes the file
     for index in range(saves):
         op = rng.choices(list(OPS), weights=list(OPS.values()))[0]
