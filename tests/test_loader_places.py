@@ -87,12 +87,21 @@ def resumed_after(tmp_path: Path, source: str, snapshot_at: int, until: int) -> 
         return resumed, batches_read(live)
 
 
+OWN_GENERATOR = ("num_workers=WORKERS)", "num_workers=WORKERS, generator=torch.Generator())")
+
+
+@pytest.mark.parametrize("own_generator", [False, True], ids=["sampler's", "generator="])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_resumed_run_reads_the_batches_a_run_that_never_stopped_read(tmp_path: Path, workers: int) -> None:
+def test_a_resumed_run_reads_the_batches_a_run_that_never_stopped_read(tmp_path: Path, workers: int,
+                                                                        own_generator: bool) -> None:
     """And draws what it drew (`r`, dropout's kind of draw): the fresh loader's first iterator drew a base seed of
-    its own from the global random state, one draw the run that never stopped did not make there."""
+    its own from the global random state, one draw the run that never stopped did not make there. With a
+    `generator=` of the loader's own, the epoch after the snapshot's had the order of the run's first (the fresh
+    generator's, put back after the first iterator was made)."""
     source = PROJECT.replace("WORKERS = 0", f"WORKERS = {workers}").replace(
         '"b": float(batch[1])}', '"b": float(batch[1]), "r": float(torch.rand(()))}')
+    if own_generator:
+        source = source.replace(*OWN_GENERATOR)
     straight = straight_run(tmp_path, source, 13)
     resumed, after = resumed_after(tmp_path, source, 7, 13)  # epoch 1 of 5 batches, its second batch
     assert sorted(after) == list(range(8, 14)) and len(after[8]) == 3
@@ -100,7 +109,7 @@ def test_a_resumed_run_reads_the_batches_a_run_that_never_stopped_read(tmp_path:
     assert resumed.notes[0] == ("batches(loader): given back the place step 7 had left it at (state_dict()), so the "
                                 "batch after the snapshot's comes next"), resumed.notes
     assert any(n.startswith("state['batches'] (the generator batches(), train.py:8): the one setup() just made, so its "
-                            "own variables (an epoch count, a sampler's set_epoch) start over, while the loader it "
+                            "own variables (epoch, batch) start over, while the loader it "
                             "reads, batches(loader), goes on from where step 7 left it") for n in resumed.notes), resumed.notes
     assert not any("starts from its beginning, not where step 7 left it" in n for n in resumed.notes), resumed.notes
 
@@ -116,11 +125,14 @@ def test_without_a_stateful_loader_the_data_starts_over_as_the_notes_say(tmp_pat
     assert after[8] != straight[8] or after[9] != straight[9], "a plain DataLoader starts its epoch over"
 
 
-def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp_path: Path) -> None:
-    """Into the next epoch too (the loader's state holds its sampler's random state), and training's draws (`r`) go
-    on as in a run without the rebuild: setup()'s `torch.manual_seed(0)` does not begin them again, nor does the new
-    loader's first iterator draw."""
+@pytest.mark.parametrize("own_generator", [False, True], ids=["sampler's", "generator="])
+def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp_path: Path, own_generator: bool) -> None:
+    """Into the next epoch too (the loader's state holds its sampler's random state; a `generator=` of its own is
+    carried beside it), and training's draws (`r`) go on as in a run without the rebuild: setup()'s
+    `torch.manual_seed(0)` does not begin them again, nor does the new loader's first iterator draw."""
     source = PROJECT.replace('"b": float(batch[1])}', '"b": float(batch[1]), "r": float(torch.rand(()))}')
+    if own_generator:
+        source = source.replace(*OWN_GENERATOR)
     straight = straight_run(tmp_path, source, 15)
     root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
     from workbench.protocol.events import Rebuild, StepOnce
@@ -222,7 +234,8 @@ def test_a_loader_never_iterated_is_not_asked_for_its_state_and_needs_no_place()
 
     idle = Watched(list(range(4)), batch_size=2)
     kept = record(find_loaders({"test_loader": idle}))
-    assert Watched.asked == 0 and kept == {"states": {"test_loader": None}, "errors": {}, "epochs": {}, "large": {}}
+    assert Watched.asked == 0 and kept == {"states": {"test_loader": None}, "errors": {}, "epochs": {}, "large": {},
+                                   "generators": {}}
     done = put_back({"test_loader": Watched(list(range(4)), batch_size=2)}, {"world_size": 1, "ranks": {0: kept}}, 0, 1, 3)
     assert done.placed == {} and done.notes == []
 
@@ -792,7 +805,7 @@ def test_a_generator_given_a_loader_of_the_projects_own_is_said_to_read_one_that
     resumed, after = resumed_after(tmp_path, GENERATOR_OVER_OWN_LOADER, 5, 8)
     assert after == {k: straight[k] for k in (6, 7, 8)}
     assert any(n.startswith("state['batches'] (the generator batches(), train.py:") and
-               n.endswith("while the loader it reads, batches(loader), goes on from where step 5 left it")
+               n.endswith("the loader it reads, batches(loader), goes on from where step 5 left it")
                for n in resumed.notes), resumed.notes
     assert not any("starts from its beginning" in n for n in resumed.notes), resumed.notes
 
@@ -1296,12 +1309,20 @@ def test_a_generator_drawing_from_a_torch_generator_the_resume_put_back_is_said_
         while True:
             yield torch.randn(2, generator=stream)
 
+    def epochs(stream: torch.Generator) -> Any:
+        for epoch in range(3):
+            for _ in range(4):
+                yield torch.randn(2, generator=stream) + epoch
+
     data = batches(rows)
     notes = fresh_iterator_notes({"rows": rows, "data": data}, 10, [], lambda path: None, {id(rows): "rows"})
     assert notes == ("state['data'] (the generator test_a_generator_drawing_from_a_torch_generator_the_resume_put_back_"
-                     "is_said_to_go_on.<locals>.batches()): the one setup() just made, so its own variables (an epoch "
-                     "count, a sampler's set_epoch) start over, while the random stream it draws from, rows, goes on "
-                     "from where step 10 left it",), notes
+                     "is_said_to_go_on.<locals>.batches()): the one setup() just made, and the random stream it draws "
+                     "from, rows, goes on from where step 10 left it",), notes
+    # One with variables of its own names them: they start over (a count kept in a module global would go on).
+    notes = fresh_iterator_notes({"rows": rows, "data": epochs(rows)}, 10, [], lambda path: None, {id(rows): "rows"})
+    assert len(notes) == 1 and "the one setup() just made, so its own variables (epoch) start over, while the " \
+        "random stream it draws from, rows, goes on" in notes[0], notes
 
 
 def test_a_rebuild_names_the_iterators_its_setup_made_that_start_over(tmp_path: Path) -> None:

@@ -99,8 +99,10 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
             what = "the random stream it draws from" if streams else "the loader it reads"
             where = (f"how far into its epoch step {step} left it (in another order: see its note)"
                      if any(id(loader) in reshuffled for loader in read[label]) else f"where step {step} left it")
-            notes.append(f"{label} ({_what(value, in_project)}): the one setup() just made, so its own variables (an "
-                         f"epoch count, a sampler's set_epoch) start over, while {what}, "
+            own = _own_variables(value)
+            starts = (f"so its own variables ({', '.join(own)}) start over, while" if own else
+                      "and")  # `global epoch; while epoch < EPOCHS: yield from loader`: nothing of its own
+            notes.append(f"{label} ({_what(value, in_project)}): the one setup() just made, {starts} {what}, "
                          f"{', '.join(reading[label])}, goes on from {where}")
     for label, value in found:
         reset = _globals_set_by(value, put_back)
@@ -182,6 +184,17 @@ def _plain_loader_class(value: Any) -> bool:
 
 def _globals_loaded(code: CodeType) -> set[str]:
     return {ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"}
+
+
+def _own_variables(value: Any) -> list[str]:
+    """A generator's local variables other than its arguments (`epoch` of `for epoch in range(EPOCHS):`), which a
+    new one starts over; a generator that keeps its count in a module global (put back by the resume) has none."""
+    if not isinstance(value, GeneratorType):
+        return []
+    code = value.gi_code
+    arguments = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
+        bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return [name for name in (*code.co_varnames[arguments:], *code.co_cellvars) if not name.startswith(".") and name != "_"]
 
 
 def _what(value: Any, in_project: Callable[[str], str | None]) -> str:

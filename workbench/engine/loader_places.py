@@ -225,6 +225,7 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
     errors: dict[str, str] = {}
     epochs: dict[str, int] = {}
     large: dict[str, Any] = {}
+    generators: dict[str, torch.Tensor] = {}  # a DataLoader's own `generator=` (own_generator_state)
     for path, loader in loaders.items():
         if not _has_begun(loader):
             states[path] = None
@@ -252,7 +253,9 @@ def record(loaders: dict[str, DataLoader]) -> dict[str, Any]:
             errors[path] = refusal(exc)
             continue
         states[path] = state
-    return {"states": states, "errors": errors, "epochs": epochs, "large": large}
+        if (own := own_generator_state(loader)) is not None:
+            generators[path] = own
+    return {"states": states, "errors": errors, "epochs": epochs, "large": large, "generators": generators}
 
 
 def left_out(records: dict[int, dict[str, Any]], large: dict[str, Any] | None = None) -> tuple[str, ...]:
@@ -458,6 +461,7 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
     states: dict[str, Any] = mine.get("states") or {}
     errors: dict[str, str] = mine.get("errors") or {}
     epochs: dict[str, int] = mine.get("epochs") or {}
+    generators: dict[str, torch.Tensor] = mine.get("generators") or {}  # none in a snapshot of before 2026-12-01
     expected: list[tuple[str, DataLoader, int]] = []
     reshuffled: dict[str, str] = {}  # path -> the sampler that draws each epoch's order anew
     ended: set[str] = set()  # placed at their epoch's end
@@ -472,7 +476,7 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
         elif isinstance(loader, DataLoader) and _has_begun(loader):
             notes.append(_starts_over(path, loader, "setup() already made an iterator of it, which the snapshot's "
                                       "place cannot go into; iterate the loader in a generator or in step() instead"))
-        elif (note := _give(loader, path, states[path], step)) is not None:
+        elif (note := _give(loader, path, states[path], step, generators.get(path))) is not None:
             notes.append(note)
         else:
             placed[id(loader)] = path
@@ -561,16 +565,24 @@ def state_of(obj: Any) -> Any:
     return {"rng_state": obj.get_state()} if isinstance(obj, torch.Generator) else obj.state_dict()
 
 
-def _load(obj: Any, state: Any) -> None:
+def _load(obj: Any, state: Any, own_generator: torch.Tensor | None = None) -> None:
+    """`own_generator`: a DataLoader's `generator=` state where its place was taken (`own_generator_state`)."""
     if isinstance(obj, torch.Generator):
         obj.set_state(state["rng_state"])
     else:
         obj.load_state_dict(state)
         if isinstance(obj, DataLoader):
-            make_first_iterator_without_drawing(obj)
+            make_first_iterator_without_drawing(obj, own_generator)
 
 
-def _give(loader: Any, path: str, state: Any, step: int) -> str | None:
+def own_generator_state(loader: Any) -> torch.Tensor | None:
+    """The state of the torch.Generator a DataLoader was given (`generator=`), kept with its place: its sampler draws
+    each next epoch's order from it (placed_iterator.py)."""
+    own = getattr(loader, "generator", None) if isinstance(loader, DataLoader) else None
+    return own.get_state() if isinstance(own, torch.Generator) else None
+
+
+def _give(loader: Any, path: str, state: Any, step: int, own_generator: torch.Tensor | None = None) -> str | None:
     """`load_state_dict(state)`; None when it took it, else the note saying it did not. An object that hands out no
     items (an EMA, a schedule) and whose state holds tensors is compared with its own state first: an EMA of a model
     whose shapes changed since the snapshot would fail its next update on the old shadow weights. Its tensors are
@@ -585,7 +597,7 @@ def _give(loader: Any, path: str, state: Any, step: int) -> str | None:
                 return _starts_over(path, loader, f"the snapshot's state of step {step} does not fit its own "
                                                   f"({differs}: the model changed?), so it was not given")
             state = on_devices_of(state, live)
-        _load(loader, state)
+        _load(loader, state, own_generator)
     except Exception as exc:  # noqa: BLE001 - a state that does not fit (another dataset, other workers)
         return _starts_over(path, loader, f"the snapshot's state of step {step} did not fit it ({type(exc).__name__}: {exc})")
     return None
@@ -664,7 +676,7 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
                 notes.append(_starts_over(path, loader, f"the old one's state does not fit the new one's ({differs}: "
                                           "the model changed?), so it was not given"))
                 continue
-            _load(loader, state)
+            _load(loader, state, own_generator_state(before))
         except Exception as exc:  # noqa: BLE001 - another dataset or worker count: the new loader starts over
             notes.append(_starts_over(path, loader, f"the old one's state did not fit the new one ({type(exc).__name__}: "
                                       f"{exc})"))

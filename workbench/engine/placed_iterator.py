@@ -7,6 +7,11 @@ iterator at the first resumed step, which draws once more: from there on, dropou
 was one draw behind the run that never stopped (from the loader's own `generator=`, when it has one: the next
 epoch's order was another). The first iterator made after the place was given is made with the
 global state put back after it; later epochs draw their seeds as the uninterrupted run does.
+
+A loader's own generator is set, once that iterator is made, to the state it had where the place was taken (kept
+beside the place): torchdata's sampler draws this epoch's order again from the epoch's start, and the next epoch
+draws from what that leaves in the generator. Put back to what the fresh loader's had instead, every resumed or
+rebuilt run read, at its next epoch, the order of its first.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from typing import Any
 import torch
 
 
-def make_first_iterator_without_drawing(loader: Any) -> None:
+def make_first_iterator_without_drawing(loader: Any, own_generator_state: torch.Tensor | None = None) -> None:
     """For a loader holding a place its next iterator takes (StatefulDataLoader's `next_iter_state`): one shot. A
-    wrapper's (accelerate's `DataLoaderShard`) is its inner loader's, which makes the iterators."""
+    wrapper's (accelerate's `DataLoaderShard`) is its inner loader's, which makes the iterators.
+    `own_generator_state`: its `generator=`'s state where the place was taken (None: as it was before)."""
     for _ in range(8):  # a wrapper of a wrapper, not a proxy that makes a new object each time it is asked
         inner = getattr(loader, "base_dataloader", None)
         if inner is None or inner is loader or not hasattr(inner, "_get_iterator"):
@@ -38,6 +44,6 @@ def make_first_iterator_without_drawing(loader: Any) -> None:
         finally:
             torch.set_rng_state(state)
             if own_state is not None:
-                own.set_state(own_state)
+                own.set_state(own_generator_state if own_generator_state is not None else own_state)
 
     loader._get_iterator = first_iterator
