@@ -497,3 +497,29 @@ def test_what_a_generator_setup_made_reads_and_calls_is_not_said_to_be_built_by_
     assert reload.changed == ("rows",) and not any("setup()" in n for n in reload.notes), reload.notes
     live.send(StepOnce())
     assert live.wait_for(is_event("step", step=2)).scalars["rows"] == 4.0, "the generator called the new code"
+
+
+def test_a_function_setup_stores_into_an_object_is_not_called_by_it(module_from) -> None:
+    """lion-pytorch's `Lion.__init__` keeps `self.update_fn = update_fn` and calls it in `step()`: an edit of
+    `update_fn` runs at the next step (the function's code is replaced in place), yet every save of it was said to
+    leave the live optimizer built with the old code, with a rebuild to be had. One stored into a local and called is
+    still called."""
+    entry = module_from("wb_setup_calls_stored", (
+        "def update_fn(p):\n    return p\n\n"
+        "def other_fn(p):\n    return p\n\n"
+        "def third_fn(p):\n    return p\n\n"
+        "class Lion:\n"
+        "    def __init__(self):\n"
+        "        self.update_fn = update_fn\n"
+        "        self.table = {}\n"
+        "        self.table['other'] = other_fn\n"
+        "        f = third_fn\n"
+        "        self.made = f(1)\n\n"
+        "def setup(bench):\n    return {'opt': Lion()}\n"
+    ))
+    called = functions_called_when_built([entry.update_fn, entry.other_fn, entry.third_fn], entry.setup,
+                                         {entry.__name__})
+    if sys.version_info >= (3, 11):
+        assert called == {"third_fn": "setup -> Lion.__init__ -> third_fn"}, called
+    else:  # 3.10 marks no call: every function setup() reaches counts as run, as it always did
+        assert set(called) == {"update_fn", "other_fn", "third_fn"}, called

@@ -120,9 +120,29 @@ def _only_handed_on(code: types.CodeType) -> frozenset[str]:
             if not names:
                 continue
             is_callee, _ = _callee_loaded(instructions, at)
-            handed_later = not is_callee and _runs_it_later(_handed_to(instructions, at))
+            handed_later = not is_callee and (_runs_it_later(_handed_to(instructions, at))
+                                              or _stored_into_an_object(instructions, at))
             (later if handed_later else now).update(names)
     return frozenset(later - now)
+
+
+# What may come between a value loaded and its store into an object: the object, and a key (`self.fns['step']`).
+_TARGET_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_DEREF", "LOAD_CONST", "LOAD_SMALL_INT",
+                 "LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR")
+
+
+def _stored_into_an_object(instructions: Sequence[dis.Instruction], at: int) -> bool:
+    """Whether what is loaded at `at` is stored straight into an object's attribute or item (`self.update_fn =
+    update_fn`: lion-pytorch's `Lion.__init__`), not called: the live object keeps the function, whose code a save
+    replaces in place, so it runs the new code at its next call. A store into a local is not this: it may be called
+    later in the same code."""
+    for after in range(at + 1, min(at + 6, len(instructions))):
+        instruction = instructions[after]
+        if instruction.opname in ("STORE_ATTR", "STORE_SUBSCR"):
+            return True
+        if instruction.opname not in _TARGET_LOADS or _callee_loaded(instructions, after)[0]:
+            return False  # anything else, or something loaded to be called: `self.made = f(update_fn)`
+    return False
 
 
 def _with_nested(code: types.CodeType) -> Iterator[types.CodeType]:
