@@ -467,6 +467,7 @@ class TrainingWorker(threading.Thread):
         notes += tuple(settled_notes(init_log, "resume"))
         notes += tuple(report.moved)
         notes += tuple(report.scheduler_notes)
+        notes += tuple(report.settings_notes)
         notes += self._put_back_globals(payload.get("globals", {}), payload.get("loader_places"))
         self.bus.publish(
             ResumeLoaded(
@@ -567,7 +568,7 @@ class TrainingWorker(threading.Thread):
                                       notes=("sharded snapshot (torch.distributed.checkpoint): every rank read its part",
                                              *_initialized_note(report.initialized),
                                              *settled_notes(init_log, "resume"), *report.moved,
-                                             *report.scheduler_notes,
+                                             *report.scheduler_notes, *report.settings_notes,
                                              *self._put_back_globals(saved_globals, saved_places))))
         return True
 

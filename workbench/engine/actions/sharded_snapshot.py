@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - a torch that moved it
 
 from workbench.engine.loader_places import LAYOUT, SHARDED_KEY, pack, places, state_of, unpack
 from workbench.engine.moved_layers import match_moved
+from workbench.engine.actions.optimizer_settings import kept_from_snapshot, settings_of
 from workbench.engine.actions.plain_data_dcp import PlainDataLoadPlanner, PlainDataReader, check_values, read_metadata
 from workbench.engine.actions.sharded_states import any_ranks, read_states
 from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
@@ -205,11 +206,15 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
         set_model_state_dict(module, {back.get(k, k): v for k, v in load[f"model/{name}"].items()},
                              options=StateDictOptions(strict=not partial))
         report.tensors += len(load[f"model/{name}"])
+    made = settings_of({name: optimizer for name, (_, optimizer) in optimizers.items()})
     for name, (module, optimizer) in optimizers.items():
         if f"optim/{name}" in load:
             set_optimizer_state_dict(module, optimizer,
                                      _renamed_optimizer(load[f"optim/{name}"], renamed.get(_top_of(module, modules), {})))
             report.optimizers += 1
+    report.settings_notes = kept_from_snapshot(
+        made, {name: optimizer for name, (_, optimizer) in optimizers.items() if f"optim/{name}" in load}, report.step,
+        list(namespaces))
     if report.clean:
         report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), facts)
     else:

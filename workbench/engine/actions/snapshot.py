@@ -24,6 +24,7 @@ import torch
 
 from workbench.engine import random_states
 from workbench.engine.actions.leftovers import temp_prefix
+from workbench.engine.actions.optimizer_settings import kept_from_snapshot, settings_of
 from workbench.engine.actions.schedulers import (
     find_schedulers,
     load_schedulers,
@@ -182,6 +183,7 @@ class ResumeReport:
     populated: int = 0  # bytes of those made private up front (memory/populate.py), not page by page in step 1
     schedulers: int = 0  # LR schedulers loaded (their schedule goes on where the snapshot left it)
     scheduler_notes: list[str] = field(default_factory=list)  # those that start over, and why
+    settings_notes: list[str] = field(default_factory=list)  # optimizers whose hyperparameters the code now sets otherwise
     moved: list[str] = field(default_factory=list)  # notes: layers matched by their place in a renumbered container
     # Optimizers in the snapshot that setup() does not make (step() makes them on first use): loaded when they appear.
     pending_optimizers: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
@@ -217,7 +219,8 @@ def apply_snapshot(
     """Load the snapshot into the live modules and optimizers (found by the same names): all or nothing.
 
     Everything is checked before anything is touched: tensor names and shapes, each optimizer's
-    class, parameter groups and hyperparameters. On a mismatch nothing is loaded (unless `partial`:
+    class, parameter groups and the names of their hyperparameters (whose values the snapshot's run had, and
+    `settings_notes` names where the code now makes others: optimizer_settings.py). On a mismatch nothing is loaded (unless `partial`:
     then the tensors that fit, and no optimizer). Loading keeps every Parameter object (optimizers
     point at them) but, where device and dtype match, gives it the snapshot's own mapped storage
     instead of copying: no second copy of the weights. Those pages are then made private in one call per
@@ -263,7 +266,10 @@ def apply_snapshot(
     if not report.clean and not partial:
         raise ResumeMismatch(report)
     if report.clean:
+        made = settings_of(optimizers)
         report.optimizers = _load_optimizers(optimizers, saved_optimizers)
+        report.settings_notes = kept_from_snapshot(made, {n: o for n, o in optimizers.items() if n in saved_optimizers},
+                                                   report.step, list(namespaces))
         report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), payload)
         report.pending_optimizers = {n: o for n, o in saved_optimizers.items() if n not in optimizers}
     else:  # a partial resume: no optimizer state, so no schedule either
