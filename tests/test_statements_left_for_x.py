@@ -193,6 +193,20 @@ def test_an_override_that_no_longer_fires_leaves_the_files_default_after_x_and_a
     assert _step(live)["batch"] == 8.0
 
 
+def test_a_rebuild_after_a_rollback_says_it_reads_the_code_that_runs_not_the_file(start_session) -> None:
+    """R runs the lines left for x as the live (rolled-back) code has them: its note said it read "the file as it
+    is" and quoted a line the file does not hold (a Forward-Forward port: `default=2`, the file `default=1.5`)."""
+    live = _session(start_session)
+    _saved(live, AND_A_FUNCTION)
+    _rebuilt_then_rolled_back(live)
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    said = [n for n in rebuilt.notes if n.startswith("ran first what the saves of train.py had not re-run")]
+    assert said and "reads the code that runs now, not the file on disk, which differs" in said[0], rebuilt.notes
+    assert "torch.full((2,), init_scale)" in said[0] and "init_scale * 2" not in said[0], said
+    assert _step(live) == {"init": 2.0, "offset": 0.0}, "the rolled-back code's, as the note says"
+
+
 def test_a_save_that_only_left_a_line_for_x_is_folded_into_the_rollback_before_it(start_session) -> None:
     """A function changed (a version), then a save that only left a line for x (not a version), R ran it, then u:
     the rollback takes the file back past both saves, so the line as the code before has it is left for x again,

@@ -291,8 +291,22 @@ def _run_what_x_would(worker: TrainingWorker, committed: list[ChangeSet]) -> tup
         labels = [label for label, patch in statements if ran(patch)]
         if labels:
             notes.append(f"ran first what the saves of {worker.project.relative(path)} had not re-run (x's statements), "
-                         f"so what is built reads the file as it is: {'; '.join(labels)}")
+                         f"so what is built reads {_what_runs(worker, path)}: {'; '.join(labels)}")
     return pending, notes
+
+
+def _what_runs(worker: TrainingWorker, path: Path) -> str:
+    """What R's statements were read from: the file, or the code that runs when a rollback (or a refused save) left
+    the two apart. A Forward-Forward port, rolled back after an argparse default's edit, was rebuilt from `default=2`
+    while the note said it read the file, whose line says `default=1.5`."""
+    try:
+        on_disk = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return "the code that runs now"
+    if worker.reloader.applied_source(path) in (None, on_disk):
+        return "the file as it is"
+    return ("the code that runs now, not the file on disk, which differs (a rollback since its save, or a save that "
+            "was refused): save the file to apply its lines")
 
 
 def _build_what_import_built(worker: TrainingWorker, committed: list[ChangeSet]) -> list[str]:
