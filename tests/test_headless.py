@@ -342,3 +342,30 @@ def test_reload_of_one_file_answers_once_for_it_whatever_it_finds(headless) -> N
     run.send("quit")
     assert run.finish() == 0, run.explain()
     assert [e["file"] for e in run.events if e["event"] == "reload"] == ["train.py", "train.py", "helper.py"], run.explain()
+
+
+def test_a_reader_of_stdout_that_goes_away_ends_the_run_with_a_final_snapshot(tmp_path: Path) -> None:
+    """`vram-bench run train.py --headless | head`, or a driver that died: the next write raised out of the session
+    (a chain of BrokenPipeError tracebacks), exit code 1 and no snapshot, so the trained state was lost. It ends as a
+    dropped terminal's SIGHUP ends it."""
+    root = make_project(tmp_path, {"train.py": TRAIN_PY})
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "run", str(root / "train.py"), "--headless"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root.parent,
+                            text=True, encoding="utf-8")
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["event"] == "step" and event["step"] >= 3:
+                break
+        proc.stdout.close()  # the reader goes away
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, stderr
+    assert "stdout's reader is gone (broken pipe): writing a final snapshot, then exiting" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    written = [line.rsplit(" written to ", 1)[1] for line in stderr.splitlines() if "final snapshot of step" in line]
+    assert written and Path(written[0]).is_file(), stderr

@@ -8,6 +8,7 @@ would corrupt the JSON lines. These helpers move the descriptors aside.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import sys
@@ -102,8 +103,12 @@ class ProtocolStdout:
         if self._saved_fd is None:
             return
         try:
-            self.stream.flush()
+            try:
+                self.stream.close()  # flushes first, and closes the descriptor even when that fails
+            except OSError as exc:
+                if exc.errno != errno.EPIPE:
+                    raise
+                # the reader is gone (headless.py quit for it): what is still buffered cannot go anywhere
         finally:
-            self.stream.close()
             os.dup2(self._saved_fd, 1)
             os.close(self._saved_fd)

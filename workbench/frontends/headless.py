@@ -12,6 +12,8 @@ path out of here leaves child processes (DataLoader workers) behind.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import signal
 import sys
@@ -95,8 +97,16 @@ def run_headless(
             threading.Thread(
                 target=_read_commands, args=(session, fd, escalation.begin), name="vram-bench-stdin", daemon=True
             ).start()
-        while not write_until_exit(events.wait(timeout=0.2, linger=STEP_BATCH_SECONDS), stdout):
-            pass
+        out = stdout
+        while True:
+            try:
+                if write_until_exit(events.wait(timeout=0.2, linger=STEP_BATCH_SECONDS), out):
+                    break
+            except OSError as exc:
+                if not _reader_gone(exc) or out is not stdout:
+                    raise
+                out = stdout = _Discard()  # the rest, the exit included, goes nowhere: nobody reads it
+                _quit_for_a_gone_reader(session, escalation)
         exit_written.set()  # a forced exit waits for this before ending the process
     finally:
         try:
@@ -116,6 +126,27 @@ def run_headless(
                 devnull.close()
             end_child_processes(escalation.timeouts.children)  # DataLoader workers a state still holds, a step's subprocesses
     return session.exit_code
+
+
+def _reader_gone(exc: OSError) -> bool:
+    """Stdout's reader went away (`vram-bench run ... --headless | head`, a driver that died): EPIPE."""
+    return isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE
+
+
+class _Discard(io.StringIO):
+    """Where events go once stdout's reader is gone: nowhere (the run's events.jsonl still has them all)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def _quit_for_a_gone_reader(session: Session, escalation: QuitEscalation) -> None:
+    """As a dropped terminal's SIGHUP does: a final snapshot, then exit. Before, the first write after the reader left
+    raised out of the session with a chain of tracebacks, exit code 1 and no snapshot: the trained state was lost."""
+    print("vram-bench: stdout's reader is gone (broken pipe): writing a final snapshot, then exiting",
+          file=sys.stderr, flush=True)
+    session.request_quit(final_snapshot=True, reason="output closed")
+    escalation.begin()
 
 
 def _all_written(session: Session, exit_written: threading.Event, timeout: float) -> None:
