@@ -102,9 +102,16 @@ def generator_inputs(generator: types.GeneratorType, path: str) -> list[tuple[st
 
 
 def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
+    """The models and optimizers of the state, by path. Inside a model, what it holds outside its registered
+    children counts too: pytorch/examples' Forward-Forward `Net` keeps its layers in a plain list
+    (`self.layers = []`) and each layer its own optimizer (`self.opt = Adam(...)`); a snapshot of that state kept
+    neither, a resume said it had loaded everything, and a rebuild carried nothing, unsaid. They are found as
+    `net.layers[0]` and `net.layers[0].opt`, after the rest of the state: an optimizer the state also holds keeps
+    the state's name (`opt`, not `model.opt`)."""
     modules: dict[str, torch.nn.Module] = {}
     optimizers: dict[str, torch.optim.Optimizer] = {}
     seen: set[int] = set()
+    inside: list[tuple[torch.nn.Module, str, int]] = []  # models whose plain attributes are walked last
 
     def visit(obj: Any, path: str, depth: int) -> None:
         if id(obj) in seen or depth > _MAX_DEPTH:
@@ -113,6 +120,8 @@ def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module],
         if isinstance(obj, torch.nn.Module):
             if not any(obj is m or _is_submodule(m, obj) for m in modules.values()):
                 modules[path or "model"] = obj
+            seen.update(id(sub) for sub in obj.modules())
+            inside.append((obj, path or "model", depth))
             return
         if isinstance(obj, torch.optim.Optimizer):
             optimizers[path or "optimizer"] = obj
@@ -121,7 +130,21 @@ def find_modules_and_optimizers(state: Any) -> tuple[dict[str, torch.nn.Module],
             visit(child, child_path, depth + 1)
 
     visit(state, "", 0)
+    while inside:
+        module, path, depth = inside.pop(0)
+        for name, value in _held_outside_children(module, path):
+            visit(value, name, depth + 1)
     return modules, optimizers
+
+
+def _held_outside_children(module: torch.nn.Module, path: str) -> Iterator[tuple[str, Any]]:
+    """What a model's modules keep in plain attributes that can hold models or optimizers (a list, tuple or dict, an
+    optimizer, a module kept out of registration), each by its path. Not a config or other object: those hold
+    settings, and the walk stays cheap on a big model."""
+    for name, sub in module.named_modules(prefix=path):
+        for key, value in list(vars(sub).items()):
+            if not key.startswith("_") and isinstance(value, (list, tuple, dict, torch.optim.Optimizer, torch.nn.Module)):
+                yield f"{name}.{key}", value
 
 
 def _is_submodule(parent: torch.nn.Module, child: torch.nn.Module) -> bool:
