@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from conftest import is_event, save
-from workbench.engine.moved_layers import aligned_names, old_name, shapes_of
+from workbench.engine.moved_layers import aligned_names, match_moved, old_name, shapes_of
 from workbench.engine.rebuild import carry_over
 from workbench.protocol.events import Rebuild, StepOnce
 
@@ -231,3 +231,69 @@ def test_a_sharded_snapshot_resumes_into_a_model_with_a_layer_inserted_since(tmp
         again.close()
     first = steps_of(again.events, 0)[taken["step"] + 1]["scalars"]
     assert first["before"] == pytest.approx(snapped, rel=1e-12), "the first resumed step starts from the snapshot"
+
+
+def test_a_rebuild_carries_a_model_across_torch_compile_and_ddp_prefixes_and_says_so() -> None:
+    """`_orig_mod.` (torch.compile) and `module.` (DistributedDataParallel, DataParallel) prefix every key of the model
+    they wrap: compiling a model, or no longer wrapping it, dropped every trained tensor by name."""
+    old, new = _generator(), _generator()
+    old_opt, new_opt = _trained_pair(old, new)
+    compiled = torch.compile(new, backend="eager")
+    report = carry_over({"netG": old, "opt": old_opt}, {"netG": compiled, "opt": new_opt})
+    assert report.dropped == [] and report.new == [] and report.tensors == len(old.state_dict()), report
+    assert torch.equal(new[0].weight, old[0].weight)
+    assert new_opt.state[new[0].weight]["exp_avg"] is old_opt.state[old[0].weight]["exp_avg"]
+    assert any("compiled with torch.compile now, not before (`_orig_mod.`)" in note for note in report.moved), report.moved
+
+    wrapped = nn.DataParallel(_generator())  # the same `module.` prefix as DistributedDataParallel, in one process
+    report = carry_over({"netG": wrapped}, {"netG": _generator()})
+    assert report.dropped == [] and report.new == [], report
+    assert any("wrapped in DistributedDataParallel before, not now (`module.`)" in note for note in report.moved)
+
+
+def test_keys_that_only_look_wrapped_keep_their_names() -> None:
+    """A model with a child named `module` of its own on both sides is no wrapper: nothing is renamed or said."""
+    matched, note = match_moved({"module.weight": (2,), "head.weight": (2,)},
+                                {"module.weight": torch.zeros(2), "head.weight": torch.zeros(2)}, "m")
+    assert matched == {"module.weight": "module.weight", "head.weight": "head.weight"} and note is None
+
+
+COMPILED_PY = """\
+import torch
+
+torch.manual_seed(0)
+DATA = torch.randn(16, 3)
+COMPILE = True
+
+
+def setup(bench):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    if COMPILE:
+        model = torch.compile(model, backend="eager")
+    return {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=0.01)}
+
+
+def step(state, bench):
+    loss = state["model"](DATA).pow(2).mean()
+    state["opt"].zero_grad()
+    loss.backward()
+    state["opt"].step()
+    return loss
+"""
+
+
+def test_a_snapshot_of_a_compiled_model_resumes_into_it_uncompiled(tmp_path) -> None:
+    from tests.conftest import make_project, open_session, snapshot_after
+
+    snapshot = snapshot_after(tmp_path, COMPILED_PY, 4)
+    straight_root = make_project(tmp_path, {"train.py": COMPILED_PY}, folder="straight")
+    with open_session(straight_root / "train.py", max_steps=7, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        straight = [e.loss for e in live.events.of("step")][4:]
+    root = make_project(tmp_path, {"train.py": COMPILED_PY.replace("COMPILE = True", "COMPILE = False")}, folder="plain")
+    with open_session(root / "train.py", resume=snapshot, max_steps=7, exit_at_max_steps=False) as live:
+        resumed = live.wait_for(is_event("resume"), timeout=60)
+        assert resumed.ok and resumed.tensors == 4 and resumed.optimizers == 1, resumed
+        assert any("compiled with torch.compile before, not now" in n for n in resumed.notes), resumed.notes
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        assert [e.loss for e in live.events.of("step")] == straight

@@ -26,10 +26,57 @@ def shapes_of(tensors: Mapping[str, Any]) -> Shapes:
 
 def match_moved(old: Shapes, new: Mapping[str, Any], model: str) -> tuple[dict[str, str | None], str | None]:
     """Each key of the state_dict `new` with the old key it is matched to (None: it is new and matches nothing),
-    and the note naming the layers that moved (None: none did, so every key keeps its own name). `model`: what
-    the note calls the model. What a rebuild, a resume and a sharded resume each ask."""
-    paths, moves = aligned_names(old, shapes_of(new))
-    return {key: old_name(paths, key) if paths else key for key in new}, (moved_note(model, moves) if moves else None)
+    and the note naming the layers that moved, or the wrapper whose prefix the two sides differ by (None: neither,
+    so every key keeps its own name). `model`: what the note calls the model. What a rebuild, a resume and a sharded
+    resume each ask."""
+    old_of, new_of, wrapper = _without_wrappers(list(old), list(new))
+    new_shapes = shapes_of(new)
+    paths, moves = aligned_names({plain: old[key] for plain, key in old_of.items()},
+                                 {plain: new_shapes[key] for plain, key in new_of.items() if key in new_shapes})
+    matched: dict[str, str | None] = {}
+    for plain, key in new_of.items():
+        was = old_name(paths, plain) if paths else plain
+        matched[key] = None if was is None else old_of.get(was, was if wrapper is None else key)
+    notes = [note for note in (wrapper and f"{model}: {wrapper}", moves and moved_note(model, moves)) if note]
+    return matched, "; ".join(notes) or None
+
+
+# Prefixes a wrapper adds to every key of the model it wraps: torch.compile's OptimizedModule (`_orig_mod.`, anywhere
+# a compiled submodule sits) and DistributedDataParallel's or DataParallel's `module.` (at the front). A snapshot of a
+# compiled model could not be resumed into the same model uncompiled (every key "missing", every saved one
+# "unexpected"), nor one taken under torchrun's DDP into a single process that does not wrap it.
+_COMPILED = "_orig_mod"
+_PARALLEL = "module."
+
+
+def _without_wrappers(old: list[str], new: list[str]) -> tuple[dict[str, str], dict[str, str], str | None]:
+    """(plain key -> old key, plain key -> new key, the note's words) where the two sides differ only by a wrapper's
+    prefix; otherwise each side's keys as they are, and None."""
+    same = ({key: key for key in old}, {key: key for key in new}, None)
+    old_plain, new_plain = {_uncompiled(k): k for k in old}, {_uncompiled(k): k for k in new}
+    if len(old_plain) != len(old) or len(new_plain) != len(new):
+        return same  # two keys that differ only by the prefix: not a wrapper's
+    was, now = (any(_COMPILED in key.split(".") for key in keys) for keys in (old, new))
+    how = []
+    if was != now:
+        how.append(f"compiled with torch.compile {'before, not now' if was else 'now, not before'} (`{_COMPILED}.`)")
+    elif was and set(old) != set(new):
+        how.append(f"compiled with torch.compile at another place (`{_COMPILED}.`)")
+    if old_plain and new_plain:
+        old_parallel, new_parallel = (all(k.startswith(_PARALLEL) for k in keys) for keys in (old_plain, new_plain))
+        if old_parallel and not any(k.startswith(_PARALLEL) for k in new_plain):
+            old_plain = {k[len(_PARALLEL):]: v for k, v in old_plain.items()}
+            how.append(f"wrapped in DistributedDataParallel before, not now (`{_PARALLEL}`)")
+        elif new_parallel and not any(k.startswith(_PARALLEL) for k in old_plain):
+            new_plain = {k[len(_PARALLEL):]: v for k, v in new_plain.items()}
+            how.append(f"wrapped in DistributedDataParallel now, not before (`{_PARALLEL}`)")
+    if not how or not set(old_plain) & set(new_plain):
+        return same
+    return old_plain, new_plain, f"its tensors were matched by name without a wrapper's prefix: {'; '.join(how)}"
+
+
+def _uncompiled(key: str) -> str:
+    return ".".join(part for part in key.split(".") if part != _COMPILED)
 
 
 def aligned_names(old: Shapes, new: Shapes) -> tuple[dict[str, str | None], list[str]]:
