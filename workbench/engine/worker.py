@@ -455,7 +455,7 @@ class TrainingWorker(threading.Thread):
             )
         except Exception as exc:  # noqa: BLE001 - a snapshot that does not fit must not cost the session
             init_log.replay_all()
-            self._resume_failed(_failed_resume(exc, path))
+            self._resume_failed(_failed_resume(exc, path, ends=self.exit_on_setup_failure))
             return False
         self.step = self.last_snapshot_step = self._first_step = report.step
         self.last_snapshot_path = str(path)
@@ -551,7 +551,7 @@ class TrainingWorker(threading.Thread):
         try:
             report, saved_globals = load_sharded(self.user_state, path, self._namespaces(), partial=self.resume_partial)
         except Exception as exc:  # noqa: BLE001 - said like any resume that does not fit; setup()'s state trains
-            self._resume_failed(_failed_resume(exc, path))
+            self._resume_failed(_failed_resume(exc, path, ends=self.exit_on_setup_failure))
             return False
         self.step = self.last_snapshot_step = self._first_step = report.step
         self.last_snapshot_path = str(path)
@@ -1288,9 +1288,10 @@ def _initialized_note(initialized: list[str]) -> tuple[str, ...]:
     return (f"not in the snapshot, so initialized as setup() does: {shown}",)
 
 
-def _failed_resume(exc: Exception, path: Path) -> ResumeLoaded:
+def _failed_resume(exc: Exception, path: Path, ends: bool) -> ResumeLoaded:
     """A resume that loaded nothing, one-file or sharded: why (a snapshot that does not fit names what differs), and
-    what trains instead."""
+    what happens now: headless (`ends`) the run ends with exit code 2; the app pauses on what setup() built. (It said
+    that training started from setup()'s state where the headless run exited at once.)"""
     report = getattr(exc, "report", None)
     if report is not None:
         message = f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
@@ -1298,7 +1299,8 @@ def _failed_resume(exc: Exception, path: Path) -> ResumeLoaded:
         message = str(exc)
     else:
         message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); nothing was loaded"
-    message += "; training starts from what setup() built (initialized as usual)"
+    message += ("; the run ends (exit code 2): fix what is said, or start without --resume" if ends else
+                "; paused on what setup() built (initialized as usual): resume to train it from its start, or quit")
     return ResumeLoaded(ok=False, path=str(path), error=message, missing=tuple(report.missing) if report else (),
                         unexpected=tuple(report.unexpected) if report else (),
                         mismatched=tuple(report.mismatched) if report else ())

@@ -40,6 +40,7 @@ from workbench.engine.moved_layers import match_moved, shapes_of
 from workbench.engine.memory.populate import populate_for_writing
 from workbench.engine.runs import LEGACY, RUNS, latest_snapshot, snapshots_by_step
 from workbench.engine.state_walk import Namespaces, find_with_globals
+from workbench.engine.tensor_parts import strided_parts
 
 FORMAT = "vram-bench-snapshot/1"
 DEFAULT_KEEP = 5
@@ -291,7 +292,7 @@ def _storages_of(payload: Any) -> set[int]:
     while stack:
         value = stack.pop()
         if isinstance(value, torch.Tensor):
-            found.add(value.untyped_storage().data_ptr())
+            found.update(part.untyped_storage().data_ptr() for part in strided_parts(value))
         elif isinstance(value, dict):
             stack.extend(value.values())
         elif isinstance(value, (list, tuple)):

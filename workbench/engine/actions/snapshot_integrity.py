@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from workbench.engine.tensor_parts import strided_parts
 from workbench.errors import UserError
 from workbench.units import human_bytes
 
@@ -112,11 +113,12 @@ def payload_bytes(payload: Any) -> int:
             local = getattr(value, "to_local", None)  # a DTensor (FSDP2): this rank's shard is what it holds
             if callable(local):
                 value = local()
-            try:
-                storage = value.untyped_storage()
-                seen[storage.data_ptr() or id(storage)] = storage.nbytes()
-            except RuntimeError:  # a tensor subclass without a plain storage: its elements, counted once
-                seen[id(value)] = value.numel() * value.element_size()
+            for part in strided_parts(value):  # a sparse tensor's indices and values
+                try:
+                    storage = part.untyped_storage()
+                    seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+                except (RuntimeError, NotImplementedError):  # a subclass without a plain storage: its elements, once
+                    seen[id(part)] = part.numel() * part.element_size()
         elif isinstance(value, dict):
             for item in value.values():
                 walk(item)

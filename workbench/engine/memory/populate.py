@@ -44,8 +44,8 @@ def populate_for_writing(tensors: Iterable[torch.Tensor], mapped: set[int]) -> i
     page = mmap.PAGESIZE
     ranges: dict[int, int] = {}
     for tensor in tensors:
-        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
-            continue
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or tensor.layout != torch.strided:
+            continue  # a sparse tensor's parts are small beside its model's dense weights: left to fault in
         storage = tensor.untyped_storage()
         pointer = storage.data_ptr()
         if pointer in mapped and storage.nbytes():
