@@ -138,3 +138,26 @@ def test_the_reload_log_shows_it_as_a_warning(tmp_path: Path):
     line = render_entry(Error(where="eval mode", message='step 3 ran with state["model"] in eval mode'), tmp_path, timestamps=False)
     assert isinstance(line, Text) and line.plain.startswith("WARNING eval mode step 3 ran with")
     assert "training paused" not in line.plain
+
+
+def test_a_step_that_trains_in_training_mode_between_evaluations_is_not_warned_about():
+    """pytorch/examples' GCN loop: `model.train()` first, `model.eval()` (its test()) last, so every step starts and
+    ends in eval mode while its training forward runs in training mode: it was warned about every time, falsely."""
+    model = _net()
+    watch = EvalModeWatch()
+    watch.refresh({"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)})
+    model.eval()
+    for step in (1, 2, 3):
+        started = watch.starting()
+        model.train()
+        model(torch.ones(3, 2))
+        model.eval()
+        model(torch.ones(3, 2))  # its test()
+        assert watch.after_step(started, step) is None, step
+    started = watch.starting()  # a step whose forward runs in eval mode only: warned, as before
+    model(torch.ones(3, 2))
+    warning = watch.after_step(started, 4)
+    assert isinstance(warning, Error) and "step 4" in warning.message
+    model.train()
+    watch.starting()
+    assert not model._forward_pre_hooks, "the probe goes once a step starts in training mode"

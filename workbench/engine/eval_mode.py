@@ -9,9 +9,11 @@ and each warns once until it is seen training again.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from workbench.protocol.events import Error
 from workbench.engine.state_walk import find_modules_and_optimizers
@@ -26,6 +28,8 @@ class EvalModeWatch:
         # Weak references: a rebuild must be able to free the old model even before the next refresh.
         self._watched: list[tuple[str, weakref.ref[torch.nn.Module]]] = []
         self._warned: set[str] = set()
+        self._probes: dict[str, RemovableHandle] = {}  # on the modules that started a step in eval mode
+        self._trained_in_step: set[str] = set()  # those whose forward ran in training mode during this step
 
     def refresh(self, state: Any) -> None:
         """Find the modules to watch in a new state (after setup or a rebuild)."""
@@ -33,8 +37,25 @@ class EvalModeWatch:
             found = trained_modules(state)
         except Exception:  # noqa: BLE001 - a state we cannot walk only means no warning, never a failed setup
             found = []
+        for handle in self._probes.values():
+            handle.remove()
+        self._probes.clear()
         self._watched = [(label, weakref.ref(module)) for label, module in found]
         self._warned.clear()
+
+    def starting(self) -> frozenset[str]:
+        """As a step starts: the watched modules in eval mode (`in_eval`), each probed while it stays so for a forward
+        run in training mode during the step. pytorch/examples' GCN loop calls `model.train()` first and evaluates
+        last, so every step starts and ends in eval mode and trains in between: it was warned about, falsely. The
+        usual step starts in training mode and costs nothing more."""
+        started = self.in_eval()
+        self._trained_in_step.clear()
+        for label in [label for label in self._probes if label not in started]:
+            self._probes.pop(label).remove()
+        for label, ref in self._watched:
+            if label in started and label not in self._probes and (module := ref()) is not None:
+                self._probes[label] = module.register_forward_pre_hook(_probe(label, self._trained_in_step))
+        return started
 
     def in_eval(self) -> frozenset[str]:
         """Labels of watched modules not in training mode now (called as a step starts, and after it)."""
@@ -47,7 +68,7 @@ class EvalModeWatch:
         if not started_in_eval:  # the usual step: every module trained at its start (no second look: it runs every step)
             self._warned.clear()
             return None
-        ran_in_eval = started_in_eval & self.in_eval()
+        ran_in_eval = (started_in_eval & self.in_eval()) - self._trained_in_step
         self._warned &= ran_in_eval  # seen training at either end: a relapse warns again
         new = sorted(ran_in_eval - self._warned)
         if not new:
@@ -61,6 +82,16 @@ class EvalModeWatch:
             f"uses its running statistics instead of updating them. If evaluate() left it in eval mode, call "
             f"{fix} at the end of evaluate, or at the start of step. Training goes on.",
         )
+
+
+def _probe(label: str, trained: set[str]) -> Callable[[torch.nn.Module, Any], None]:
+    """A forward pre-hook noting that the module ran in training mode (it holds no reference to the module)."""
+
+    def hook(module: torch.nn.Module, args: Any) -> None:
+        if module.training:
+            trained.add(label)
+
+    return hook
 
 
 def trained_modules(state: Any) -> list[tuple[str, torch.nn.Module]]:

@@ -602,7 +602,7 @@ class TrainingWorker(threading.Thread):
         gpu = self._gpu_index
         if gpu is not None:
             self.probe.reset_peaks()  # so the peak read after the step is this step's
-        started_in_eval = self.eval_watch.in_eval()
+        started_in_eval = self.eval_watch.starting()
         started = time.perf_counter()
         with self._interrupt_lock:
             self.step_started = time.monotonic()
