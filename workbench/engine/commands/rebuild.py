@@ -184,6 +184,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
         notes.append(f"the state's plain values were not carried over ({type(exc).__name__}: {exc})")
     notes.extend(release_iterators(worker.user_state, new_state))
     notes.extend(_release_rebuilt_loaders(worker, before))
+    notes.extend(_files_apart(worker, already=" ".join(notes)))
     worker.user_state = new_state
     worker._epoch_check = places.epoch_check  # the new loaders' sampler epochs, after the first step
     worker.schedules_as_made = new_made
@@ -293,6 +294,22 @@ def _run_what_x_would(worker: TrainingWorker, committed: list[ChangeSet]) -> tup
             notes.append(f"ran first what the saves of {worker.project.relative(path)} had not re-run (x's statements), "
                          f"so what is built reads {_what_runs(worker, path)}: {'; '.join(labels)}")
     return pending, notes
+
+
+def _files_apart(worker: TrainingWorker, already: str) -> list[str]:
+    """A note naming the project files whose code that runs, which the rebuild built from, is not what the file on
+    disk holds (a rollback since their save, or a refused save): R after adding a layer and rolling it back dropped
+    the trained layer, and said nothing of why. None for a file the x-statements' note already names."""
+    apart = [worker.project.relative(path) for path in worker.reloader.tracked_files()
+             if _what_runs(worker, path) != "the file as it is"]
+    apart = [name for name in apart if f"the saves of {name} had not re-run" not in already]
+    if not apart:
+        return []
+    one = len(apart) == 1
+    return [f"built from the code that runs now, not the file{'' if one else 's'} on disk: {', '.join(apart)} "
+            f"{'differs' if one else 'differ'} (a rollback since {'its' if one else 'their'} save, or a save that was "
+            f"refused); save {'it' if one else 'them'} to apply {'its' if one else 'their'} lines, and R again to "
+            "build with them"]
 
 
 def _what_runs(worker: TrainingWorker, path: Path) -> str:
