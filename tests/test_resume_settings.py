@@ -61,14 +61,20 @@ def test_an_edited_learning_rate_is_named_where_the_snapshots_goes_on(tmp_path: 
     source = project()
     notes, lr = resume_notes(tmp_path, source, source.replace("LR = 0.1", "LR = 0.05"))
     said = [n for n in notes if n.startswith("opt goes on with the hyperparameters the snapshot's run had at step 4")]
-    assert said and "lr 0.1, where setup() made 0.05" in said[0] and "press R" in said[0], notes
+    assert said and "lr: setup() makes 0.05 now, the snapshot's run was made with 0.1 and goes on with 0.1" in said[0] \
+        and "press R" in said[0], notes
     assert "momentum" not in said[0], "only what differs"
     assert lr == 0.1, "what the note says: the snapshot's value trains"
 
 
+WARM_UP = "sched = None\n    opt.param_groups[0]['lr'] = LR / 10  # a project's own warm-up, stepped below"
+STEPPED_WARM_UP = "state['opt'].param_groups[0].update(lr=min(LR, state['opt'].param_groups[0]['lr'] * 2))"
+
+
 @pytest.mark.parametrize("schedule", [NO_SCHEDULE, STEP_LR, ONE_CYCLE], ids=["none", "StepLR", "OneCycleLR"])
 def test_nothing_is_said_where_the_code_has_not_changed(tmp_path: Path, schedule: str) -> None:
-    """A schedule moves the rate (and OneCycleLR the momentum) away from what setup() made: not an edit."""
+    """A schedule moves the rate (and OneCycleLR the momentum) away from what setup() made: not an edit. Compared as
+    made, with what the snapshot's run was made with."""
     source = project(schedule)
     notes, _ = resume_notes(tmp_path, source, source)
     assert not any("goes on with the hyperparameters" in n for n in notes), notes
@@ -77,7 +83,16 @@ def test_nothing_is_said_where_the_code_has_not_changed(tmp_path: Path, schedule
 def test_a_schedules_edited_base_rate_is_named(tmp_path: Path) -> None:
     source = project(STEP_LR)
     notes, _ = resume_notes(tmp_path, source, source.replace("LR = 0.1", "LR = 0.05"))
-    assert any("initial_lr 0.1, where setup() made 0.05" in n for n in notes), notes
+    assert any("initial_lr: setup() makes 0.05 now, the snapshot's run was made with 0.1" in n for n in notes), notes
+
+
+def test_a_rate_a_library_or_the_project_moves_without_assigning_it_is_not_taken_for_an_edit(tmp_path: Path) -> None:
+    """timm's schedulers and a project's own warm-up set the rate through code that is not `group['lr'] = ...` in
+    the project: the snapshot's rate differed from what setup() made, and was named as if the code had changed."""
+    source = project(WARM_UP, STEPPED_WARM_UP)
+    notes, lr = resume_notes(tmp_path, source, source)
+    assert not any("goes on with the hyperparameters" in n for n in notes), notes
+    assert lr == 0.1, "the warm-up's place goes on"
 
 
 def test_a_rate_the_step_sets_is_not_named(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import workbench
 from workbench.engine.actions.final_snapshot import FinalSnapshot
 from workbench.engine.actions.memory_snapshot import dump_snapshot, start_recording
+from workbench.engine.actions.optimizer_settings import Settings, settings_of
 from workbench.engine.actions.pending_optimizers import PendingOptimizers
 from workbench.engine.actions.profile import ProfileRun
 from workbench.engine.actions.requeue import requeue_job
@@ -201,6 +202,7 @@ class TrainingWorker(threading.Thread):
         self._recording = False
         self.eval_watch = EvalModeWatch()  # warns when steps run with the trained model in eval mode
         self.schedules_as_made: AsMade = {}  # the LR schedulers as the last setup() made them (scheduler_carry.py)
+        self.optimizers_as_made: Settings = {}  # their hyperparameters as it made them, kept in snapshots
 
         self.state = RunState.SETUP
         self.pause_reason: str | None = None
@@ -385,6 +387,7 @@ class TrainingWorker(threading.Thread):
                 self.user_state = setup(self.bench)
             self._state_built_at = self.reloader.version
             self.schedules_as_made = as_made(self.user_state, self._namespaces())  # what a rebuild compares with
+            self.optimizers_as_made = settings_of(find_with_globals(self.user_state, self._namespaces())[1])
             self.setup_rebinds.record(found, self._namespaces())
             self.training_globals.mark(self._plain_value_namespaces())
             self.training_tensors.mark(self._training_namespaces())
@@ -1043,12 +1046,13 @@ class TrainingWorker(threading.Thread):
                                                               replicated_paths(large, self.lockstep.plane))
                 event = write_sharded(self.user_state, self.step, self.reloader.version, self.bench.run_dir, writer,
                                       self.lockstep.rank == 0, self.snapshot_keep, self._namespaces(), self._changed_globals(),
-                                      loader_record=loaders, large=tensors)
+                                      loader_record=loaders, large=tensors, optimizers_as_made=self.optimizers_as_made)
             else:
                 rank, world_size = (self.lockstep.rank, self.lockstep.world_size) if self.lockstep else (0, 1)
                 event = write_snapshot(
                     self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces(),
                     self._changed_globals(), loader_places=places(ranks_places or {rank: loaders}, world_size, large),
+                    optimizers_as_made=self.optimizers_as_made,
                 )
         except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
             self.last_snapshot_error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"

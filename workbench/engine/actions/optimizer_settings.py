@@ -4,10 +4,11 @@
 run needs (the schedule's place, an LR a step() set), but after an edit it is not what the file says: a Lion port's
 resume after `LR = 3e-3` -> `1e-3` and its default betas (0.9, 0.99) -> (0.5, 0.9) trained on with lr 0.003 and
 beta1 0.9 while the `resume` event said nothing, where `R` in the same state applies the file's values. So the values
-setup() made are read before the load, and each that differs from the snapshot's is named with what applies the
+setup() made are read before the load and compared with those the snapshot's run was made with, which the snapshot
+keeps (`optimizers_as_made`): compared as made, never with the snapshot's current values, which a schedule moves
+(torch's, a library's such as timm's, the project's own warm-up). Each that differs is named with what applies the
 code's. A hyperparameter the project's code sets itself (`group['lr'] = lr` in step()) is left out: the code's value
-reaches the optimizer at the next step; under an LR scheduler the learning rate is the schedule's, so its base
-(`initial_lr`) is what is compared.
+reaches the optimizer at the next step.
 """
 
 from __future__ import annotations
@@ -32,32 +33,33 @@ def settings_of(optimizers: dict[str, torch.optim.Optimizer]) -> Settings:
             for name, optimizer in optimizers.items()}
 
 
-def kept_from_snapshot(made: Settings, optimizers: dict[str, torch.optim.Optimizer], step: int,
-                       namespaces: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """The resume's notes: for each loaded optimizer whose hyperparameters differ from those setup() made, which."""
+def kept_from_snapshot(made_now: Settings, made_then: Settings | None, optimizers: dict[str, torch.optim.Optimizer],
+                       step: int, namespaces: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The resume's notes: for each loaded optimizer, the hyperparameters setup() makes now (`made_now`, read before
+    the load) unlike those the snapshot's run was made with (`made_then`, kept in the snapshot: none in one written
+    before 2026-12-01). Made against made, a schedule's moves (an LR scheduler, a library's, the project's own warm-up)
+    are never taken for an edit."""
     notes = []
     for name, optimizer in optimizers.items():
-        groups = made.get(name)
-        if groups is None or len(groups) != len(optimizer.param_groups):
+        now_groups, then_groups = made_now.get(name), (made_then or {}).get(name)
+        if now_groups is None or then_groups is None or len(now_groups) != len(then_groups):
             continue
         differing = []
-        for index, (before, group) in enumerate(zip(groups, optimizer.param_groups)):
-            for key, value in before.items():
-                if key == "lr" and "initial_lr" in before:
-                    continue  # an LR scheduler's: it sets the rate from its base, compared as `initial_lr`
-                if key in ("betas", "momentum") and "max_momentum" in before:
-                    continue  # OneCycleLR and CyclicLR cycle the momentum between their own bounds
-                now = _plain(group.get(key))
-                if value is _UNREADABLE or now is _UNREADABLE or _same(now, value):
+        for index, (now, then) in enumerate(zip(now_groups, then_groups)):
+            for key, value in now.items():
+                before = _plain(then.get(key, _UNREADABLE))
+                if value is _UNREADABLE or before is _UNREADABLE or _same(value, before):
                     continue
-                if where_code_sets(namespaces, "lr" if key == "initial_lr" else key) is not None:
-                    continue  # the project's code sets it itself: its value reaches the optimizer
-                where = f" (group {index})" if len(groups) > 1 else ""
-                differing.append(f"{key}{where} {now!r}, where setup() made {value!r}")
+                if where_code_sets(namespaces, key) is not None:
+                    continue  # the project's code sets it itself (`group['lr'] = lr` in step()): its value goes on
+                where = f" (group {index})" if len(now_groups) > 1 else ""
+                live = _plain(optimizer.param_groups[index].get(key)) if index < len(optimizer.param_groups) else None
+                differing.append(f"{key}{where}: setup() makes {value!r} now, the snapshot's run was made with "
+                                 f"{before!r}" + (f" and goes on with {live!r}" if live is not _UNREADABLE else ""))
         if differing:
             notes.append(
-                f"{name} goes on with the hyperparameters the snapshot's run had at step {step}, not those setup() "
-                f"made from the code now: {'; '.join(differing)}. To train with the code's, set them in step() "
+                f"{name} goes on with the hyperparameters the snapshot's run had at step {step}, not those the code "
+                f"gives now: {'; '.join(differing)}. To train with the code's, set them in step() "
                 f"(`for group in {name.rsplit('.', 1)[-1]}.param_groups: group['lr'] = LR`) or press R (command "
                 "`rebuild`), which makes the optimizer from the code and carries its trained state over"
             )

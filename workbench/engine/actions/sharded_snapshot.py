@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - a torch that moved it
 
 from workbench.engine.loader_places import LAYOUT, SHARDED_KEY, pack, places, state_of, unpack
 from workbench.engine.moved_layers import match_moved
-from workbench.engine.actions.optimizer_settings import kept_from_snapshot, settings_of
+from workbench.engine.actions.optimizer_settings import Settings, kept_from_snapshot, settings_of
 from workbench.engine.actions.plain_data_dcp import PlainDataLoadPlanner, PlainDataReader, check_values, read_metadata
 from workbench.engine.actions.sharded_states import any_ranks, read_states
 from workbench.engine.actions.schedulers import find_schedulers, load_schedulers, partial_resume_notes, scheduler_payload
@@ -75,6 +75,7 @@ def write_sharded(
     state: Any, step: int, code_version: int, run_dir: Path, writer_pid: int, is_main: bool, keep: int,
     namespaces: Namespaces = (), training_globals: dict[str, Any] | None = None,
     loader_record: dict[str, Any] | None = None, large: dict[str, torch.Tensor] | None = None,
+    optimizers_as_made: Settings | None = None,
 ) -> Snapshot:
     """Every rank at once (a lockstep command). `writer_pid`: rank 0's, the same name on every rank; rank 0 then
     keeps the run's `keep` newest snapshots, as for one process. `loader_record`: where this rank's stateful data
@@ -96,6 +97,8 @@ def write_sharded(
         facts = {"format": FORMAT, "step": step, "code_version": code_version, "saved_at": time.time(),
                  "world_size": dist.get_world_size() if dist.is_initialized() else 1, "globals": dict(training_globals or {})}
         facts["schedulers"], facts["scheduler_types"] = scheduler_payload(find_schedulers(state, namespaces))  # replicated
+        if optimizers_as_made is not None:
+            facts["optimizers_as_made"] = optimizers_as_made  # plain numbers: JSON (tuples come back as lists)
         (temp / FACTS).write_text(_facts_json(facts))
         _fsync_tree(temp)
         if final.exists():
@@ -213,7 +216,8 @@ def load_sharded(state: Any, path: Path, namespaces: Namespaces = (), partial: b
                                      _renamed_optimizer(load[f"optim/{name}"], renamed.get(_top_of(module, modules), {})))
             report.optimizers += 1
     report.settings_notes = kept_from_snapshot(
-        made, {name: optimizer for name, (_, optimizer) in optimizers.items() if f"optim/{name}" in load}, report.step,
+        made, facts.get("optimizers_as_made"),
+        {name: optimizer for name, (_, optimizer) in optimizers.items() if f"optim/{name}" in load}, report.step,
         list(namespaces))
     if report.clean:
         report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), facts)

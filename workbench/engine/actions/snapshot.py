@@ -24,7 +24,7 @@ import torch
 
 from workbench.engine import random_states
 from workbench.engine.actions.leftovers import temp_prefix
-from workbench.engine.actions.optimizer_settings import kept_from_snapshot, settings_of
+from workbench.engine.actions.optimizer_settings import Settings, kept_from_snapshot, settings_of
 from workbench.engine.actions.schedulers import (
     find_schedulers,
     load_schedulers,
@@ -53,10 +53,12 @@ def snapshot_folder(run_dir: Path) -> Path:
 def write_snapshot(
     state: Any, step: int, code_version: int, run_dir: Path, keep: int = DEFAULT_KEEP, namespaces: Namespaces = (),
     training_globals: dict[str, Any] | None = None, loader_places: dict[str, Any] | None = None,
+    optimizers_as_made: Settings | None = None,
 ) -> Snapshot:
     """`namespaces`: the project's module globals, where script-style trainers keep an optimizer or model too.
     `training_globals`: plain values step() keeps in module globals (`train.iter_num`), put back on resume.
-    `loader_places`: where each stateful data loader was, every rank's (loader_places.py)."""
+    `loader_places`: where each stateful data loader was, every rank's (loader_places.py).
+    `optimizers_as_made`: their hyperparameters as setup() made them (optimizer_settings.py)."""
     modules, optimizers = find_with_globals(state, namespaces)
     if not modules and not optimizers:
         raise ValueError("the state returned by setup() holds no nn.Module or optimizer to snapshot")
@@ -77,6 +79,8 @@ def write_snapshot(
     payload["schedulers"], payload["scheduler_types"] = scheduler_payload(find_schedulers(state, namespaces))
     if loader_places is not None:
         payload["loader_places"] = loader_places
+    if optimizers_as_made is not None:
+        payload["optimizers_as_made"] = optimizers_as_made
     folder = snapshot_folder(run_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -269,7 +273,8 @@ def apply_snapshot(
     if report.clean:
         made = settings_of(optimizers)
         report.optimizers = _load_optimizers(optimizers, saved_optimizers)
-        report.settings_notes = kept_from_snapshot(made, {n: o for n, o in optimizers.items() if n in saved_optimizers},
+        report.settings_notes = kept_from_snapshot(made, payload.get("optimizers_as_made"),
+                                                   {n: o for n, o in optimizers.items() if n in saved_optimizers},
                                                    report.step, list(namespaces))
         report.schedulers, report.scheduler_notes = load_schedulers(find_schedulers(state, namespaces), payload)
         report.pending_optimizers = {n: o for n, o in saved_optimizers.items() if n not in optimizers}

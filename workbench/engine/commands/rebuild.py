@@ -25,6 +25,7 @@ from workbench.engine.control_plane import RanksLost
 from workbench.engine.dispatch import handles
 from workbench.engine.fresh_iterators import fresh_iterator_notes
 from workbench.protocol.events import Error, Rebuild, Rebuilt
+from workbench.engine.actions.optimizer_settings import settings_of
 from workbench.engine.hotswap.compiled import reset_compiled_code
 from workbench.engine.hotswap.kept_objects import ran, run_slice
 from workbench.engine.hotswap.loader_workers import running_iterators
@@ -114,6 +115,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
                 found = copies(namespaces)
                 new_state = _call_setup(worker)
             new_made = as_made(new_state, namespaces)  # before anything is carried into them
+            new_settings = settings_of(find_with_globals(new_state, namespaces)[1])
             reset_compiled_code()
             report = carry_over(worker.user_state, new_state, before, namespaces)
             init_log.replay(report.carried)  # what is new draws its initial weights here, as a resume's do
@@ -188,6 +190,7 @@ def _rebuild_now(worker: TrainingWorker) -> None:
     worker.user_state = new_state
     worker._epoch_check = places.epoch_check  # the new loaders' sampler epochs, after the first step
     worker.schedules_as_made = new_made
+    worker.optimizers_as_made = new_settings
     if worker.broken is not None and not worker.broken.renew_group:
         worker.broken = None  # a new state: what the old one could not do (an ended generator, a DDP reducer) is gone
     worker._state_built_at = worker.reloader.version
