@@ -1400,3 +1400,43 @@ def test_a_new_layers_initial_weights_do_not_draw_from_trainings_random_state(tm
             live.wait_for(is_event("step", step=k), timeout=30)
         drawn = {k: a for k, (a, _) in batches_read(live).items()}
     assert drawn == straight, (drawn, straight)
+
+
+PLAIN_OWN_GENERATOR = """\
+import torch
+from torch.utils.data import DataLoader
+
+torch.manual_seed(0)
+
+
+def batches(loader):
+    while True:
+        yield from loader
+
+
+def setup(bench):
+    loader = DataLoader(list(range(10)), batch_size=2, shuffle=True, generator=torch.Generator())
+    return {"model": torch.nn.Linear(1, 1), "batches": batches(loader)}
+
+
+def step(state, bench):
+    batch = next(state["batches"])
+    return {"loss": 0.0, "a": float(batch[0]), "b": float(batch[1])}
+"""
+
+
+def test_a_plain_loaders_own_generator_is_put_back_so_its_next_epoch_is_not_the_first_again(tmp_path: Path) -> None:
+    """README's advice for a plain DataLoader (`generator=torch.Generator()`): its new iterator after a resume drew
+    the first epoch's order again from the fresh generator, while the notes said its random draws went on."""
+    straight = straight_run(tmp_path, PLAIN_OWN_GENERATOR, 5)
+    resumed, after = resumed_after(tmp_path, PLAIN_OWN_GENERATOR, 7, 12)  # in the second epoch of 5 batches
+    assert any(n.startswith("batches(loader).generator (torch.Generator): the random state step 7 had left it in, "
+                            "put back") for n in resumed.notes), resumed.notes
+    said = [n for n in resumed.notes if n.startswith("state['batches'] (the generator batches(), train.py:")]
+    assert said and "it reads batches(loader), whose new epoch draws its order from the loader's own generator, put " \
+        "back as step 7 left it (so a new order, not the rest of the one step 7 was in)" in said[0], resumed.notes
+    assert [after[k] for k in range(8, 13)] != [straight[k] for k in range(1, 6)], "not the first epoch's order again"
+    # Not the straight run's third epoch either: torch's RandomSampler draws once more as an epoch ends (a randperm of
+    # its remainder, empty here), which the resumed generator, put back mid-epoch, has not drawn; the note says only
+    # "a new order".
+    assert sorted(row for k in range(8, 13) for row in after[k]) == [float(row) for row in range(10)], "a whole epoch"

@@ -88,6 +88,14 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
             "after it (dropout, a dataset's random crops) differs from the run that never stopped",
             "give the DataLoader a generator of its own (`generator=torch.Generator()`), which it then draws these "
             "from, or read a torchdata StatefulDataLoader, whose place goes on"))
+    for label, value in list(fresh):
+        if loaders := _plain_loaders_drawing_from(value, placed):
+            fresh.remove((label, value))
+            notes.append(starts_over(
+                [(label, value)], f"; and it reads {', '.join(loaders)}, whose new epoch draws its order from the "
+                f"loader's own generator, {'carried' if rebuild else 'put back'} as step {step} left it (so a new "
+                f"order, not the rest of the one step {step} was in)",
+                "read a torchdata StatefulDataLoader (the same arguments), whose place goes on"))
     if fresh:
         notes.append(starts_over(
             fresh, "", "one that walks a dataset in order or by epochs starts it over; one that draws at random goes "
@@ -148,6 +156,18 @@ def _loaders_seeding_from_global(value: Any) -> list[str]:
                                            depth=1, stop_at=(DataLoader,), into_generators=True)
              if getattr(loader, "generator", None) is None and not is_stateful(loader)]
     return list(dict.fromkeys(found))
+
+
+def _plain_loaders_drawing_from(value: Any, placed: dict[int, str]) -> list[str]:
+    """The plain DataLoaders a generator that has not begun reads whose own `generator=` the resume (or rebuild) gave
+    its state back (loader_places.find_loaders: `batches(loader).generator`), by path."""
+    if not isinstance(value, GeneratorType) or inspect.getgeneratorstate(value) != inspect.GEN_CREATED:
+        return []
+    seen: set[int] = {id(value)}
+    return [path for where, input_value in generator_inputs(value, "")
+            for path, loader in reachable(input_value, where, seen=seen, depth=1, stop_at=(DataLoader,),
+                                          into_generators=True,
+                                          matches=lambda o: isinstance(o, DataLoader) and id(o.generator) in placed)]
 
 
 def _loaders_made_inside(value: Any, in_project: Callable[[str], str | None]) -> list[str]:

@@ -102,8 +102,23 @@ def find_loaders(state: Any, namespaces: Namespaces = (), project_modules: froze
     namespaces = list(namespaces)
     if project_modules is None:
         project_modules = frozenset(name for name, _ in namespaces)
-    return find_reachable(state, namespaces, lambda obj: is_stateful(obj, project_modules), "loader",
-                          stop_at=(DataLoader,), into_generators=True)
+    found = find_reachable(state, namespaces, lambda obj: is_stateful(obj, project_modules), "loader",
+                           stop_at=(DataLoader,), into_generators=True)
+    # A plain DataLoader's own `generator=` (README's advice, so that its new iterator draws nothing from the global
+    # generator): its next order is drawn from it. Not kept, a resumed or rebuilt run drew the first epoch's order again.
+    plain = find_reachable(state, namespaces, _plain_loader_with_a_generator, "loader", stop_at=(DataLoader,),
+                           into_generators=True)
+    streams = {id(value) for value in found.values()}
+    for path, loader in plain.items():
+        if id(loader.generator) not in streams:
+            found[f"{path}.generator"] = loader.generator
+            streams.add(id(loader.generator))
+    return found
+
+
+def _plain_loader_with_a_generator(obj: Any) -> bool:
+    return (isinstance(obj, DataLoader) and not callable(getattr(obj, "load_state_dict", None))
+            and isinstance(obj.generator, torch.Generator))
 
 
 def loaders_read_by(generator: GeneratorType, given: frozenset[int] = frozenset()) -> list[Any]:
