@@ -519,25 +519,28 @@ def test_line_numbers_in_notes_join_runs_of_consecutive_lines() -> None:
     assert line_numbers([12]) == "12" and line_numbers([]) == ""
 
 
+BOUND_TWICE = textwrap.dedent(
+    """
+    DIM = 4
+
+
+    class Wrap:
+        def __init__(self, inner):
+            self.inner = inner
+
+
+    model = list(range(DIM))
+    model = Wrap(model)
+    BATCH = 2
+    """
+)
+
+
 def test_a_note_on_a_name_bound_twice_quotes_the_statement_that_reads_the_changed_constant(load_module: Loader) -> None:
     """x-transformers' script: `model = TransformerWrapper(dim=DIM, ...)` then `model = AutoregressiveWrapper(model)`,
     one scope of two statements when a save's edited lines span them (a rollback left DIM's edit on disk, then the
     loader's line below was edited). The note named the first one's line with the second one's text."""
-    old = textwrap.dedent(
-        """
-        DIM = 4
-
-
-        class Wrap:
-            def __init__(self, inner):
-                self.inner = inner
-
-
-        model = list(range(DIM))
-        model = Wrap(model)
-        BATCH = 2
-        """
-    )
+    old = BOUND_TWICE
     module, path = load_module(old)
     changeset = plan(module, path, old, old.replace("DIM = 4", "DIM = 6").replace("BATCH = 2", "BATCH = 3"))
     said = " ".join(changeset.notes)
@@ -547,21 +550,10 @@ def test_a_note_on_a_name_bound_twice_quotes_the_statement_that_reads_the_change
 
 
 def test_a_note_on_an_edited_statement_of_a_name_bound_twice_quotes_the_edited_one(load_module: Loader) -> None:
-    old = textwrap.dedent(
-        """
-        class Wrap:
-            def __init__(self, inner):
-                self.inner = inner
-
-
-        model = list(range(3))
-        model = Wrap(model)
-        BATCH = 2
-        """
-    )
+    old = BOUND_TWICE
     module, path = load_module(old)
-    changeset = plan(module, path, old, old.replace("range(3)", "range(4)").replace("BATCH = 2", "BATCH = 3"))
+    changeset = plan(module, path, old, old.replace("range(DIM)", "range(DIM + 1)").replace("BATCH = 2", "BATCH = 3"))
     said = " ".join(changeset.notes)
-    first = line_of(old, "model = list(range(3))")
-    assert f"line {first}: `model = list(range(4))` was not re-run" in said, changeset.notes
+    first = line_of(old, "model = list(range(DIM))")
+    assert f"line {first}: `model = list(range(DIM + 1))` was not re-run" in said, changeset.notes
     assert "`model = Wrap(model)` was not re-run" not in said, changeset.notes

@@ -2,7 +2,8 @@
 
 A sparse tensor has no storage of its own: `untyped_storage()` raises NotImplementedError. A GCN keeps its
 normalized adjacency as a sparse buffer (pytorch/examples' gcn, ported): its snapshot was written, and every resume
-of it failed, because the resume asked each loaded tensor for its storage. What walks storages walks these parts.
+of it failed, because the resume asked each loaded tensor for its storage. What walks storages walks these parts
+(the resume's mapped pages, a payload's bytes, the leak finder's owners).
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from workbench.engine.tensor_parts import strided_parts
 from workbench.engine.memory.others_held import other_threads_held
 from workbench.engine.memory.gc_freeze import thawed
 from workbench.engine.memory.shards import local_shard  # a DTensor's memory: owned or not, its local tensor's storage
@@ -157,10 +158,7 @@ def _storages(t: torch.Tensor) -> list[tuple[StorageKey, int]]:
     try:
         if t.is_meta:
             return []
-        layout = t.layout
-        if layout == torch.strided:
-            return [_strided_storage(t)]
-        return [_strided_storage(part) for part in _sparse_parts(t, layout)]
+        return [_strided_storage(part) for part in strided_parts(t)]
     except Exception:  # noqa: BLE001 - tensor subclasses, functional wrappers, odd layouts: leave them out
         return []
 
@@ -172,16 +170,6 @@ def _strided_storage(t: torch.Tensor) -> tuple[StorageKey, int]:
     if ptr == 0:  # empty storages all sit at address 0; tell them apart by their impl
         return (device, "impl", getattr(storage, "_cdata", id(storage))), nbytes
     return (device, ptr, nbytes), nbytes
-
-
-def _sparse_parts(t: torch.Tensor, layout: torch.layout) -> list[torch.Tensor]:
-    if layout == torch.sparse_coo:
-        return [t._indices(), t._values()]
-    if layout in (torch.sparse_csr, torch.sparse_bsr):
-        return [t.crow_indices(), t.col_indices(), t.values()]
-    if layout in (torch.sparse_csc, torch.sparse_bsc):
-        return [t.ccol_indices(), t.row_indices(), t.values()]
-    return []
 
 
 # --------------------------------------------------------------------------- ownership
