@@ -536,24 +536,18 @@ BOUND_TWICE = textwrap.dedent(
 )
 
 
-def test_a_note_on_a_name_bound_twice_quotes_the_statement_that_reads_the_changed_constant(load_module: Loader) -> None:
+@pytest.mark.parametrize(("edit", "quoted"), [
+    (("DIM = 4", "DIM = 6"), "`model = list(range(DIM))` uses DIM but was not re-run"),
+    (("range(DIM)", "range(DIM + 1)"), "`model = list(range(DIM + 1))` was not re-run"),
+], ids=["reads the changed constant", "edited"])
+def test_a_note_on_a_name_bound_twice_quotes_the_statement_it_is_about(load_module: Loader, edit: tuple[str, str],
+                                                                      quoted: str) -> None:
     """x-transformers' script: `model = TransformerWrapper(dim=DIM, ...)` then `model = AutoregressiveWrapper(model)`,
     one scope of two statements when a save's edited lines span them (a rollback left DIM's edit on disk, then the
     loader's line below was edited). The note named the first one's line with the second one's text."""
     old = BOUND_TWICE
     module, path = load_module(old)
-    changeset = plan(module, path, old, old.replace("DIM = 4", "DIM = 6").replace("BATCH = 2", "BATCH = 3"))
+    changeset = plan(module, path, old, old.replace(*edit).replace("BATCH = 2", "BATCH = 3"))
     said = " ".join(changeset.notes)
-    first = line_of(old, "model = list(range(DIM))")
-    assert f"line {first}: `model = list(range(DIM))` uses DIM but was not re-run" in said, changeset.notes
-    assert "`model = Wrap(model)` uses DIM" not in said, changeset.notes
-
-
-def test_a_note_on_an_edited_statement_of_a_name_bound_twice_quotes_the_edited_one(load_module: Loader) -> None:
-    old = BOUND_TWICE
-    module, path = load_module(old)
-    changeset = plan(module, path, old, old.replace("range(DIM)", "range(DIM + 1)").replace("BATCH = 2", "BATCH = 3"))
-    said = " ".join(changeset.notes)
-    first = line_of(old, "model = list(range(DIM))")
-    assert f"line {first}: `model = list(range(DIM + 1))` was not re-run" in said, changeset.notes
-    assert "`model = Wrap(model)` was not re-run" not in said, changeset.notes
+    assert f"line {line_of(old, 'model = list(range(DIM))')}: {quoted}" in said, changeset.notes
+    assert "`model = Wrap(model)`" not in said, changeset.notes
