@@ -508,18 +508,22 @@ def test_a_function_setup_stores_into_an_object_is_not_called_by_it(module_from)
         "def update_fn(p):\n    return p\n\n"
         "def other_fn(p):\n    return p\n\n"
         "def third_fn(p):\n    return p\n\n"
+        "def fourth_fn(p):\n    return p\n\n"
         "class Lion:\n"
         "    def __init__(self):\n"
         "        self.update_fn = update_fn\n"
         "        self.table = {}\n"
         "        self.table['other'] = other_fn\n"
         "        f = third_fn\n"
-        "        self.made = f(1)\n\n"
+        "        self.made = f(1)\n"
+        "        self.fourth = fourth_fn\n"
+        "        self.made_too = self.fourth(2)\n\n"
         "def setup(bench):\n    return {'opt': Lion()}\n"
     ))
-    called = functions_called_when_built([entry.update_fn, entry.other_fn, entry.third_fn], entry.setup,
-                                         {entry.__name__})
-    if sys.version_info >= (3, 11):
-        assert called == {"third_fn": "setup -> Lion.__init__ -> third_fn"}, called
+    called = functions_called_when_built([entry.update_fn, entry.other_fn, entry.third_fn, entry.fourth_fn],
+                                         entry.setup, {entry.__name__})
+    if sys.version_info >= (3, 11):  # stored, then called through the attribute it was stored under: called
+        assert called == {"third_fn": "setup -> Lion.__init__ -> third_fn",
+                          "fourth_fn": "setup -> Lion.__init__ -> fourth_fn"}, called
     else:  # 3.10 marks no call: every function setup() reaches counts as run, as it always did
-        assert set(called) == {"update_fn", "other_fn", "third_fn"}, called
+        assert set(called) == {"update_fn", "other_fn", "third_fn", "fourth_fn"}, called

@@ -111,18 +111,26 @@ def _only_handed_on(code: types.CodeType) -> frozenset[str]:
         return frozenset()
     later: set[str] = set()
     now: set[str] = set()
+    stored: dict[str, set[str]] = {}  # attribute -> the names stored under it (`self.update_fn = update_fn`)
+    called: set[str] = set()  # attributes called (`self.update_fn(p)`): what was stored there runs now
     for each in _with_nested(code):
         instructions = _instructions(each)
         for at, instruction in enumerate(instructions):
+            is_callee, callee = _callee_loaded(instructions, at)
+            if is_callee and instruction.opname in ("LOAD_METHOD", "LOAD_ATTR") and callee is not None:
+                called.add(callee)
             names = _loaded_names(instruction)
             if not names and instruction.opname == "LOAD_ATTR" and isinstance(instruction.argval, str):
                 names = (instruction.argval,)
             if not names:
                 continue
-            is_callee, _ = _callee_loaded(instructions, at)
-            handed_later = not is_callee and (_runs_it_later(_handed_to(instructions, at))
-                                              or _stored_into_an_object(instructions, at))
+            into = None if is_callee else _stored_into_an_object(instructions, at)
+            handed_later = not is_callee and (_runs_it_later(_handed_to(instructions, at)) or into is not None)
             (later if handed_later else now).update(names)
+            if into:
+                stored.setdefault(into, set()).update(names)
+    for attribute in called & set(stored):
+        now.update(stored[attribute])
     return frozenset(later - now)
 
 
@@ -131,18 +139,20 @@ _TARGET_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_DE
                  "LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR")
 
 
-def _stored_into_an_object(instructions: Sequence[dis.Instruction], at: int) -> bool:
-    """Whether what is loaded at `at` is stored straight into an object's attribute or item (`self.update_fn =
-    update_fn`: lion-pytorch's `Lion.__init__`), not called: the live object keeps the function, whose code a save
-    replaces in place, so it runs the new code at its next call. A store into a local is not this: it may be called
-    later in the same code."""
+def _stored_into_an_object(instructions: Sequence[dis.Instruction], at: int) -> str | None:
+    """The attribute (or "" for an item) what is loaded at `at` is stored straight into (`self.update_fn =
+    update_fn`: lion-pytorch's `Lion.__init__`), not called, else None: the live object keeps the function, whose code
+    a save replaces in place, so it runs the new code at its next call; unless the same code calls that attribute
+    (`self.update_fn(p)`, see `_only_handed_on`). A store into a local is not this: it may be called later."""
     for after in range(at + 1, min(at + 6, len(instructions))):
         instruction = instructions[after]
-        if instruction.opname in ("STORE_ATTR", "STORE_SUBSCR"):
-            return True
+        if instruction.opname == "STORE_ATTR":
+            return str(instruction.argval)
+        if instruction.opname == "STORE_SUBSCR":
+            return ""
         if instruction.opname not in _TARGET_LOADS or _callee_loaded(instructions, after)[0]:
-            return False  # anything else, or something loaded to be called: `self.made = f(update_fn)`
-    return False
+            return None  # anything else, or something loaded to be called: `self.made = f(update_fn)`
+    return None
 
 
 def _with_nested(code: types.CodeType) -> Iterator[types.CodeType]:
