@@ -636,6 +636,40 @@ def test_the_launcher_killed_with_sigkill_leaves_no_rank_running_and_rank_0_writ
     assert rank_1 and rank_1[0]["message"].startswith("rank 1: the launcher"), rank_1
 
 
+def test_under_torchrun_a_reader_of_stdout_that_goes_away_ends_every_rank_with_rank_0s_final_snapshot(tmp_path: Path):
+    """`vram-bench run train.py --nproc-per-node 2 --headless | head`: rank 0 writes the stream, so its next write
+    fails; it ends the run as SIGHUP would, on every rank at one boundary, and the launcher exits 0."""
+    import json
+    import subprocess
+    import sys
+
+    entry = project_folder(tmp_path) / "train.py"
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "run", str(entry), "--headless", "--nproc-per-node", "2"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=entry.parent.parent,
+                            text=True, encoding="utf-8")
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["event"] == "step" and event.get("rank") == 1 and event["step"] >= 3:
+                break
+        proc.stdout.close()  # the reader goes away
+        _, stderr = proc.communicate(timeout=90)  # the deadline: no rank may wait on a stream nobody reads
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "stdout's reader is gone (broken pipe): writing a final snapshot, then exiting" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    written = [line.rsplit(" written to ", 1)[1] for line in stderr.splitlines() if "final snapshot of step" in line]
+    assert written and Path(written[0]).is_file(), stderr[-3000:]
+    runs = sorted((entry.parent / ".vram-bench" / "runs").iterdir())
+    rank_1 = logged_events(runs[-1] / "events-rank1.jsonl")
+    ended = [e for e in rank_1 if e["event"] == "exit"]
+    assert ended and ended[-1]["code"] == 0 and ended[-1]["reason"] == "output closed", ended
+
+
 def test_torchrun_by_hand_with_restarts_on_a_shared_store_gets_a_note_saying_how_to_unshare_it():
     from workbench.engine.distributed import rank_info_from_env, shared_store_restart_note
 
