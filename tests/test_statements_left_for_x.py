@@ -455,3 +455,28 @@ def test_a_rebuild_after_rolling_back_a_change_it_built_says_the_file_differs(st
     assert second.ok and any(n.startswith("built from the code that runs now, not the file on disk: train.py differs")
                              for n in second.notes), second.notes
     assert _step(live)["width"] == 2.0, "the rolled-back code's, as the note says"
+
+
+def test_a_rebuild_before_a_save_is_read_says_that_save_is_not_applied_yet_not_that_it_was_refused(start_session) -> None:
+    """A save made as R ran (a transformers port: the model's width edited while R was building) was put down to "a
+    rollback since its save, or a save that was refused" and told to save again: neither had happened. Without
+    watching, the save waits for `r` deterministically; a refused save still gets the old note."""
+    from workbench.protocol.events import ReloadNow
+
+    live = start_session({"train.py": WIDTH_PY}, start_paused=True, watch=False)
+    live.wait_for(is_event("setup", status="done"))
+    save(live.entry, WIDTH_PY.replace("return 2", "return 3"))
+    live.send(Rebuild())
+    rebuilt = live.wait_for(is_event("rebuild"))
+    said = [n for n in rebuilt.notes if n.startswith("built from the code that runs now")]
+    assert rebuilt.ok and len(said) == 1 and "train.py has a save not applied yet" in said[0], rebuilt.notes
+    assert "refused" not in said[0], said
+    assert _step(live)["width"] == 2.0, "the code that runs, as the note says"
+    save(live.entry, WIDTH_PY.replace("return 2", "return (3"))  # a syntax error: read, and refused
+    live.send(ReloadNow())
+    assert not live.wait_for(is_event("reload", file="train.py")).ok
+    live.send(Rebuild())
+    again = live.wait_for(is_event("rebuild"))
+    assert again.ok and any(n.startswith("built from the code that runs now, not the file on disk: train.py differs "
+                                         "(a rollback since its save, or a save that was refused)")
+                            for n in again.notes), again.notes

@@ -301,30 +301,58 @@ def _run_what_x_would(worker: TrainingWorker, committed: list[ChangeSet]) -> tup
 
 def _files_apart(worker: TrainingWorker, already: str) -> list[str]:
     """A note naming the project files whose code that runs, which the rebuild built from, is not what the file on
-    disk holds (a rollback since their save, or a refused save): R after adding a layer and rolling it back dropped
-    the trained layer, and said nothing of why. None for a file the x-statements' note already names."""
-    apart = [worker.project.relative(path) for path in worker.reloader.tracked_files()
-             if _what_runs(worker, path) != "the file as it is"]
-    apart = [name for name in apart if f"the saves of {name} had not re-run" not in already]
-    if not apart:
-        return []
-    one = len(apart) == 1
-    return [f"built from the code that runs now, not the file{'' if one else 's'} on disk: {', '.join(apart)} "
-            f"{'differs' if one else 'differ'} (a rollback since {'its' if one else 'their'} save, or a save that was "
-            f"refused); save {'it' if one else 'them'} to apply {'its' if one else 'their'} lines, and R again to "
-            "build with them"]
+    disk holds (a rollback since their save, a refused save, or a save not applied yet): R after adding a layer and
+    rolling it back dropped the trained layer, and said nothing of why. None for a file the x-statements' note already
+    names."""
+    apart: dict[str, list[str]] = {}
+    for path in worker.reloader.tracked_files():
+        name = worker.project.relative(path)
+        why = _why_apart(worker, path)
+        if why is not None and f"the saves of {name} had not re-run" not in already:
+            apart.setdefault(why, []).append(name)
+    notes = []
+    for why, names in apart.items():
+        one = len(names) == 1
+        files, it = ", ".join(names), ("it" if one else "them")
+        if why == UNREAD:
+            notes.append(f"built from the code that runs now, not the file{'' if one else 's'} on disk: {files} "
+                         f"{'has a save' if one else 'have saves'} not applied yet (saved as the rebuild ran, its "
+                         "reload comes next; with --no-watch, r applies it); R again after it to build with "
+                         f"{'its' if one else 'their'} lines")
+        else:
+            notes.append(f"built from the code that runs now, not the file{'' if one else 's'} on disk: {files} "
+                         f"{'differs' if one else 'differ'} (a rollback since {'its' if one else 'their'} save, or a "
+                         f"save that was refused); save {it} to apply {'its' if one else 'their'} lines, and R again "
+                         "to build with them")
+    return notes
 
 
-def _what_runs(worker: TrainingWorker, path: Path) -> str:
-    """What R's statements were read from: the file, or the code that runs when a rollback (or a refused save) left
-    the two apart. A Forward-Forward port, rolled back after an argparse default's edit, was rebuilt from `default=2`
-    while the note said it read the file, whose line says `default=1.5`."""
+UNREAD = "a save not read yet"
+APART = "a rollback or a refused save"
+
+
+def _why_apart(worker: TrainingWorker, path: Path) -> str | None:
+    """None when the code that runs is the file on disk; else why not: a save of it the reloader has not read yet
+    (saved while R ran: its reload follows) or one it read and did not apply (a refused save, a rollback since)."""
     try:
         on_disk = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
-        return "the code that runs now"
+        return APART
     if worker.reloader.applied_source(path) in (None, on_disk):
+        return None
+    return APART if worker.reloader.read_source(path) == on_disk else UNREAD
+
+
+def _what_runs(worker: TrainingWorker, path: Path) -> str:
+    """What R's statements were read from: the file, or the code that runs when a rollback (or a refused save, or a
+    save not applied yet) left the two apart. A Forward-Forward port, rolled back after an argparse default's edit, was
+    rebuilt from `default=2` while the note said it read the file, whose line says `default=1.5`."""
+    why = _why_apart(worker, path)
+    if why is None:
         return "the file as it is"
+    if why == UNREAD:
+        return ("the code that runs now, not the file on disk, which has a save not applied yet (its reload comes "
+                "next; with --no-watch, r applies it)")
     return ("the code that runs now, not the file on disk, which differs (a rollback since its save, or a save that "
             "was refused): save the file to apply its lines")
 

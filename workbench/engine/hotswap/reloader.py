@@ -70,6 +70,7 @@ class Reloader:
         self.statements_ran_at = 0  # `commits` when x or a rebuild last ran the statements left for x
         self._applied: dict[Path, str] = {}
         self._prepared: dict[Path, str] = {}
+        self._read: dict[Path, str] = {}  # each file's text as the last save of it was read, planned or refused
         self._history: deque[AppliedVersion] = deque(maxlen=max(max_history, 1))
         self._indexes: dict[Path, dict[str, SourceIndex]] = {}  # statement positions of applied/prepared sources
         # Module statements left for x in each file's live code (`statement_text`), until x or a rebuild runs them.
@@ -130,6 +131,12 @@ class Reloader:
         with self._lock:
             return self._applied.get(path)
 
+    def read_source(self, path: Path) -> str | None:
+        """The text of `path` as its last save was read (applied, refused or rolled back since); None before one: a
+        file on disk unlike both this and the applied source holds a save not read yet (its reload is on its way)."""
+        with self._lock:
+            return self._read.get(path.resolve())
+
     def prepare(self, path: Path, detected_at: float | None = None, source: str | None = None,
                 announce: Callable[[Path, str], None] | None = None) -> ChangeSet | None:
         """Plan the patches for a saved file; None when its code did not change.
@@ -163,6 +170,8 @@ class Reloader:
             raise missing from None
         except (OSError, UnicodeDecodeError, SyntaxError) as exc:
             raise ReloadError(f"cannot read {path.name}: {exc}") from None
+        with self._lock:
+            self._read[path] = source
         if source == base:
             return None
         if announce is not None:
