@@ -1275,16 +1275,50 @@ def test_eval_every_runs_evaluate_on_every_rank_at_one_boundary_and_a_collective
     one = {e["step"]: e for e in rank_log(run) if e["event"] == "evaluate" and e["scalars"]["val"] == 2.0}
     for event in zero:  # both ranks ran it at the same boundary: after the same step, the same all-reduced value
         assert event["step"] in one and one[event["step"]]["scalars"] == event["scalars"], (event, one)
-    # Queued after every 5th step, run a turn or two later (more on a loaded machine, whose doorbell proposes turns
-    # further ahead): one evaluation for each, after it.
+    # After every 5th step exactly, as one process runs it (a turn planned from an exchange: evaluation_turns.py), on a
+    # loaded machine too; none skipped, the pause and the rebuild between them included.
     steps = sorted(e["step"] for e in zero)
-    assert steps and steps[0] >= 5 and len({step // 5 for step in steps}) == len(steps), steps
-    assert all(later - earlier < 10 for earlier, later in zip(steps, steps[1:])), steps  # none skipped
+    assert steps and all(step % 5 == 0 for step in steps), steps
+    assert all(later - earlier == 5 for earlier, later in zip(steps, steps[1:])), steps
+
+
+def test_eval_every_runs_after_exactly_each_multiple_on_both_ranks_through_steps_sent_while_paused_a_pause_and_a_resume(
+        tmp_path: Path):
+    """--eval-every 3 as one process runs it: after steps 3, 6, 9, ... of rank 0, every rank at that boundary (each
+    evaluate() all-reduces), none skipped or run twice, across single steps sent while paused, a resume, and a pause
+    and resume while training. As a command queued by rank 0 it ran where the doorbell could agree on a turn (after
+    steps 22, 46, 65 for --eval-every 20 in a transformers port)."""
+    project = project_folder(tmp_path, EVALUATE_ON_RANK_0.replace("    if bench.is_main:  # the slip", "    if True:  # every rank"))
+    run = Headless(project / "train.py", "--nproc-per-node", "2", "--paused", "--eval-every", "3", "--no-watch")
+    try:
+        run.wait_event("paused", timeout=90)
+        for _ in range(4):
+            run.send("step")
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank") == 1 and e["step"] == 4, timeout=60, what="step 4")
+        run.send("resume")
+        run.wait_for(lambda e: e["event"] == "step" and e.get("rank", 0) == 0 and e["step"] >= 20, timeout=60,
+                     what="step 20")
+        run.send("pause")
+        run.wait_event("paused", timeout=30)
+        run.send("resume")
+        reached = run.wait_for(lambda e: e["event"] == "step" and e.get("rank", 0) == 0 and e["step"] >= 40, timeout=60,
+                               what="step 40")
+        run.send("quit")
+        assert run.finish(timeout=60) == 0, run.explain()
+    finally:
+        run.close()
+    last = max(steps_of(run.events, 0))
+    zero = [e["step"] for e in run.events if e["event"] == "evaluate"]
+    one = [e["step"] for e in rank_log(run) if e["event"] == "evaluate"]
+    assert zero == list(range(3, last + 1, 3)) and reached["step"] >= 40, (zero, last)
+    assert one == zero, (one, zero)  # rank 1 at the same boundaries
+    assert all(e["scalars"]["val"] == 2.0 for e in run.events if e["event"] == "evaluate")  # the all-reduce paired
 
 
 def test_the_evaluation_due_at_the_last_step_runs_on_every_rank_before_the_run_ends(tmp_path: Path):
-    """Under torchrun --eval-every's evaluation is a command a turn or two after its step: at the last step of
-    --max-steps the run ended first, and the final evaluation never ran."""
+    """Under torchrun --eval-every's evaluation runs at the boundary after its step, on every rank: at the last step of
+    --max-steps the run ended first, and the final evaluation never ran. Each runs after exactly its step (it was a
+    command, run a turn or more later: after steps 22, 46 and 65 for --eval-every 20 in a transformers port)."""
     project = project_folder(tmp_path, EVALUATE_ON_RANK_0.replace("    if bench.is_main:  # the slip", "    if True:  # every rank"))
     run = Headless(project / "train.py", "--nproc-per-node", "2", "--eval-every", "5", "--max-steps", "10")
     try:
@@ -1294,7 +1328,7 @@ def test_the_evaluation_due_at_the_last_step_runs_on_every_rank_before_the_run_e
     assert run.events[-1]["event"] == "exit" and run.events[-1]["reason"] == "max steps", run.events[-1]
     zero = [e for e in run.events if e["event"] == "evaluate"]
     one = [e for e in rank_log(run) if e["event"] == "evaluate"]
-    assert [e["step"] for e in zero][-1] == 10 and [e["step"] for e in one][-1] == 10, (zero, one)
+    assert [e["step"] for e in zero] == [e["step"] for e in one] == [5, 10], (zero, one)
     assert all(e["scalars"]["val"] == 2.0 for e in zero + one)
     assert max(steps_of(run.events, 0)) == max(steps_of(rank_log(run), 1)) == 10
     assert not [e for e in run.events if e["event"] in ("paused", "error")]

@@ -66,6 +66,7 @@ from workbench.engine.control_plane import (
 )
 from workbench.engine.dispatch import dispatch, handles
 from workbench.engine.doorbell import Doorbell
+from workbench.engine.evaluation_turns import EvaluationTurns
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.memory_guard import MemoryLimitNear
@@ -252,6 +253,8 @@ class Lockstep:
         self._collect_at = 0  # the turn the posted exchange is collected (the one after its post)
         self.cadence = 1
         self.turn_period = TurnPeriod()  # rank 0: how long a loop turn takes while training, for the cadence
+        self.evaluations = EvaluationTurns(None)  # --eval-every: the turn every rank evaluates at (evaluation_turns.py)
+        self._evaluation_due = False  # the exchange being collected is the planned turn's
 
     # The loop ---------------------------------------------------------------------------
     def boundary(self, worker: TrainingWorker, block: bool) -> None:
@@ -277,13 +280,18 @@ class Lockstep:
             self._collect(worker, posted, run_commands=True)
             if worker._quit:
                 return
-        if self._posted is None and (now or held or self._turn >= self._next_exchange):
+        evaluating = self.evaluations.due(self._turn)  # after the step --eval-every names: every rank, at once
+        if self._posted is None and (now or held or evaluating or self._turn >= self._next_exchange):
             self._post(worker, block and self.rank == 0 and not held)
-            if now or held:  # a command is waiting: collected at once rather than a turn later
+            if now or held or evaluating:  # a command is waiting: collected at once rather than a turn later
                 posted, self._posted = self._posted, None
+                self._evaluation_due = evaluating  # run after the ranks' failures, before the other commands
                 self._collect(worker, posted, run_commands=True, release=held)  # posted after the held step ran
                 if worker._quit:
                     return
+        if self._evaluation_due:  # not collected here (cannot happen: the exchange before it was collected above)
+            self._evaluation_due = False
+            self._evaluate(worker)
 
     def finish(self, worker: TrainingWorker) -> None:
         """After the loop (every rank leaves at the same turn): collect what is still posted, then one more exchange
@@ -347,19 +355,22 @@ class Lockstep:
             self._summarize(worker)
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
         self._next_exchange = self._posted_turn + self.cadence
+        self._plan_evaluation(worker)
+        due = self._due_evaluation()
         if not any(row.payload_bytes for row in self.rows):
-            if run_commands and release:
-                worker.run_in_order([], release=True)  # no rank said anything (no failure): the held commands now
+            if run_commands and (release or due):
+                worker.run_in_order(due, release=release)  # no rank said anything (no failure): the held commands now
             return
         payload = self.plane.post_bytes(posted.payload, [row.payload_bytes for row in self.rows])
         if any(row.commands for row in self.rows):
-            self._deliver(worker, payload.collect(), run_commands, release)
+            self._deliver(worker, payload.collect(), run_commands, release, due)
         else:
             self._payload = payload
-            if run_commands and release:
-                worker.run_in_order([], release=True)  # steps only, no command: no rank failed
+            if run_commands and (release or due):
+                worker.run_in_order(due, release=release)  # steps only, no command: no rank failed
 
-    def _deliver(self, worker: TrainingWorker, batches: list[bytes], run_commands: bool, release: bool = False) -> None:
+    def _deliver(self, worker: TrainingWorker, batches: list[bytes], run_commands: bool, release: bool = False,
+                 due: list[Command] | None = None) -> None:
         """What every rank said, in rank order: other ranks' steps to rank 0's stream, then the commands dispatched.
         Every rank's steps first: a quit among rank 0's commands ends the loop, and rank 1's steps in the same
         exchange were dropped from the stream (a quit on 2 ranks lost rank 1's last 4 step events)."""
@@ -375,7 +386,53 @@ class Lockstep:
             # (a `step`, a `resume` that rebuilds) was sent not knowing it. After them, it paused the ranks again once
             # they had recovered, on an error already dealt with (minGPT under DDP, ported). Then what a `step` held
             # back, then the rest.
-            worker.run_in_order(commands, release)
+            worker.run_in_order([*(due or []), *commands], release)
+
+    def _due_evaluation(self) -> list[Command]:
+        """The planned evaluation, once, for the exchange collected at its turn: first among its commands, so that
+        only the ranks' failures run before it, as one process evaluates right after the step."""
+        due, self._evaluation_due = self._evaluation_due, False
+        return [EvaluationDue()] if due else []
+
+    def _plan_evaluation(self, worker: TrainingWorker) -> None:
+        """From the rows every rank just collected: the turn of the next `--eval-every` evaluation."""
+        if not worker.eval_every or self.world_size == 1:
+            return
+        self.evaluations.every = worker.eval_every if worker.project.function("evaluate") is not None else None
+        row = self.rows[0]
+        self.evaluations.plan(row.state == STATE_CODES[RunState.RUNNING], row.step, self._posted_turn, self._turn)
+
+    def _evaluate(self, worker: TrainingWorker) -> None:
+        """The planned turn, its exchange collected and its commands run (a failure of the step before it has paused
+        every rank): evaluate on every rank unless they paused for a failure, then plan the next. The last step of
+        --max-steps, held for it, ends the run after it."""
+        failed = worker.state is RunState.PAUSED and is_error_pause(worker.pause_reason or "")
+        if self.evaluations.runs(self.rows[0].step, self._turn) and not failed:
+            worker._run_evaluate(agreed=True)
+        if worker.exit_after_evaluation:
+            worker.exit_after_evaluation = False
+            if not failed:
+                worker.exit_reason, worker._quit = "max steps", True
+                return
+        self._plan_evaluation(worker)
+
+    def resumed(self, worker: TrainingWorker) -> None:
+        """Every rank resumed at this boundary (only commands resume): the next evaluation counts from rank 0's step,
+        which stood still since the exchange that carried the command."""
+        if worker.eval_every and self.world_size > 1 and self.rows:
+            self.evaluations.every = worker.eval_every if worker.project.function("evaluate") is not None else None
+            self.evaluations.plan(True, self.rows[0].step, self._turn, self._turn, again=True)
+
+    def after_one_step(self, worker: TrainingWorker) -> None:
+        """A `step` sent while paused (every rank, at one boundary): --eval-every looks at it at the next boundary."""
+        if worker.eval_every and self.world_size > 1:
+            self.evaluations.every = worker.eval_every if worker.project.function("evaluate") is not None else None
+            self.evaluations.after_one_step(self._turn)
+
+    def evaluates_at_next_boundary(self) -> bool:
+        """After this turn's step: the evaluation planned for the next boundary (the last step of --max-steps holds
+        for it)."""
+        return self.evaluations.next_turn_is_due(self._turn)
 
     def _drain(self, worker: TrainingWorker, block: bool) -> list[Command]:
         found: list[Command] = []
@@ -481,6 +538,17 @@ class Lockstep:
         """Rank 0, with nobody left to resume: every rank ends at the next agreed boundary (exit code 1; 0 and a final
         snapshot when the data ran out)."""
         worker.commands.put(EndRun(reason))
+
+
+@dataclass(frozen=True)
+class EvaluationDue(Command):
+    """Internal, made by every rank alike: the turn `--eval-every` planned, among its exchange's commands."""
+
+
+@handles(EvaluationDue)
+def evaluation_due(worker: TrainingWorker, command: EvaluationDue) -> None:
+    if worker.lockstep is not None:
+        worker.lockstep._evaluate(worker)
 
 
 @handles(RankPaused)

@@ -106,6 +106,8 @@ from workbench.engine.time_limit import ASSUMED_WRITE_SECONDS_PER_BYTE, TimeLimi
 
 __all__ = ["AUTO_RESUME_REASONS", "ApplyChanges", "RunState", "TrainingWorker"]
 
+RUN_FIRST = {"RankPaused": 0, "EvaluationDue": 1}  # of an exchange's commands, these run before the rest, in this order
+
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     """Raise `exc` in that thread at its next bytecode; None cancels one still pending.
@@ -254,7 +256,6 @@ class TrainingWorker(threading.Thread):
         self._pause_announced = False  # under torchrun: this rank's non-finite loss is on its way to every rank
         # Under torchrun: the step after which --eval-every's evaluation is due (every rank knows it; rank 0 queues it),
         # and whether this rank ends once it has run (it was due at the last step of --max-steps).
-        self._evaluation_due_after: int | None = None
         self.exit_after_evaluation = False
         self.setup_rebinds = SetupRebinds()  # globals setup() re-bound: a rebuild's setup() reads what it found
         self.training_globals = TrainingGlobals()  # counters step() keeps in globals: snapshots hold them
@@ -346,7 +347,8 @@ class TrainingWorker(threading.Thread):
 
     def run_in_order(self, commands: list[Command], release: bool = False) -> None:
         """Under torchrun, an exchange's commands, which every rank received alike: the ranks' failures first, then
-        the rest in order, each `step` run before the commands after it, which wait for an exchange posted after that
+        the --eval-every evaluation due at this boundary (as one process runs it right after its step), then the rest
+        in order, each `step` run before the commands after it, which wait for an exchange posted after that
         step ran (`release`): it holds any failure of the step, which runs before them. While a step is owed or
         commands wait, the new ones wait behind them. The split is by the commands' kinds and the exchanges alone,
         never by a rank's own state, so every rank splits the same way."""
@@ -354,7 +356,7 @@ class TrainingWorker(threading.Thread):
         if self._step_once or (len(self._after_step) > len(commands) and not release):
             return
         waiting = list(self._after_step)
-        self._after_step = deque(sorted(waiting, key=lambda command: type(command).__name__ != "RankPaused"))
+        self._after_step = deque(sorted(waiting, key=lambda command: RUN_FIRST.get(type(command).__name__, len(RUN_FIRST))))
         self._run_held_back()
 
     def _run_held_back(self) -> None:
@@ -663,8 +665,9 @@ class TrainingWorker(threading.Thread):
                 self.bus.publish(Error(where=LOADER, message=sentence))
         if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
             self.bus.publish(warning)
-        if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
-            self._evaluate_due()
+        if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate") and (
+                self.lockstep is None or self.lockstep.world_size == 1):
+            self._run_evaluate()  # under torchrun, every rank at the boundary after this step (evaluation_turns.py)
         if self._profile is not None and self._profile.step_done():
             profile, self._profile = self._profile, None
 
@@ -864,9 +867,9 @@ class TrainingWorker(threading.Thread):
         if self.max_steps is None or self.step < self.max_steps:
             return
         self._settle_values()
-        if self.exit_at_max_steps and self._evaluation_due_after == self.step:
-            # Under torchrun the evaluation due at this last step is a command a turn or two away: every rank stops
-            # stepping (no event: nobody paused anything) and ends once it has run (commands/evaluate.py).
+        if self.exit_at_max_steps and self.lockstep is not None and self.lockstep.evaluates_at_next_boundary():
+            # Under torchrun the evaluation due after this last step runs at the next boundary, on every rank: each
+            # stops stepping (no event: nobody paused anything) and ends once it has run (Lockstep._evaluate).
             self.state, self.pause_reason, self.exit_after_evaluation = RunState.PAUSED, "max steps", True
         elif self.exit_at_max_steps:
             self.exit_reason, self._quit = "max steps", True
@@ -874,22 +877,10 @@ class TrainingWorker(threading.Thread):
             self._pause("max steps")
 
     # Between steps: what the loop and the command handlers (workbench/engine/commands/) share ----
-    def _evaluate_due(self) -> None:
-        """`--eval-every`, after a step. Under torchrun rank 0 queues the `evaluate` command instead, so every rank
-        runs evaluate() at the same boundary and the ranks check its collectives: run by each rank after its own step,
-        a collective that evaluate() ran on some ranks only paired with the others' next step (a wrong value, or a
-        hang), and a rank whose step failed never came."""
-        if self.lockstep is None or self.lockstep.world_size == 1:
-            self._run_evaluate()
-            return
-        self._evaluation_due_after = self.step
-        if self.lockstep.rank == 0:
-            self.commands.put(Evaluate())  # rings the doorbell: every rank runs it a turn or two from now
-
     def _run_evaluate(self, agreed: bool = False) -> None:
         """Run the user's evaluate(). `agreed`: every rank runs it now, at a boundary the ranks agreed on (the
-        `evaluate` command, which `--eval-every` queues under torchrun), so they can then check that each ran the
-        same collectives in it (collective_count.py)."""
+        `evaluate` command, or under torchrun the turn `--eval-every` planned: evaluation_turns.py), so they can then
+        check that each ran the same collectives in it (collective_count.py)."""
         self._settle_values()
         ranks = agreed and self.lockstep is not None and self.lockstep.world_size > 1
         if not ranks:
@@ -1252,6 +1243,8 @@ class TrainingWorker(threading.Thread):
     def _resume(self, reason: str) -> None:
         self.resumes += 1  # at one boundary on every rank (only commands resume): a failure from before is stale
         self.state, self.pause_reason = RunState.RUNNING, None
+        if self.lockstep is not None:
+            self.lockstep.resumed(self)  # --eval-every's next turn, from where rank 0 stands
         self.bus.publish(Resumed(reason=reason, step=self.step))
 
     def _command_error(self, message: str) -> None:
