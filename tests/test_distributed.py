@@ -1014,7 +1014,9 @@ def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_t
     assert not list(folder.parent.glob(".tmp-*")), "no temp folder left behind"
     snapped = steps_of(run.events, 0)[taken["step"]]["scalars"]["after"]
     for nproc in ("2", "1"):  # the same world size, then another: DCP reshards
-        again = start_fsdp(project, "--nproc-per-node", nproc, "--resume", "latest", "--max-steps", str(taken["step"] + 3))
+        # The first resumed run writes a final snapshot at its --max-steps: the second names the snapshot taken here.
+        which = "latest" if nproc == "2" else str(folder)
+        again = start_fsdp(project, "--nproc-per-node", nproc, "--resume", which, "--max-steps", str(taken["step"] + 3))
         try:
             resumed = again.wait_event("resume", timeout=90)
             assert resumed["ok"] and resumed["step"] == taken["step"] and resumed["path"] == str(folder), resumed
@@ -1275,7 +1277,7 @@ def test_eval_every_runs_evaluate_on_every_rank_at_one_boundary_and_a_collective
     one = {e["step"]: e for e in rank_log(run) if e["event"] == "evaluate" and e["scalars"]["val"] == 2.0}
     for event in zero:  # both ranks ran it at the same boundary: after the same step, the same all-reduced value
         assert event["step"] in one and one[event["step"]]["scalars"] == event["scalars"], (event, one)
-    # After every 5th step exactly, as one process runs it (a turn planned from an exchange: evaluation_turns.py), on a
+    # After every 5th step exactly, as one process runs it (a turn planned from an exchange: planned_turns.py), on a
     # loaded machine too; none skipped, the pause and the rebuild between them included.
     steps = sorted(e["step"] for e in zero)
     assert steps and all(step % 5 == 0 for step in steps), steps

@@ -45,9 +45,12 @@ A project defines setup(bench) and step(state, bench); see README.md, "The user 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headless", action="store_true", help="no TUI: JSON-lines events on stdout, commands on stdin")
-    parser.add_argument("--max-steps", type=positive_int, metavar="N", help="stop after N steps (headless: exit 0)")
+    parser.add_argument("--max-steps", type=positive_int, metavar="N",
+                        help="stop after N steps (headless: a final snapshot, then exit 0)")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]", help="where bench.device points (default: auto)")
     parser.add_argument("--eval-every", type=positive_int, metavar="N", help="run evaluate(state, bench) every N steps")
+    parser.add_argument("--snapshot-every", type=positive_int, metavar="N",
+                        help="take a snapshot after every N steps (the last --keep-snapshots are kept)")
     parser.add_argument("--history", type=positive_int, metavar="N", default=50, help="code versions kept for rollback (default 50)")
     parser.add_argument("--record-memory", action="store_true", help="record CUDA allocation history for memory snapshots (m)")
     parser.add_argument("--sample-hz", type=float, default=10.0, metavar="HZ", help="memory sampling rate (default 10)")
@@ -424,6 +427,7 @@ def _session_config(args: argparse.Namespace, device):  # type: ignore[no-untype
         poll_seconds=args.poll_saves,
         write_event_log=not args.headless,
         eval_every=args.eval_every,
+        snapshot_every=args.snapshot_every,
         max_history=args.history,
         record_memory=args.record_memory,
         memory_interval=1.0 / max(args.sample_hz, 0.1),

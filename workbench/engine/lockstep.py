@@ -66,7 +66,7 @@ from workbench.engine.control_plane import (
 )
 from workbench.engine.dispatch import dispatch, handles
 from workbench.engine.doorbell import Doorbell
-from workbench.engine.evaluation_turns import EvaluationTurns
+from workbench.engine.planned_turns import END, EVALUATE, SNAPSHOT, PlannedTurns
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.memory_guard import MemoryLimitNear
@@ -253,8 +253,9 @@ class Lockstep:
         self._collect_at = 0  # the turn the posted exchange is collected (the one after its post)
         self.cadence = 1
         self.turn_period = TurnPeriod()  # rank 0: how long a loop turn takes while training, for the cadence
-        self.evaluations = EvaluationTurns(None)  # --eval-every: the turn every rank evaluates at (evaluation_turns.py)
-        self._evaluation_due = False  # the exchange being collected is the planned turn's
+        # --eval-every, --snapshot-every, --max-steps: the turn every rank does what is due at (planned_turns.py)
+        self.planned = PlannedTurns()
+        self._planned_due = False  # the exchange being collected is the planned turn's
 
     # The loop ---------------------------------------------------------------------------
     def boundary(self, worker: TrainingWorker, block: bool) -> None:
@@ -280,18 +281,18 @@ class Lockstep:
             self._collect(worker, posted, run_commands=True)
             if worker._quit:
                 return
-        evaluating = self.evaluations.due(self._turn)  # after the step --eval-every names: every rank, at once
+        evaluating = self.planned.due(self._turn)  # after a step --eval-every or the like names: every rank, at once
         if self._posted is None and (now or held or evaluating or self._turn >= self._next_exchange):
             self._post(worker, block and self.rank == 0 and not held)
             if now or held or evaluating:  # a command is waiting: collected at once rather than a turn later
                 posted, self._posted = self._posted, None
-                self._evaluation_due = evaluating  # run after the ranks' failures, before the other commands
+                self._planned_due = evaluating  # run after the ranks' failures, before the other commands
                 self._collect(worker, posted, run_commands=True, release=held)  # posted after the held step ran
                 if worker._quit:
                     return
-        if self._evaluation_due:  # not collected here (cannot happen: the exchange before it was collected above)
-            self._evaluation_due = False
-            self._evaluate(worker)
+        if self._planned_due:  # not collected here (cannot happen: the exchange before it was collected above)
+            self._planned_due = False
+            self.run_planned(worker)
 
     def finish(self, worker: TrainingWorker) -> None:
         """After the loop (every rank leaves at the same turn): collect what is still posted, then one more exchange
@@ -355,8 +356,8 @@ class Lockstep:
             self._summarize(worker)
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
         self._next_exchange = self._posted_turn + self.cadence
-        self._plan_evaluation(worker)
-        due = self._due_evaluation()
+        self._plan(worker)
+        due = self._due_planned()
         if not any(row.payload_bytes for row in self.rows):
             if run_commands and (release or due):
                 worker.run_in_order(due, release=release)  # no rank said anything (no failure): the held commands now
@@ -388,51 +389,59 @@ class Lockstep:
             # back, then the rest.
             worker.run_in_order([*(due or []), *commands], release)
 
-    def _due_evaluation(self) -> list[Command]:
-        """The planned evaluation, once, for the exchange collected at its turn: first among its commands, so that
-        only the ranks' failures run before it, as one process evaluates right after the step."""
-        due, self._evaluation_due = self._evaluation_due, False
-        return [EvaluationDue()] if due else []
+    def _due_planned(self) -> list[Command]:
+        """The planned turn's command, once, for the exchange collected at that turn: first among its commands, so
+        that only the ranks' failures run before it, as one process evaluates right after the step."""
+        due, self._planned_due = self._planned_due, False
+        return [PlannedDue()] if due else []
 
-    def _plan_evaluation(self, worker: TrainingWorker) -> None:
-        """From the rows every rank just collected: the turn of the next `--eval-every` evaluation."""
-        if not worker.eval_every or self.world_size == 1:
-            return
-        self.evaluations.every = worker.eval_every if worker.project.function("evaluate") is not None else None
-        row = self.rows[0]
-        self.evaluations.plan(row.state == STATE_CODES[RunState.RUNNING], row.step, self._posted_turn, self._turn)
+    def _configure(self, worker: TrainingWorker) -> bool:
+        """What is planned, from the run's options (the same on every rank); False: nothing, or a single rank."""
+        if self.world_size == 1:
+            return False
+        every = {EVALUATE: worker.eval_every if worker.project.function("evaluate") is not None else None,
+                 SNAPSHOT: worker.snapshot_every}
+        self.planned.every = {kind: n for kind, n in every.items() if n}
+        self.planned.last_step = worker.max_steps if worker.exit_at_max_steps else None
+        return bool(self.planned.every) or self.planned.last_step is not None
 
-    def _evaluate(self, worker: TrainingWorker) -> None:
-        """The planned turn, its exchange collected and its commands run (a failure of the step before it has paused
-        every rank): evaluate on every rank unless they paused for a failure, then plan the next. The last step of
-        --max-steps, held for it, ends the run after it."""
+    def _plan(self, worker: TrainingWorker) -> None:
+        """From the rows every rank just collected: the turn of the next planned boundary."""
+        if self._configure(worker):
+            row = self.rows[0]
+            self.planned.plan(row.state == STATE_CODES[RunState.RUNNING], row.step, self._posted_turn, self._turn)
+
+    def run_planned(self, worker: TrainingWorker) -> None:
+        """The planned turn, its exchange collected (a failure of the step before it has paused every rank): what
+        rank 0's step is due for, on every rank, unless they paused for a failure; then the next turn is planned."""
         failed = worker.state is RunState.PAUSED and is_error_pause(worker.pause_reason or "")
-        if self.evaluations.runs(self.rows[0].step, self._turn) and not failed:
-            worker._run_evaluate(agreed=True)
-        if worker.exit_after_evaluation:
-            worker.exit_after_evaluation = False
-            if not failed:
-                worker.exit_reason, worker._quit = "max steps", True
+        worker.held_for_planned_end = False
+        for kind in self.planned.due_after(self.rows[0].step, self._turn):
+            if failed:
+                break
+            if kind == EVALUATE:
+                worker._run_evaluate(agreed=True)
+            elif kind == SNAPSHOT:
+                worker.periodic_snapshot(together=True)
+            elif kind == END:
+                worker.end_at_max_steps(together=True)
                 return
-        self._plan_evaluation(worker)
+        self._plan(worker)
 
     def resumed(self, worker: TrainingWorker) -> None:
-        """Every rank resumed at this boundary (only commands resume): the next evaluation counts from rank 0's step,
-        which stood still since the exchange that carried the command."""
-        if worker.eval_every and self.world_size > 1 and self.rows:
-            self.evaluations.every = worker.eval_every if worker.project.function("evaluate") is not None else None
-            self.evaluations.plan(True, self.rows[0].step, self._turn, self._turn, again=True)
+        """Every rank resumed at this boundary (only commands resume): the next planned turn counts from rank 0's
+        step, which stood still since the exchange that carried the command."""
+        if self.rows and self._configure(worker):
+            self.planned.plan(True, self.rows[0].step, self._turn, self._turn, again=True)
 
     def after_one_step(self, worker: TrainingWorker) -> None:
-        """A `step` sent while paused (every rank, at one boundary): --eval-every looks at it at the next boundary."""
-        if worker.eval_every and self.world_size > 1:
-            self.evaluations.every = worker.eval_every if worker.project.function("evaluate") is not None else None
-            self.evaluations.after_one_step(self._turn)
+        """A `step` sent while paused (every rank, at one boundary): what its step is due for, at the next boundary."""
+        if self._configure(worker):
+            self.planned.after_one_step(self._turn)
 
-    def evaluates_at_next_boundary(self) -> bool:
-        """After this turn's step: the evaluation planned for the next boundary (the last step of --max-steps holds
-        for it)."""
-        return self.evaluations.next_turn_is_due(self._turn)
+    def ends_at_next_boundary(self) -> bool:
+        """After this turn's step, the last of --max-steps: the end planned for the next boundary, which it holds for."""
+        return self.planned.next_turn_is_due(self._turn)
 
     def _drain(self, worker: TrainingWorker, block: bool) -> list[Command]:
         found: list[Command] = []
@@ -541,14 +550,15 @@ class Lockstep:
 
 
 @dataclass(frozen=True)
-class EvaluationDue(Command):
-    """Internal, made by every rank alike: the turn `--eval-every` planned, among its exchange's commands."""
+class PlannedDue(Command):
+    """Internal, made by every rank alike: the turn planned for --eval-every, --snapshot-every or --max-steps, among
+    its exchange's commands (planned_turns.py)."""
 
 
-@handles(EvaluationDue)
-def evaluation_due(worker: TrainingWorker, command: EvaluationDue) -> None:
+@handles(PlannedDue)
+def planned_due(worker: TrainingWorker, command: PlannedDue) -> None:
     if worker.lockstep is not None:
-        worker.lockstep._evaluate(worker)
+        worker.lockstep.run_planned(worker)
 
 
 @handles(RankPaused)

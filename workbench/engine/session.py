@@ -66,6 +66,7 @@ class SessionConfig:
     capture_output: bool = True
     write_event_log: bool = False
     eval_every: int | None = None
+    snapshot_every: int | None = None  # --snapshot-every N: a snapshot after every Nth step
     resume: Path | None = None  # a snapshot to load after setup() (`--resume`)
     resume_partial: bool = False
     snapshot_keep: int = DEFAULT_KEEP
@@ -161,6 +162,7 @@ class Session:
             exit_on_setup_failure=config.exit_on_setup_failure,
             start_paused=config.start_paused,
             eval_every=config.eval_every,
+            snapshot_every=config.snapshot_every,
             record_memory=config.record_memory,
             resume=config.resume,
             resume_partial=config.resume_partial,

@@ -106,7 +106,7 @@ from workbench.engine.time_limit import ASSUMED_WRITE_SECONDS_PER_BYTE, TimeLimi
 
 __all__ = ["AUTO_RESUME_REASONS", "ApplyChanges", "RunState", "TrainingWorker"]
 
-RUN_FIRST = {"RankPaused": 0, "EvaluationDue": 1}  # of an exchange's commands, these run before the rest, in this order
+RUN_FIRST = {"RankPaused": 0, "PlannedDue": 1}  # of an exchange's commands, these run before the rest, in this order
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
@@ -146,6 +146,7 @@ class TrainingWorker(threading.Thread):
         exit_on_setup_failure: bool,
         start_paused: bool,
         eval_every: int | None = None,
+        snapshot_every: int | None = None,
         record_memory: bool = False,
         resume: Path | None = None,
         resume_partial: bool = False,
@@ -172,6 +173,7 @@ class TrainingWorker(threading.Thread):
         self.exit_on_setup_failure = exit_on_setup_failure
         self.start_paused = start_paused
         self.eval_every = eval_every
+        self.snapshot_every = snapshot_every  # --snapshot-every: a snapshot after every Nth step
         self.record_memory = record_memory
         self.resume_path = resume
         self.resume_partial = resume_partial
@@ -254,9 +256,9 @@ class TrainingWorker(threading.Thread):
         # (their names, that step, its exception's type), until a step succeeds.
         self._ended_generators: tuple[list[str], int, str] | None = None
         self._pause_announced = False  # under torchrun: this rank's non-finite loss is on its way to every rank
-        # Under torchrun: the step after which --eval-every's evaluation is due (every rank knows it; rank 0 queues it),
-        # and whether this rank ends once it has run (it was due at the last step of --max-steps).
-        self.exit_after_evaluation = False
+        # Under torchrun: this rank has run the last step of --max-steps and holds for the boundary after it, where
+        # every rank does what that step is due for and ends (planned_turns.py).
+        self.held_for_planned_end = False
         self.setup_rebinds = SetupRebinds()  # globals setup() re-bound: a rebuild's setup() reads what it found
         self.training_globals = TrainingGlobals()  # counters step() keeps in globals: snapshots hold them
         self.training_tensors = TrainingTensors()  # an LSTM's hidden state carried across batches: snapshots hold it
@@ -665,9 +667,11 @@ class TrainingWorker(threading.Thread):
                 self.bus.publish(Error(where=LOADER, message=sentence))
         if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
             self.bus.publish(warning)
-        if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate") and (
-                self.lockstep is None or self.lockstep.world_size == 1):
-            self._run_evaluate()  # under torchrun, every rank at the boundary after this step (evaluation_turns.py)
+        alone = self.lockstep is None or self.lockstep.world_size == 1  # else every rank at the boundary after it
+        if alone and self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
+            self._run_evaluate()
+        if alone and self.snapshot_every and self.step % self.snapshot_every == 0:
+            self.periodic_snapshot()
         if self._profile is not None and self._profile.step_done():
             profile, self._profile = self._profile, None
 
@@ -867,19 +871,34 @@ class TrainingWorker(threading.Thread):
         if self.max_steps is None or self.step < self.max_steps:
             return
         self._settle_values()
-        if self.exit_at_max_steps and self.lockstep is not None and self.lockstep.evaluates_at_next_boundary():
-            # Under torchrun the evaluation due after this last step runs at the next boundary, on every rank: each
-            # stops stepping (no event: nobody paused anything) and ends once it has run (Lockstep._evaluate).
-            self.state, self.pause_reason, self.exit_after_evaluation = RunState.PAUSED, "max steps", True
+        if self.exit_at_max_steps and self.lockstep is not None and self.lockstep.ends_at_next_boundary():
+            # Under torchrun every rank ends at the boundary after this last step, planned from an exchange
+            # (planned_turns.py): each stops stepping (no event: nobody paused anything) and holds for it.
+            self.state, self.pause_reason, self.held_for_planned_end = RunState.PAUSED, "max steps", True
         elif self.exit_at_max_steps:
-            self.exit_reason, self._quit = "max steps", True
+            self.end_at_max_steps(together=False)
         elif self.state is RunState.RUNNING:
             self._pause("max steps")
+
+    def periodic_snapshot(self, together: bool = False) -> None:
+        """--snapshot-every's, after its step's event (on a GPU the loss is read a step late: settled first)."""
+        self._settle_values()
+        self._snapshot("periodic", together)
+
+    def end_at_max_steps(self, together: bool) -> None:
+        """Headless, --max-steps reached: a final snapshot of the trained state (a run that ends with its data writes
+        one; one that ended at --max-steps wrote none, and the trained model went with the process), then exit.
+        `together`: every rank is here at one boundary (planned_turns.py), so a snapshot can gather them all."""
+        self.held_for_planned_end = False
+        self._final_snapshot(together=together)
+        if self.exit_reason != "final snapshot failed":
+            self.exit_reason = "max steps"
+        self._quit = True
 
     # Between steps: what the loop and the command handlers (workbench/engine/commands/) share ----
     def _run_evaluate(self, agreed: bool = False) -> None:
         """Run the user's evaluate(). `agreed`: every rank runs it now, at a boundary the ranks agreed on (the
-        `evaluate` command, or under torchrun the turn `--eval-every` planned: evaluation_turns.py), so they can then
+        `evaluate` command, or under torchrun the turn `--eval-every` planned: planned_turns.py), so they can then
         check that each ran the same collectives in it (collective_count.py)."""
         self._settle_values()
         ranks = agreed and self.lockstep is not None and self.lockstep.world_size > 1

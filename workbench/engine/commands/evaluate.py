@@ -17,5 +17,3 @@ def evaluate(worker: TrainingWorker, command: Evaluate) -> None:
         worker._command_error("the project defines no evaluate(state, bench) function")
     else:
         worker._run_evaluate(agreed=True)
-    if worker.exit_after_evaluation:  # --eval-every's evaluation at the last of --max-steps, under torchrun
-        worker.exit_reason, worker._quit = "max steps", True

@@ -70,8 +70,8 @@ def input_closed(worker: TrainingWorker, command: InputClosed) -> None:
     run already paused ends (every rank under torchrun), and any pause from now on ends it. A pause of the user's
     (`--paused`, `pause`) waited forever, holding the model and its GPU (a driver script that died)."""
     worker.exit_on_error_pause = True
-    if worker.exit_after_evaluation:
-        return  # the last of --max-steps, its due evaluation a command behind this one: it runs, then the run ends
+    if worker.held_for_planned_end:
+        return  # at the last of --max-steps, every rank ends at the next boundary (what is due after it first)
     if worker.state is RunState.PAUSED and worker.pause_reason is not None:
         # Under torchrun every rank is here at one boundary, after every command sent before the end of input.
         worker.end_without_input(worker.pause_reason)
