@@ -66,10 +66,10 @@ from workbench.engine.control_plane import (
 )
 from workbench.engine.dispatch import dispatch, handles
 from workbench.engine.doorbell import Doorbell
-from workbench.engine.planned_turns import END, EVALUATE, SNAPSHOT, PlannedTurns
 from workbench.engine.hotswap.planner import ChangeSet, ReloadError
 from workbench.engine.hotswap.service import SourceUnchanged
 from workbench.engine.memory_guard import MemoryLimitNear
+from workbench.engine.planned_turns import END, EVALUATE, SNAPSHOT, PlannedTurns
 from workbench.engine.prepare_ahead import PrepareAhead
 from workbench.engine.run_state import AUTO_RESUME_REASONS, DATA_EXHAUSTED, RunState, is_error_pause
 from workbench.protocol.events import COMMANDS, Command, Error, Ranks, Reload, Step
@@ -281,12 +281,12 @@ class Lockstep:
             self._collect(worker, posted, run_commands=True)
             if worker._quit:
                 return
-        evaluating = self.planned.due(self._turn)  # after a step --eval-every or the like names: every rank, at once
-        if self._posted is None and (now or held or evaluating or self._turn >= self._next_exchange):
+        planned = self.planned.due(self._turn)  # after a step --eval-every or the like names: every rank, at once
+        if self._posted is None and (now or held or planned or self._turn >= self._next_exchange):
             self._post(worker, block and self.rank == 0 and not held)
-            if now or held or evaluating:  # a command is waiting: collected at once rather than a turn later
+            if now or held or planned:  # a command is waiting: collected at once rather than a turn later
                 posted, self._posted = self._posted, None
-                self._planned_due = evaluating  # run after the ranks' failures, before the other commands
+                self._planned_due = planned  # run after the ranks' failures, before the other commands
                 self._collect(worker, posted, run_commands=True, release=held)  # posted after the held step ran
                 if worker._quit:
                     return
