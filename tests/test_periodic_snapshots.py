@@ -76,3 +76,21 @@ def test_under_torchrun_a_sharded_state_is_snapshotted_every_nth_step_by_every_r
     for event in (e for e in run.events if e["event"] == "snapshot"):
         folder = Path(event["path"])
         assert folder.suffix == ".dcp" and len(list(folder.glob("*.distcp"))) == 2, event  # one shard per rank
+
+
+def test_the_log_says_what_took_a_snapshot_nobody_asked_for_just_now(tmp_path: Path) -> None:
+    """Every 100 steps a `SNAPSHOT ... at step 100` line came with no word of why: a periodic one reads as asked for."""
+    from rich.text import Text
+
+    from workbench.frontends.tui.widgets.reload_log import render_entry
+    from workbench.protocol.events import Snapshot
+
+    def line(reason: str) -> str:
+        rendered = render_entry(Snapshot(path=str(tmp_path / "step-00000100.pt"), bytes=1024, step=100, reason=reason),
+                                tmp_path, timestamps=False)
+        assert isinstance(rendered, Text)
+        return rendered.plain
+
+    assert line("periodic") == "SNAPSHOT step-00000100.pt (1.00 KiB) at step 100 (periodic)"
+    assert line("final") == "SNAPSHOT step-00000100.pt (1.00 KiB) at step 100 (final)"
+    assert line("requested") == "SNAPSHOT step-00000100.pt (1.00 KiB) at step 100"

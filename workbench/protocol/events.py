@@ -256,7 +256,7 @@ class Snapshot(Event):
     bytes: int
     step: int = 0
     seconds: float = 0.0
-    reason: str = "requested"  # or "final" (on quit or a signal)
+    reason: str = "requested"  # or "final" (on quit, a signal, --max-steps), "periodic" (--snapshot-every), "memory limit"
     # What the snapshot does not keep although it was found: a loader's or project object's state that could not be
     # taken or is not plain data ("train.ema: its state_dict() holds ..."; "rank 1: ..." for another rank's).
     left_out: tuple[str, ...] = ()

@@ -249,6 +249,8 @@ def _describe(line: Text, event: Event, root: Path, roles: Roles) -> None:
     elif isinstance(event, Snapshot):
         line.append("SNAPSHOT ", style=roles.bold("info"))
         line.append(f"{_relative(event.path, root)} ({human_bytes(event.bytes)}) at step {event.step}")
+        if event.reason != "requested":  # one the user did not ask for just now: say what took it
+            line.append(f" ({event.reason})", style="dim")
         if event.left_out:
             line.append("; not kept: " + "; ".join(event.left_out), style=roles.warning)
     elif isinstance(event, Cleanup):
