@@ -176,7 +176,7 @@ def test_a_generator_a_script_made_at_import_is_named_and_its_loaders_seed_draw_
     straight, resumed, notes = _losses_after(tmp_path, SCRIPT_LOADER.replace(" GENERATOR", ""), "global")
     said = [n for n in notes if n.startswith("train.batches (the generator cycle(), train.py:")
             and "the one the import just made, so it starts from its beginning" in n]
-    assert said and "draws its seed (a shuffling sampler's order too) from the global random generator" in said[0], notes
+    assert said and "draws its seed and its shuffled order from the global random generator" in said[0], notes
     assert "give the DataLoader a generator of its own" in said[0], notes
     assert resumed != straight, "what the note says: the draws after the resume are not the run's"
     # With a generator of its own the loader draws from it: the dataset's own draws go on as in the run.
@@ -185,6 +185,18 @@ def test_a_generator_a_script_made_at_import_is_named_and_its_loaders_seed_draw_
     assert not any("draws its seed" in n for n in notes), notes
     assert any(n.startswith("train.batches (the generator cycle()") for n in notes), notes
     assert resumed == straight
+
+
+def test_a_loader_whose_sampler_draws_no_order_from_the_global_generator_is_said_to_draw_only_its_seed(
+        tmp_path: Path) -> None:
+    """A DistributedSampler's order comes from its seed and epoch: the note said the loader's new iterator drew "its
+    seed (a shuffling sampler's order too)" from the global generator (a transformers port under DDP)."""
+    source = SCRIPT_LOADER.replace("shuffle=True GENERATOR",
+                                   "sampler=torch.utils.data.DistributedSampler(Rows(), num_replicas=1, rank=0, seed=0)")
+    _, _, notes = _losses_after(tmp_path, source, "distributed")
+    said = [n for n in notes if n.startswith("train.batches (the generator cycle(), train.py:")]
+    assert said and "whose new iterator draws its seed from the global random generator" in said[0], notes
+    assert "order" not in said[0].split("from the global random generator")[0], said
 
 
 MADE_INSIDE = """\

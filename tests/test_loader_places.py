@@ -120,7 +120,7 @@ def test_without_a_stateful_loader_the_data_starts_over_as_the_notes_say(tmp_pat
     straight = straight_run(tmp_path, source, 9)
     resumed, after = resumed_after(tmp_path, source, 7, 9)
     assert any("starts from its beginning, not where step 7 left it" in n
-               and "whose new iterator draws its seed (a shuffling sampler's order too) from the global random" in n
+               and "whose new iterator draws its seed and its shuffled order from the global random" in n
                and "or read a torchdata StatefulDataLoader, whose place goes on" in n for n in resumed.notes), resumed.notes
     assert after[8] != straight[8] or after[9] != straight[9], "a plain DataLoader starts its epoch over"
 

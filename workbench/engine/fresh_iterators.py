@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from workbench.engine.hotswap.syntax_trees import parse
@@ -60,7 +60,8 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
     drawn = [(label, value) for label, value in fresh if isinstance(value, _MultiProcessingDataLoaderIter)]
     fresh = [(label, value) for label, value in fresh if not isinstance(value, _MultiProcessingDataLoaderIter)]
     seeded = [(label, value, loaders) for label, value in fresh
-              if (loaders := _loaders_seeding_from_global(value) + _loaders_made_inside(value, in_project))]
+              if (loaders := _loaders_seeding_from_global(value) + [(made, None) for made in
+                                                                    _loaders_made_inside(value, in_project)])]
     fresh = [(label, value) for label, value in fresh if not any(value is other for _, other, _ in seeded)]
     notes = []
     kept = ("A rebuild carries the weights, the optimizers and their LR schedules, counters, the tensors training "
@@ -81,9 +82,12 @@ def fresh_iterator_notes(state: Any, step: int, put_back: list[str],
             "reads again the batches a fresh start reads first",
             "make the iterator in step() or in a generator, or read a torchdata StatefulDataLoader, whose place goes on"))
     for label, value, loaders in seeded:
+        shuffled = {shuffles for _, shuffles in loaders}
+        drawn_now = ("its seed and its shuffled order" if True in shuffled else
+                     "its seed (a shuffling sampler's order too)" if None in shuffled else "its seed")
         notes.append(starts_over(
-            [(label, value)], f"; and it reads {', '.join(loaders)}, whose new iterator draws its seed (a shuffling "
-            "sampler's order too) from the global random generator when it is made, here after the RNG states were "
+            [(label, value)], f"; and it reads {', '.join(path for path, _ in loaders)}, whose new iterator draws "
+            f"{drawn_now} from the global random generator when it is made, here after the RNG states were "
             f"{'carried' if rebuild else 'put back'}, where the run made its first at its start: every random draw "
             "after it (dropout, a dataset's random crops) differs from the run that never stopped",
             "give the DataLoader a generator of its own (`generator=torch.Generator()`), which it then draws these "
@@ -141,9 +145,11 @@ def iterators_in(state: Any, namespaces: Namespaces = ()) -> list[tuple[str, Any
     return found
 
 
-def _loaders_seeding_from_global(value: Any) -> list[str]:
+def _loaders_seeding_from_global(value: Any) -> list[tuple[str, bool]]:
     """The plain DataLoaders a generator that has not begun reads (given, closed over, or a module global it names)
-    that have no generator of their own: each of its new iterators draws from the global random generator."""
+    that have no generator of their own: each of its new iterators draws from the global random generator. With each,
+    whether its order is drawn there too (a RandomSampler's, not a DistributedSampler's, which comes from its seed and
+    epoch)."""
     if not isinstance(value, GeneratorType) or inspect.getgeneratorstate(value) != inspect.GEN_CREATED:
         return []
     inputs = generator_inputs(value, "")
@@ -151,11 +157,18 @@ def _loaders_seeding_from_global(value: Any) -> list[str]:
     inputs += [(name, frame_globals[name]) for name in sorted(_globals_loaded(value.gi_code))
                if isinstance(frame_globals.get(name), DataLoader)]
     seen: set[int] = {id(value)}
-    found = [path for where, input_value in inputs
+    found = [(path, _shuffles_from_global(loader)) for where, input_value in inputs
              for path, loader in reachable(input_value, where, matches=lambda o: isinstance(o, DataLoader), seen=seen,
                                            depth=1, stop_at=(DataLoader,), into_generators=True)
              if getattr(loader, "generator", None) is None and not is_stateful(loader)]
     return list(dict.fromkeys(found))
+
+
+def _shuffles_from_global(loader: DataLoader) -> bool:
+    """Whether the loader's order is drawn from the global generator as each epoch begins (`shuffle=True` with no
+    generator: a RandomSampler without one, given directly or inside its batch sampler)."""
+    sampler = getattr(loader.batch_sampler, "sampler", None) or loader.sampler
+    return isinstance(sampler, RandomSampler) and sampler.generator is None
 
 
 def _plain_loaders_drawing_from(value: Any, placed: dict[int, str]) -> list[str]:
