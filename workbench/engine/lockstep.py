@@ -255,7 +255,6 @@ class Lockstep:
         self.turn_period = TurnPeriod()  # rank 0: how long a loop turn takes while training, for the cadence
         # --eval-every, --snapshot-every, --max-steps: the turn every rank does what is due at (planned_turns.py)
         self.planned = PlannedTurns()
-        self._planned_due = False  # the exchange being collected is the planned turn's
 
     # The loop ---------------------------------------------------------------------------
     def boundary(self, worker: TrainingWorker, block: bool) -> None:
@@ -286,13 +285,10 @@ class Lockstep:
             self._post(worker, block and self.rank == 0 and not held)
             if now or held or planned:  # a command is waiting: collected at once rather than a turn later
                 posted, self._posted = self._posted, None
-                self._planned_due = planned  # run after the ranks' failures, before the other commands
-                self._collect(worker, posted, run_commands=True, release=held)  # posted after the held step ran
+                # posted after the held step ran; the planned turn's work runs after the ranks' failures, before the rest
+                self._collect(worker, posted, run_commands=True, release=held, planned=planned)
                 if worker._quit:
                     return
-        if self._planned_due:  # not collected here (cannot happen: the exchange before it was collected above)
-            self._planned_due = False
-            self.run_planned(worker)
 
     def finish(self, worker: TrainingWorker) -> None:
         """After the loop (every rank leaves at the same turn): collect what is still posted, then one more exchange
@@ -344,10 +340,11 @@ class Lockstep:
         self._posted_turn, self._collect_at = self._turn, self._turn + 1
 
     def _collect(self, worker: TrainingWorker, posted: BoundaryExchange, run_commands: bool,
-                 release: bool = False) -> None:
+                 release: bool = False, planned: bool = False) -> None:
         """Every rank's row: the summary, the cadence; the bytes, gathered at once when they hold commands, else
         posted when some rank has any. `release`: an exchange posted after a held `step` ran, which holds any
-        failure of that step: the commands the step held back run after it (`TrainingWorker.run_in_order`)."""
+        failure of that step: the commands the step held back run after it (`TrainingWorker.run_in_order`).
+        `planned`: the exchange of a planned turn (planned_turns.py), whose work runs among its commands."""
         self.rows = posted.collect()
         if self.rank == 0:
             for row in self.rows:
@@ -357,7 +354,7 @@ class Lockstep:
         self.cadence = min(max(self.rows[0].cadence, 1), MAX_CADENCE)
         self._next_exchange = self._posted_turn + self.cadence
         self._plan(worker)
-        due = self._due_planned()
+        due: list[Command] = [PlannedDue()] if planned else []  # first among the commands: only failures before it
         if not any(row.payload_bytes for row in self.rows):
             if run_commands and (release or due):
                 worker.run_in_order(due, release=release)  # no rank said anything (no failure): the held commands now
@@ -388,12 +385,6 @@ class Lockstep:
             # they had recovered, on an error already dealt with (minGPT under DDP, ported). Then what a `step` held
             # back, then the rest.
             worker.run_in_order([*(due or []), *commands], release)
-
-    def _due_planned(self) -> list[Command]:
-        """The planned turn's command, once, for the exchange collected at that turn: first among its commands, so
-        that only the ranks' failures run before it, as one process evaluates right after the step."""
-        due, self._planned_due = self._planned_due, False
-        return [PlannedDue()] if due else []
 
     def _configure(self, worker: TrainingWorker) -> bool:
         """What is planned, from the run's options (the same on every rank); False: nothing, or a single rank."""

@@ -349,7 +349,8 @@ class TrainingWorker(threading.Thread):
 
     def run_in_order(self, commands: list[Command], release: bool = False) -> None:
         """Under torchrun, an exchange's commands, which every rank received alike: the ranks' failures first, then
-        the --eval-every evaluation due at this boundary (as one process runs it right after its step), then the rest
+        what a planned turn is due for (--eval-every, --snapshot-every, --max-steps: as one process does right after
+        its step), then the rest
         in order, each `step` run before the commands after it, which wait for an exchange posted after that
         step ran (`release`): it holds any failure of the step, which runs before them. While a step is owed or
         commands wait, the new ones wait behind them. The split is by the commands' kinds and the exchanges alone,
@@ -667,11 +668,8 @@ class TrainingWorker(threading.Thread):
                 self.bus.publish(Error(where=LOADER, message=sentence))
         if (warning := self.eval_watch.after_step(started_in_eval, self.step)) is not None:
             self.bus.publish(warning)
-        alone = self.lockstep is None or self.lockstep.world_size == 1  # else every rank at the boundary after it
-        if alone and self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
-            self._run_evaluate()
-        if alone and self.snapshot_every and self.step % self.snapshot_every == 0:
-            self.periodic_snapshot()
+        if (self.eval_every or self.snapshot_every) and (self.lockstep is None or self.lockstep.world_size == 1):
+            self._due_after_step()  # under torchrun, every rank at the boundary after this step (planned_turns.py)
         if self._profile is not None and self._profile.step_done():
             profile, self._profile = self._profile, None
 
@@ -879,6 +877,13 @@ class TrainingWorker(threading.Thread):
             self.end_at_max_steps(together=False)
         elif self.state is RunState.RUNNING:
             self._pause("max steps")
+
+    def _due_after_step(self) -> None:
+        """One process: --eval-every's evaluation and --snapshot-every's snapshot, when this step is due for them."""
+        if self.eval_every and self.step % self.eval_every == 0 and self.project.function("evaluate"):
+            self._run_evaluate()
+        if self.snapshot_every and self.step % self.snapshot_every == 0:
+            self.periodic_snapshot()
 
     def periodic_snapshot(self, together: bool = False) -> None:
         """--snapshot-every's, after its step's event (on a GPU the loss is read a step late: settled first)."""

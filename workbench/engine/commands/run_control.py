@@ -54,7 +54,7 @@ def step_once(worker: TrainingWorker, command: StepOnce) -> None:
     if worker.state is RunState.PAUSED:
         worker._step_once = True
         if worker.lockstep is not None:
-            worker.lockstep.after_one_step(worker)  # its --eval-every evaluation, at the next boundary
+            worker.lockstep.after_one_step(worker)  # what its step is due for (--eval-every...), at the next boundary
     else:
         worker._command_error(f"`step` runs a single step while paused; training is {worker.state.value}")
 
