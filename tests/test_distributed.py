@@ -1054,6 +1054,9 @@ def test_sharded_state_is_snapshotted_by_every_rank_through_dcp_and_resumed_on_t
             if partial:
                 assert resumed["ok"] and resumed["tensors"] == 4 and resumed["optimizers"] == 0, resumed
                 assert resumed["initialized"] == ["model.c.weight", "model.c.bias"]
+                # The sharded snapshot's facts keep which code its run ran (code_on_record.py): the edit is said.
+                assert ("train.py changed since the snapshot was taken: this run runs it as it is now, not the code "
+                        "the snapshot's run ran") in resumed["notes"], resumed["notes"]
                 assert again.finish(timeout=60) == 0
             else:
                 assert not resumed["ok"] and "nothing was loaded" in resumed["error"] and "--resume-partial" in resumed["error"]

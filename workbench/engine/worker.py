@@ -35,7 +35,8 @@ from workbench.engine.actions.snapshot import (
     load_snapshot,
     write_snapshot,
 )
-from workbench.engine.actions.sharded_snapshot import has_fsdp1, is_sharded, load_sharded, read_loader_places, write_sharded
+from workbench.engine.actions.sharded_snapshot import has_fsdp1, is_sharded, load_sharded, read_facts, read_loader_places, write_sharded
+from workbench.engine.code_on_record import KEY as CODE_KEY, record as code_record, resume_notes as code_notes
 from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.bench import Bench
 from workbench.engine.commands import ApplyChanges  # registers the handlers
@@ -477,6 +478,7 @@ class TrainingWorker(threading.Thread):
         notes += tuple(report.scheduler_notes)
         notes += tuple(report.settings_notes)
         notes += self._put_back_globals(payload.get("globals", {}), payload.get("loader_places"))
+        notes += code_notes(payload.get(CODE_KEY), self.project.root)
         self.bus.publish(
             ResumeLoaded(
                 ok=True,
@@ -577,8 +579,17 @@ class TrainingWorker(threading.Thread):
                                              *_initialized_note(report.initialized),
                                              *settled_notes(init_log, "resume"), *report.moved,
                                              *report.scheduler_notes, *report.settings_notes,
-                                             *self._put_back_globals(saved_globals, saved_places))))
+                                             *self._put_back_globals(saved_globals, saved_places),
+                                             *code_notes(self._sharded_code(path), self.project.root))))
         return True
+
+    @staticmethod
+    def _sharded_code(path: Path) -> Any:
+        """The code record in a sharded snapshot's facts; None when they cannot be read (the load read them already)."""
+        try:
+            return read_facts(path).get(CODE_KEY)
+        except UserError:
+            return None
 
     def _namespaces(self) -> list[tuple[str, dict[str, Any]]]:
         """The project's module globals: where script-style trainers keep an optimizer (`global OPT_G`)."""
@@ -1061,13 +1072,14 @@ class TrainingWorker(threading.Thread):
                                                               replicated_paths(large, self.lockstep.plane))
                 event = write_sharded(self.user_state, self.step, self.reloader.version, self.bench.run_dir, writer,
                                       self.lockstep.rank == 0, self.snapshot_keep, self._namespaces(), self._changed_globals(),
-                                      loader_record=loaders, large=tensors, optimizers_as_made=self.optimizers_as_made)
+                                      loader_record=loaders, large=tensors, optimizers_as_made=self.optimizers_as_made,
+                                      code=self._code_record() if self.lockstep.rank == 0 else None)
             else:
                 rank, world_size = (self.lockstep.rank, self.lockstep.world_size) if self.lockstep else (0, 1)
                 event = write_snapshot(
                     self.user_state, self.step, self.reloader.version, self.bench.run_dir, self.snapshot_keep, self._namespaces(),
                     self._changed_globals(), loader_places=places(ranks_places or {rank: loaders}, world_size, large),
-                    optimizers_as_made=self.optimizers_as_made,
+                    optimizers_as_made=self.optimizers_as_made, code=self._code_record(),
                 )
         except Exception as exc:  # noqa: BLE001 - a snapshot failing must not stop training
             self.last_snapshot_error = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
@@ -1083,6 +1095,14 @@ class TrainingWorker(threading.Thread):
         records = ranks_places or {self.lockstep.rank if self.lockstep is not None else 0: loaders}
         self.bus.publish(dataclasses.replace(event, reason=reason, left_out=left_out(records, large)))
         return True
+
+    def _code_record(self) -> dict[str, Any] | None:
+        """Which code the run is running, for a resume to compare with the files then (code_on_record.py); None
+        when it cannot be taken: the snapshot goes on without it, and its resume claims nothing about the code."""
+        try:
+            return code_record(self.reloader, self.project.relative)
+        except Exception:  # noqa: BLE001 - a snapshot must not fail for want of its code record
+            return None
 
     def _changed_tensors(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The tensors training changed in setup()'s state and module globals (training_tensors.py); a failure is

@@ -37,6 +37,7 @@ try:  # DCP's own flattening (private): its keys exactly. Without it the optimiz
 except ImportError:  # pragma: no cover - a torch that moved it
     flatten_state_dict = None
 
+from workbench.engine.code_on_record import KEY as CODE_KEY
 from workbench.engine.loader_places import LAYOUT, SHARDED_KEY, pack, places, state_of, unpack
 from workbench.engine.moved_layers import match_moved
 from workbench.engine.actions.optimizer_settings import Settings, kept_from_snapshot, settings_of
@@ -75,7 +76,7 @@ def write_sharded(
     state: Any, step: int, code_version: int, run_dir: Path, writer_pid: int, is_main: bool, keep: int,
     namespaces: Namespaces = (), training_globals: dict[str, Any] | None = None,
     loader_record: dict[str, Any] | None = None, large: dict[str, torch.Tensor] | None = None,
-    optimizers_as_made: Settings | None = None,
+    optimizers_as_made: Settings | None = None, code: dict[str, Any] | None = None,
 ) -> Snapshot:
     """Every rank at once (a lockstep command). `writer_pid`: rank 0's, the same name on every rank; rank 0 then
     keeps the run's `keep` newest snapshots, as for one process. `loader_record`: where this rank's stateful data
@@ -99,6 +100,8 @@ def write_sharded(
         facts["schedulers"], facts["scheduler_types"] = scheduler_payload(find_schedulers(state, namespaces))  # replicated
         if optimizers_as_made is not None:
             facts["optimizers_as_made"] = optimizers_as_made  # plain numbers: JSON (tuples come back as lists)
+        if code is not None:
+            facts[CODE_KEY] = code  # which code the run was running (code_on_record.py)
         (temp / FACTS).write_text(_facts_json(facts))
         _fsync_tree(temp)
         if final.exists():

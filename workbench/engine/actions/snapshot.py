@@ -37,6 +37,7 @@ from workbench.errors import UserError
 from workbench.protocol.events import Snapshot
 from workbench.engine.init_skipping import InitLog
 from workbench.engine.moved_layers import match_moved, shapes_of
+from workbench.engine.code_on_record import KEY as CODE_KEY
 from workbench.engine.memory.populate import populate_for_writing
 from workbench.engine.runs import LEGACY, RUNS, latest_snapshot, snapshots_by_step
 from workbench.engine.state_walk import Namespaces, find_with_globals
@@ -53,12 +54,13 @@ def snapshot_folder(run_dir: Path) -> Path:
 def write_snapshot(
     state: Any, step: int, code_version: int, run_dir: Path, keep: int = DEFAULT_KEEP, namespaces: Namespaces = (),
     training_globals: dict[str, Any] | None = None, loader_places: dict[str, Any] | None = None,
-    optimizers_as_made: Settings | None = None,
+    optimizers_as_made: Settings | None = None, code: dict[str, Any] | None = None,
 ) -> Snapshot:
     """`namespaces`: the project's module globals, where script-style trainers keep an optimizer or model too.
     `training_globals`: plain values step() keeps in module globals (`train.iter_num`), put back on resume.
     `loader_places`: where each stateful data loader was, every rank's (loader_places.py).
-    `optimizers_as_made`: their hyperparameters as setup() made them (optimizer_settings.py)."""
+    `optimizers_as_made`: their hyperparameters as setup() made them (optimizer_settings.py).
+    `code`: which code the run was running (code_on_record.py)."""
     modules, optimizers = find_with_globals(state, namespaces)
     if not modules and not optimizers:
         raise ValueError("the state returned by setup() holds no nn.Module or optimizer to snapshot")
@@ -81,6 +83,8 @@ def write_snapshot(
         payload["loader_places"] = loader_places
     if optimizers_as_made is not None:
         payload["optimizers_as_made"] = optimizers_as_made
+    if code is not None:
+        payload[CODE_KEY] = code
     folder = snapshot_folder(run_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)

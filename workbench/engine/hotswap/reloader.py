@@ -385,6 +385,20 @@ class Reloader:
             self._not_rerun[path] = self._not_rerun.get(path, frozenset()) | {statement_text(n) for n in found}
         return [line_label(node, source) for node in found]
 
+    def statements_left_for_x(self, path: Path) -> list[str]:
+        """The labels (`line 9: ...`) of the statements of the live code a save left for x: what a snapshot records
+        its run had not re-run (code_on_record.py). Reads only; an empty list for a file with none."""
+        with self._lock:
+            source, not_rerun = self._applied.get(path), self._not_rerun.get(path, frozenset())
+        if source is None or not not_rerun:
+            return []
+        try:
+            body = parse(source, str(path)).body
+        except SyntaxError:
+            return []
+        return [line_label(node, source) for node in body
+                if not isinstance(node, DEFINITIONS) and statement_text(node) in not_rerun]
+
     def statements_not_rerun(self, path: Path) -> list[tuple[str, RunInNamespace]]:
         """What x runs in this file's live code (after a rollback): the statements left for it that the code still
         holds; those the rollback took out are forgotten, since the value their old line made is the live one."""
