@@ -11,6 +11,7 @@ code objects they hold.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import linecache
 import threading
@@ -372,15 +373,10 @@ class Reloader:
         """After a rollback of a version whose not-re-run statements x or a rebuild has run since: leave for x the
         statements of the live code that bind those names (`config = Args(2)` where the undone version had
         `Args(3)`), which a fresh start of it runs. Returns their labels."""
-        with self._lock:
-            source = self._applied.get(path)
-        if source is None or not names:
+        if not names:
             return []
-        try:
-            body = parse(source, str(path)).body
-        except SyntaxError:
-            return []
-        found = [node for node in body if not isinstance(node, DEFINITIONS) and bound_names(node) & names]
+        source, statements = self._live_statements(path)
+        found = [node for node in statements if bound_names(node) & names]
         with self._lock:
             self._not_rerun[path] = self._not_rerun.get(path, frozenset()) | {statement_text(n) for n in found}
         return [line_label(node, source) for node in found]
@@ -389,15 +385,24 @@ class Reloader:
         """The labels (`line 9: ...`) of the statements of the live code a save left for x: what a snapshot records
         its run had not re-run (code_on_record.py). Reads only; an empty list for a file with none."""
         with self._lock:
-            source, not_rerun = self._applied.get(path), self._not_rerun.get(path, frozenset())
-        if source is None or not not_rerun:
+            not_rerun = self._not_rerun.get(path, frozenset())
+        if not not_rerun:
             return []
+        source, statements = self._live_statements(path)
+        return [line_label(node, source) for node in statements if statement_text(node) in not_rerun]
+
+    def _live_statements(self, path: Path) -> tuple[str, list[ast.stmt]]:
+        """The live code of a file and its top-level statements other than definitions (none when it has no live
+        code, or it does not parse)."""
+        with self._lock:
+            source = self._applied.get(path)
+        if source is None:
+            return "", []
         try:
             body = parse(source, str(path)).body
         except SyntaxError:
-            return []
-        return [line_label(node, source) for node in body
-                if not isinstance(node, DEFINITIONS) and statement_text(node) in not_rerun]
+            return source, []
+        return source, [node for node in body if not isinstance(node, DEFINITIONS)]
 
     def statements_not_rerun(self, path: Path) -> list[tuple[str, RunInNamespace]]:
         """What x runs in this file's live code (after a rollback): the statements left for it that the code still
