@@ -369,3 +369,20 @@ def test_a_reader_of_stdout_that_goes_away_ends_the_run_with_a_final_snapshot(tm
     assert "Traceback" not in stderr, stderr
     written = [line.rsplit(" written to ", 1)[1] for line in stderr.splitlines() if "final snapshot of step" in line]
     assert written and Path(written[0]).is_file(), stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_stdout_on_a_full_disk_does_not_end_the_run(tmp_path: Path) -> None:
+    """`vram-bench run train.py --headless > events.jsonl` on a disk that fills: the write error went up through the
+    session, which ended with a traceback and no snapshot. Now the run trains on to its end (here --max-steps, whose
+    final snapshot is written elsewhere), and stderr says the events are lost."""
+    root = make_project(tmp_path, {"train.py": TRAIN_PY})
+    with open("/dev/full", "w") as full:  # every write: ENOSPC, as a full disk gives
+        proc = subprocess.run([sys.executable, "-m", "workbench", "run", str(root / "train.py"), "--headless",
+                               "--max-steps", "12"], stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE,
+                              cwd=root.parent, text=True, encoding="utf-8", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "cannot write events to stdout (No space left on device): training goes on" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    snapshots = list((root / ".vram-bench").rglob("step-00000012.pt"))
+    assert snapshots, "the final snapshot at --max-steps was written: the trained state is kept"

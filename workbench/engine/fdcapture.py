@@ -8,7 +8,6 @@ would corrupt the JSON lines. These helpers move the descriptors aside.
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import sys
@@ -105,10 +104,10 @@ class ProtocolStdout:
         try:
             try:
                 self.stream.close()  # flushes first, and closes the descriptor even when that fails
-            except OSError as exc:
-                if exc.errno != errno.EPIPE:
-                    raise
-                # the reader is gone (headless.py quit for it): what is still buffered cannot go anywhere
+            except OSError:
+                # The reader is gone (headless.py quit for it), or stdout is on a full disk (headless.py said so): what
+                # is still buffered cannot go anywhere, and the run has ended as it should.
+                pass
         finally:
             os.dup2(self._saved_fd, 1)
             os.close(self._saved_fd)

@@ -98,15 +98,20 @@ def run_headless(
                 target=_read_commands, args=(session, fd, escalation.begin), name="vram-bench-stdin", daemon=True
             ).start()
         out = stdout
+        unwritten = _Unwritten()
         while True:
+            batch = events.wait(timeout=0.2, linger=STEP_BATCH_SECONDS)
             try:
-                if write_until_exit(events.wait(timeout=0.2, linger=STEP_BATCH_SECONDS), out):
+                if write_until_exit(batch, out):
                     break
+                unwritten.written()
             except OSError as exc:
-                if not _reader_gone(exc) or out is not stdout:
-                    raise
-                out = stdout = _Discard()  # the rest, the exit included, goes nowhere: nobody reads it
-                _quit_for_a_gone_reader(session, escalation)
+                if _reader_gone(exc) and out is stdout:
+                    out = stdout = _Discard()  # the rest, the exit included, goes nowhere: nobody reads it
+                    _quit_for_a_gone_reader(session, escalation)
+                    continue
+                if unwritten.failed(batch, exc):
+                    break  # the exit was in it: the run ends as it would have, its stream cut short
         exit_written.set()  # a forced exit waits for this before ending the process
     finally:
         try:
@@ -116,6 +121,8 @@ def run_headless(
                     if not isinstance(event, Exit):
                         stdout.write(event.to_json() + "\n")
             stdout.flush()
+        except OSError as exc:  # stdout still cannot be written (a full disk): the run has ended all the same
+            _say_on_stderr(f"vram-bench: the last events could not be written to stdout ({exc.strerror or exc})")
         finally:
             escalation.stop()
             for sig, handler in previous_handlers.items():
@@ -131,6 +138,36 @@ def run_headless(
 def _reader_gone(exc: OSError) -> bool:
     """Stdout's reader went away (`vram-bench run ... --headless | head`, a driver that died): EPIPE."""
     return isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE
+
+
+class _Unwritten:
+    """Stdout that cannot be written while its reader is still there (redirected to a file on a full disk): the run
+    trains on, and stderr says so once, and again with the count of events lost once a write succeeds. Before, the
+    error went up through the session: the process ended with a traceback and the trained state was lost."""
+
+    def __init__(self) -> None:
+        self.lost = 0
+
+    def failed(self, batch: list[Event], exc: OSError) -> bool:
+        """A batch not written; True when the exit event was in it (the stream ends there all the same)."""
+        if not self.lost:
+            _say_on_stderr(f"vram-bench: cannot write events to stdout ({exc.strerror or exc}): training goes on, and "
+                           "events are lost until a write succeeds (snapshots may fail too, each said)")
+        self.lost += len(batch)
+        return any(isinstance(event, Exit) for event in batch)
+
+    def written(self) -> None:
+        if self.lost:
+            _say_on_stderr(f"vram-bench: stdout is written again; {self.lost} events were lost")
+            self.lost = 0
+
+
+def _say_on_stderr(text: str) -> None:
+    """A line on stderr, which may be on the same full disk: then it is not said, and nothing else fails for it."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 class _Discard(io.StringIO):
