@@ -154,6 +154,42 @@ def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp
     assert read == {k: straight[k] for k in read}, "the batches after the rebuild are the ones of a run without it"
 
 
+AT_IMPORT = PROJECT.replace("model = torch.nn.Linear(1, 1)\n", "model = torch.nn.Linear(1, 1)\ntorch.manual_seed(0)\n"
+                             "LOADER = StatefulDataLoader(list(range(10)), batch_size=2, shuffle=True, "
+                             "num_workers=WORKERS)\n").replace(
+    "    torch.manual_seed(0)\n    loader = StatefulDataLoader(list(range(10)), batch_size=2, shuffle=True, "
+    "num_workers=WORKERS)\n", "").replace('"batches": batches(loader)}', '"batches": batches(LOADER)}')
+
+
+@pytest.mark.parametrize("reading", ["for", "yield from"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_rebuild_keeps_the_place_of_a_loader_made_at_import_that_a_new_generator_reads(
+        tmp_path: Path, reading: str, workers: int) -> None:
+    """pytorch-cifar's port: `trainloader = StatefulDataLoader(...)` at import, `batches(trainloader)` in setup(). R
+    with no change closed the old generator, the new one's iter() started a new epoch, and the note said the place
+    was kept (`a rebuild with no change trains as the run that never stopped`): 15 of 15 later steps differed."""
+    source = AT_IMPORT.replace("WORKERS = 0", f"WORKERS = {workers}")
+    assert "LOADER = StatefulDataLoader" in source and "batches(LOADER)" in source
+    if reading == "yield from":
+        source = source.replace("        for batch in loader:\n            yield batch\n", "        yield from loader\n")
+    straight = straight_run(tmp_path, source, 12)
+    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
+    from workbench.protocol.events import Rebuild, StepOnce
+
+    with open_session(root / "train.py", max_steps=3, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+        assert rebuilt.ok, rebuilt
+        assert any(n.startswith("batches(loader): carried over the place the old loader had reached")
+                   for n in rebuilt.notes), rebuilt.notes
+        for k in range(4, 13):  # the rest of the epoch, then the next one's order
+            live.send(StepOnce())
+            live.wait_for(is_event("step", step=k), timeout=30)
+        read = batches_read(live)
+    assert read == {k: straight[k] for k in read}, "the batches after the rebuild are the ones of a run without it"
+
+
 def loader_of(data: list[int], seed: int = 0) -> StatefulDataLoader:
     torch.manual_seed(seed)
     return StatefulDataLoader(data, batch_size=2, shuffle=True)

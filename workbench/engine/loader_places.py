@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 
 from workbench.engine.actions.snapshot_integrity import payload_bytes
 from workbench.engine.placed_iterator import make_first_iterator_without_drawing
+from workbench.engine.released_iterators import read_only_by_released
 from workbench.engine.state_layout import layout_change, on_devices_of
 from workbench.engine.state_walk import Namespaces, find_reachable, generator_inputs, reachable
 
@@ -678,9 +679,16 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
     notes: list[str] = []
     for path, loader in new.items():
         before = old.get(path)
-        if before is None or before is loader or not _has_begun(before):
+        if before is None or not _has_begun(before):
             continue
-        if isinstance(loader, DataLoader) and _has_begun(loader):  # setup() made an iterator of it: no place to take
+        if before is loader:
+            # Not made again (a module global made at import, given to `batches(loader)`): its place goes on by itself,
+            # unless the iterator it is at ends with a generator of the old state, and the new generator's iter() would
+            # start a new epoch (pytorch-cifar's port: a rebuild with no change lost the StatefulDataLoader's place). Its
+            # own place is then given back to it, for the next iter() to start from.
+            if not read_only_by_released(loader, old_state, new_state):
+                continue
+        elif isinstance(loader, DataLoader) and _has_begun(loader):  # setup() made an iterator of it: no place to take
             notes.append(_starts_over(path, loader, "setup() already made an iterator of it, which the old one's "
                                       "place cannot go into; iterate the loader in a generator or in step() instead"))
             continue

@@ -11,6 +11,7 @@ shutting each DataLoader iterator down before the collection does what reference
 
 from __future__ import annotations
 
+import gc
 from types import GeneratorType
 from typing import Any
 
@@ -35,3 +36,34 @@ def release_iterators(old_state: Any, new_state: Any) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - the user's clean-up code; the new state is in place already
             problems.append(f"closing the old {label} raised {type(exc).__name__}: {exc}")
     return problems
+
+
+def read_only_by_released(loader: Any, old_state: Any, new_state: Any) -> bool:
+    """Whether the iterator `loader` hands out now is read by a generator of `old_state` that `release_iterators`
+    closes: a loader the rebuild does not make again (a module global made at import, passed to `batches(loader)`),
+    whose place then ends with that generator, and whose next iter() would start a new epoch. A wrapper's (accelerate's
+    `DataLoaderShard`) iterator is its inner loader's."""
+    for _ in range(8):
+        inner = getattr(loader, "base_dataloader", None)
+        if inner is None or inner is loader:
+            break
+        loader = inner
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is None:
+        return False
+    kept = {id(value) for _, value in top_values(new_state)}
+    return any(isinstance(value, GeneratorType) and id(value) not in kept and _reads(value, iterator)
+               for _, value in top_values(old_state))
+
+
+def _reads(generator: GeneratorType, iterator: Any) -> bool:
+    """The generator (or one it delegates to, `yield from`) holds the iterator: `yield from loader` as the one it
+    delegates to, `for batch in loader` on its frame's stack, which `gc.get_referents` sees (its locals do not)."""
+    for _ in range(8):
+        if generator.gi_yieldfrom is iterator or any(held is iterator for held in gc.get_referents(generator)):
+            return True
+        inner = generator.gi_yieldfrom
+        if not isinstance(inner, GeneratorType):
+            return False
+        generator = inner
+    return False
