@@ -215,8 +215,11 @@ def test_an_epoch_running_now_says_how_many_of_its_batches_keep_the_old_code(ses
     assert steps[-1].scalars["data_version"] == 2.0, "the next epoch's workers run the new code"
 
 
-def test_an_epoch_a_for_loop_holds_is_said_as_what_holds_either_way(tmp_path: Path) -> None:
-    """A generator's `for batch in loader` holds its iterator out of sight: the note says what holds either way."""
+@pytest.mark.parametrize("reading", ["for", "yield from"])
+def test_the_epoch_a_generator_is_reading_says_how_many_of_its_batches_keep_the_old_code(tmp_path: Path, reading: str) -> None:
+    """A generator's `for batch in loader` holds its iterator on its frame's stack, and `yield from loader` as what it
+    delegates to: not among its locals. The note said only what holds either way ("until it ends"), where it says
+    how much of the running epoch keeps the old code when it can see the iterator (pytorch-cifar's port)."""
     import types
 
     from torch.utils.data import DataLoader
@@ -231,13 +234,18 @@ def test_an_epoch_a_for_loop_holds_is_said_as_what_holds_either_way(tmp_path: Pa
         for batch in loader:
             yield batch
 
-    running = batches()
+    def delegating():
+        yield from loader
+
+    running = batches() if reading == "for" else delegating()
     next(running)
     try:
         notes = worker_notes([LoaderRoot("state['batches']", running, True)], ["Words.__getitem__"], module).notes
-        assert notes == ["state['batches'].<locals>.loader runs Words.__getitem__ in worker processes: those of an epoch "
-                         "running now were forked before this save and keep the old code until it ends; the next epoch's "
-                         "workers start with the new code"], notes
+        total = len(loader)
+        assert notes == [f"state['batches']'s loader runs Words.__getitem__ in 1 worker process forked before this save, "
+                         f"when its epoch began: it keeps the old code until its epoch ends, {total - 1} of its {total} "
+                         "batches from now (the next epoch's workers start with the new code); press R (command "
+                         "`rebuild`) to start new workers with the new code"], notes
         assert worker_notes([LoaderRoot("state", running, True)], ["InfiniteDataLoader.next"], module).notes == []
     finally:
         running.close()

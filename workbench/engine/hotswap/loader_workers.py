@@ -19,6 +19,7 @@ statement that made it at import (import_builders.py), which the note names.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import types
 from collections.abc import Callable, Container, Iterable, Iterator
@@ -74,8 +75,9 @@ class WorkerNotes:
 def _walk(root: Any, path: str) -> Iterator[tuple[str, Any]]:
     """(path, object) for each DataLoader with workers and each multi-process iterator under `root`, each once.
 
-    Goes through dicts, lists, attributes (`batch_loader.data_iter`) and the locals of running generators
-    (`for b in loader`); a persistent loader's iterator is its `_iterator`."""
+    Goes through dicts, lists, attributes (`batch_loader.data_iter`), the locals of running generators and the
+    iterators they are reading (`for b in loader`, `yield from loader`); a persistent loader's iterator is its
+    `_iterator`."""
     seen: set[int] = set()
     stack: list[tuple[Any, str, int]] = [(root, path, 0)]
     while stack:
@@ -97,7 +99,14 @@ def _walk(root: Any, path: str) -> Iterator[tuple[str, Any]]:
         if isinstance(obj, types.GeneratorType):
             frame = obj.gi_frame
             if frame is not None:
-                stack.extend((value, f"{at}.<locals>.{key}", depth + 1) for key, value in frame.f_locals.items())
+                stack.extend((value, f"{at}'s {key}", depth + 1) for key, value in frame.f_locals.items())
+                # The iterator of a `for batch in loader` is on the frame's stack, and that of `yield from loader` is
+                # what it delegates to: neither is a local. Without them the note could not say how much of the
+                # running epoch keeps the old code (pytorch-cifar's port: `yield from loader`).
+                held = [value for value in gc.get_referents(obj) if isinstance(value, _MultiProcessingDataLoaderIter)]
+                if obj.gi_yieldfrom is not None:
+                    held.append(obj.gi_yieldfrom)
+                stack.extend((value, f"{at}'s running iterator", depth + 1) for value in held)
         elif isinstance(obj, dict):
             items = list(itertools.islice(obj.items(), _MAX_ITEMS))  # taken at once: another thread may change it
             stack.extend((v, f"{at}[{k!r}]", depth + 1) for k, v in items if not (isinstance(k, str) and k.startswith("__")))
