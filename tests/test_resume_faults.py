@@ -106,6 +106,23 @@ def test_snapshot_of_another_model_loads_nothing_unless_partial(start_session):
     assert loaded.ok and loaded.tensors == 1 and len(loaded.mismatched) == 3 and loaded.optimizers == 0  # model.2.bias fits
 
 
+def test_a_snapshot_of_a_model_with_another_layer_says_so_in_words(start_session):
+    """pytorch-cifar's port: `optimizer opt: parameter groups [12] -> [10]` and `... matches.; the run ends`."""
+    deeper = TRAIN_PY.replace("torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)",
+                              "torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)")
+    first = start_session({"train.py": deeper})
+    first.wait_running(2)
+    snap = take_snapshot(first)
+
+    live = start_session({"train.py": TRAIN_PY}, resume=Path(snap.path))
+    refused = live.wait_for(is_event("resume"), timeout=30)
+    assert not refused.ok and ".;" not in refused.error, refused.error
+    assert "; --resume-partial loads what matches; paused on what setup() built" in refused.error, refused.error
+    assert any(m == "optimizer opt: the snapshot's optimizer has 1 parameter group of 6 tensors, setup() made one with "
+               "1 parameter group of 4 tensors: the model's parameters changed (a layer added or removed?)"
+               for m in refused.mismatched), refused.mismatched
+
+
 def test_damaged_or_missing_snapshots_are_one_line_errors(tmp_path):
     project = tmp_path / "proj"
     project.mkdir()

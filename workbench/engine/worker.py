@@ -1335,9 +1335,9 @@ def _failed_resume(exc: Exception, path: Path, ends: bool) -> ResumeLoaded:
     that training started from setup()'s state where the headless run exited at once.)"""
     report = getattr(exc, "report", None)
     if report is not None:
-        message = f"nothing was loaded from {path}: {report.problems()}. Pass --resume-partial to load what matches."
+        message = f"nothing was loaded from {path}: {report.problems()}; --resume-partial loads what matches"
     elif isinstance(exc, UserError):
-        message = str(exc)
+        message = str(exc).rstrip(".")
     else:
         message = f"resuming from {path} failed ({type(exc).__name__}: {exc}); nothing was loaded"
     message += ("; the run ends (exit code 2): fix what is said, or start without --resume" if ends else

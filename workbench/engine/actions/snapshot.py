@@ -326,13 +326,20 @@ def _optimizer_problem(optimizer: torch.optim.Optimizer, saved: dict[str, Any], 
     sizes = [len(g.get("params", ())) for g in saved_groups]
     live_sizes = [len(g["params"]) for g in optimizer.param_groups]
     if sizes != live_sizes:
-        return f"parameter groups {sizes} -> {live_sizes}"
+        return (f"the snapshot's optimizer has {_groups(sizes)}, setup() made one with {_groups(live_sizes)}: the model's "
+                "parameters changed (a layer added or removed?)")
     for index, (group, live) in enumerate(zip(saved_groups, optimizer.param_groups)):
         lacking = sorted(k for k in live if k not in group and k not in _GROUP_KEYS_WITH_DEFAULTS)
         if lacking:
             return (f"group {index} of the snapshot lacks {', '.join(lacking)}: the state of another kind of "
                     f"optimizer than {type(optimizer).__name__}")
     return None
+
+
+def _groups(sizes: list[int]) -> str:
+    """`1 parameter group of 12 tensors`, `2 parameter groups of 8 and 2 tensors`."""
+    counts = " and ".join(str(n) for n in sizes) if len(sizes) < 4 else f"{', '.join(str(n) for n in sizes[:3])}, ..."
+    return f"{len(sizes)} parameter group{'' if len(sizes) == 1 else 's'} of {counts} tensors"
 
 
 # Keys newer torch versions add with a default on load (`Optimizer.__setstate__`), so older snapshots lack them.
