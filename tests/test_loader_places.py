@@ -112,6 +112,39 @@ def test_a_resumed_run_reads_the_batches_a_run_that_never_stopped_read(tmp_path:
                             "own variables (epoch, batch) start over, while the loader it "
                             "reads, batches(loader), goes on from where step 7 left it") for n in resumed.notes), resumed.notes
     assert not any("starts from its beginning, not where step 7 left it" in n for n in resumed.notes), resumed.notes
+    said = [n for n in resumed.notes if "worker processes start from their seeds again" in n]
+    assert len(said) == (1 if workers else 0), resumed.notes
+
+
+NOISY = PROJECT.replace("WORKERS = 0\n", """WORKERS = 2
+
+
+class Noisy(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i), float(torch.rand(()))])  # a random augmentation's kind of draw
+""").replace("StatefulDataLoader(list(range(10)),", "StatefulDataLoader(Noisy(),").replace(
+    "state[\"model\"](batch.float()[:, None] / 10)", "state[\"model\"](batch[:, :1] / 10)").replace(
+    '"a": float(batch[0]), "b": float(batch[1])}', '"a": float(batch[0, 0]), "b": float(batch[1, 0]), '
+    '"r": float(batch[0, 1])}')
+
+
+def test_workers_random_draws_after_a_place_inside_an_epoch_are_not_the_runs_and_the_note_says_so(tmp_path: Path) -> None:
+    """pytorch-cifar's port: random crops and flips in 2 workers, a StatefulDataLoader resumed mid-epoch. The
+    samples after the snapshot were the run's, their augmentations were not, and the note said only that the
+    batch after the snapshot's comes next."""
+    assert "Noisy()" in NOISY and '"r": float(batch[0, 1])' in NOISY
+    straight = straight_run(tmp_path, NOISY, 13)
+    resumed, after = resumed_after(tmp_path, NOISY, 7, 13)  # epoch 1 of 5 batches, its second: 3 batches left
+    assert [after[k][:2] for k in range(8, 11)] == [straight[k][:2] for k in range(8, 11)], "the samples are the run's"
+    assert all(after[k][2] != straight[k][2] for k in range(8, 11)), "their random draws are not"
+    assert all(after[k] == straight[k] for k in range(11, 14)), "the next epoch's workers draw as the run's did"
+    assert ("batches(loader): its worker processes start from their seeds again inside the epoch, so random draws in "
+            "the dataset's code (a random crop or flip) for the rest of this epoch are not the run's: the place keeps "
+            "which samples come next, not the workers' random states; the next epoch's draw as the run's did") in resumed.notes, \
+        resumed.notes
 
 
 def test_without_a_stateful_loader_the_data_starts_over_as_the_notes_say(tmp_path: Path) -> None:

@@ -526,11 +526,32 @@ def put_back(loaders: dict[str, DataLoader], saved: dict[str, Any] | None, rank:
         notes.insert(0, f"{', '.join(data_loaders)}: given back the place step {step} had left "
                         f"{'them' if len(data_loaders) > 1 else 'it'} at (state_dict()), so the batch after the "
                         "snapshot's comes next")
+    notes.extend(_workers_draw_again(rest, data_loaders, states))
     unclaimed = sorted(path for path, state in states.items() if path not in loaders and state is not None)
     if unclaimed:
         notes.append(f"the snapshot holds the place of loader(s) setup() did not make: {', '.join(unclaimed)} (not used)")
     return PutBack(placed, notes, EpochCheck(expected, step, at_epoch_end=frozenset(ended)) if expected else None,
                    frozenset(id(rest[path]) for path in reshuffled))
+
+
+def _workers_draw_again(loaders: dict[str, Any], placed: list[str], states: dict[str, Any]) -> list[str]:
+    """For the loaders given a place inside an epoch that read through worker processes: their workers start from
+    their seeds again, and skip to the place without running the dataset's code for the samples before it, so
+    random draws there (a random crop, a flip) are not the run's for the rest of that epoch. The place says which
+    samples come next, not the workers' random states: torchdata's own resume does the same (pytorch-cifar's port,
+    whose resumed batches held the run's labels and other crops)."""
+    inside = []
+    for path in placed:
+        loader, count = loaders[path], batches_handed_out(states.get(path))
+        if getattr(loader, "num_workers", 0) > 0 and count and not _epoch_done(loader, count):
+            inside.append(path)
+    if not inside:
+        return []
+    one = len(inside) == 1
+    return [f"{', '.join(inside)}: {'its' if one else 'their'} worker processes start from their seeds again inside "
+            "the epoch, so random draws in the dataset's code (a random crop or flip) for the rest of this epoch are "
+            "not the run's: the place keeps which samples come next, not the workers' random states; the next epoch's "
+            "draw as the run's did"]
 
 
 def reshuffling_sampler(loader: Any, state: Any) -> str | None:
