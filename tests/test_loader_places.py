@@ -216,6 +216,8 @@ def test_a_rebuild_keeps_the_place_of_a_loader_made_at_import_that_a_new_generat
         assert rebuilt.ok, rebuilt
         assert any(n.startswith("batches(loader): carried over the place the old loader had reached")
                    for n in rebuilt.notes), rebuilt.notes
+        said = [n for n in rebuilt.notes if "worker processes start from their seeds again inside the epoch" in n]
+        assert len(said) == (1 if workers else 0), rebuilt.notes
         for k in range(4, 13):  # the rest of the epoch, then the next one's order
             live.send(StepOnce())
             live.wait_for(is_event("step", step=k), timeout=30)

@@ -695,6 +695,7 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
     expected: list[tuple[str, DataLoader, int]] = []  # the old samplers' epochs, checked after the first step
     ended: set[str] = set()  # carried at their epoch's end
     placed: dict[int, str] = {}
+    carried_states: dict[str, Any] = {}
     given: list[str] = []  # project objects: loaders or not (an EMA), nothing here can tell
     streams: list[str] = []  # torch.Generators
     notes: list[str] = []
@@ -737,6 +738,7 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
             reshuffled[path] = sampler
         elif isinstance(loader, DataLoader):
             carried.append(path)
+            carried_states[path] = state
         else:
             (streams if isinstance(loader, torch.Generator) else given).append(path)
         placed[id(loader)] = path
@@ -750,5 +752,6 @@ def carry_places(old_state: Any, new_state: Any, project_modules: frozenset[str]
     if carried:
         notes.insert(0, f"{', '.join(carried)}: carried over the place the old loader had reached, so the batch after "
                         "the last step's comes next (a generator reading it starts over with its own variables)")
+        notes.extend(_workers_draw_again(new, carried, carried_states))
     return PutBack(placed, notes, EpochCheck(expected, step, "the rebuild", frozenset(ended)) if expected else None,
                    frozenset(id(new[path]) for path in reshuffled))
