@@ -417,10 +417,10 @@ def test_a_schedule_whose_settings_changed_goes_on_from_the_run_s_step_at_the_ne
         assert new["opt"].param_groups[0][key] == pytest.approx(fresh["opt"].param_groups[0][key], rel=1e-12)
         assert new["other"].param_groups[0][key] == pytest.approx(fresh["other"].param_groups[0][key], rel=1e-12)
     assert notes == [
-        "step (StepLR) goes on from step 7 with the new settings (gamma 0.5 -> 0.1): learning rate 0.1 as setup() made "
-        "it, 0.0001 at step 7 of the new schedule",
-        "cycle (OneCycleLR) goes on from step 7 with the new settings (total_steps 40 -> 80): learning rate 0.004 as "
-        "setup() made it, 0.02432 at step 7 of the new schedule",
+        "step (StepLR) goes on from its step 7 (step() called 7 times) with the new settings (gamma 0.5 -> 0.1): "
+        "learning rate 0.1 as setup() made it, 0.0001 at its step 7 of the new schedule",
+        "cycle (OneCycleLR) goes on from its step 7 (step() called 7 times) with the new settings (total_steps 40 -> "
+        "80): learning rate 0.004 as setup() made it, 0.02432 at its step 7 of the new schedule",
     ], notes
     after = stepped(new, 5)
     fresh = stepped(fresh, 5)

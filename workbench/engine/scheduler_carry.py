@@ -216,8 +216,11 @@ def _new_settings_at_old_place(path: str, old: LRScheduler, new: LRScheduler, ch
             group.update(values)
         return False, _starts_over(path, new, steps, f"its settings changed ({listed}), and the new schedule has no "
                                    f"rate at step {steps} ({type(exc).__name__}: {_brief(exc)})")
-    return True, (f"{path} ({kind.__name__}) goes on from step {steps} with the new settings ({listed}): learning rate "
-            f"{_rate(before)} as setup() made it, {_rate(new._last_lr)} at step {steps} of the new schedule")
+    # "Its step": the scheduler's own count (its step() calls), which an epoch-wise schedule keeps apart from the
+    # run's step (pytorch-cifar's port read "from step 3" at the run's step 31).
+    return True, (f"{path} ({kind.__name__}) goes on from its step {steps} (step() called {steps} times) with the new "
+                  f"settings ({listed}): learning rate {_rate(before)} as setup() made it, {_rate(new._last_lr)} at its "
+                  f"step {steps} of the new schedule")
 
 
 def _steps_taken(scheduler: LRScheduler) -> int | None:
