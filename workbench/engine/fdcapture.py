@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
+from workbench.engine.printed_text import as_a_terminal_shows, is_only_control
 from workbench.protocol.events import Print
 
 
@@ -57,7 +58,9 @@ class NativeOutputToEvents:
     def _pump(self, read_fd: int) -> None:
         with os.fdopen(read_fd, "rb") as pipe:
             for raw in pipe:
-                self._publish(Print(stream=self._stream, text=raw.decode("utf-8", "replace").rstrip("\n")))
+                text = raw.decode("utf-8", "replace").rstrip("\n")
+                if not is_only_control(text):
+                    self._publish(Print(stream=self._stream, text=as_a_terminal_shows(text)))
 
     def __exit__(self, *exc: object) -> None:
         if self._saved_fd is None:

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from workbench.engine.printed_text import as_a_terminal_shows, is_only_control
 from workbench.protocol.events import Print
 
 
@@ -94,7 +95,8 @@ class OutputRouter:
         self._previous: tuple[TextIO, TextIO] | None = None
 
     def _emit(self, stream: str, text: str) -> None:
-        self._publish(Print(stream=stream, text=text))
+        if not is_only_control(text):
+            self._publish(Print(stream=stream, text=as_a_terminal_shows(text)))
 
     def install(self) -> None:
         """Wrap whatever sys.stdout/sys.stderr are now (call after a UI swaps them)."""
