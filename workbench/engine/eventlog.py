@@ -31,7 +31,8 @@ class EventLogWriter(threading.Thread):
         self._path = path
         self._stop_event = threading.Event()
         self._out: TextIO | None = None
-        self._missing = 0  # events not written since the last failure
+        self._failing = False  # since a write failed, until one succeeds
+        self._missing = 0  # events not written since then
         self._missing_since: float | None = None
 
     def run(self) -> None:
@@ -57,7 +58,7 @@ class EventLogWriter(threading.Thread):
         except OSError as exc:
             self._failed(batch, exc)
             return any(event.name == "exit" for event in batch)
-        if self._missing:
+        if self._failing:
             self._recovered()
         return ended
 
@@ -83,9 +84,9 @@ class EventLogWriter(threading.Thread):
 
     def _failed(self, batch: list[Event], exc: OSError) -> None:
         self._close()
-        first = self._missing == 0
         self._missing += len(batch)
-        if first:
+        if not self._failing:
+            self._failing = True
             self._missing_since = batch[0].time if batch else time.time()
             self._publish(Error(where=WHERE, message=(
                 f"cannot write the run's event log {self._path} ({exc.strerror or exc}): events from here on are not in "
@@ -93,7 +94,7 @@ class EventLogWriter(threading.Thread):
 
     def _recovered(self) -> None:
         since = time.strftime("%H:%M:%S", time.localtime(self._missing_since or time.time()))
-        missing, self._missing, self._missing_since = self._missing, 0, None
+        missing, self._missing, self._missing_since, self._failing = self._missing, 0, None, False
         self._publish(Error(where=WHERE, message=(
             f"the run's event log {self._path} is written again: {missing} events from {since} on are not in it")))
 
