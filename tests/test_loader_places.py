@@ -87,6 +87,25 @@ def resumed_after(tmp_path: Path, source: str, snapshot_at: int, until: int) -> 
         return resumed, batches_read(live)
 
 
+def rebuilt_at(tmp_path: Path, source: str, at: int, until: int) -> tuple[Any, dict[int, tuple[float, ...]]]:
+    """Train `source` to step `at`, rebuild with no change (its place said carried), then step to `until`: the
+    `rebuild` event and the batches read."""
+    from workbench.protocol.events import Rebuild, StepOnce
+
+    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
+    with open_session(root / "train.py", max_steps=at, exit_at_max_steps=False) as live:
+        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
+        live.send(Rebuild())
+        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
+        assert rebuilt.ok, rebuilt
+        assert any(n.startswith("batches(loader): carried over the place the old loader had reached")
+                   for n in rebuilt.notes), rebuilt.notes
+        for k in range(at + 1, until + 1):
+            live.send(StepOnce())
+            live.wait_for(is_event("step", step=k), timeout=30)
+        return rebuilt, batches_read(live)
+
+
 OWN_GENERATOR = ("num_workers=WORKERS)", "num_workers=WORKERS, generator=torch.Generator())")
 
 
@@ -167,22 +186,9 @@ def test_a_rebuild_carries_the_loaders_place_to_the_loader_setup_makes_again(tmp
     if own_generator:
         source = source.replace(*OWN_GENERATOR)
     straight = straight_run(tmp_path, source, 15)
-    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
-    from workbench.protocol.events import Rebuild, StepOnce
-
-    with open_session(root / "train.py", max_steps=7, exit_at_max_steps=False) as live:
-        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
-        live.send(Rebuild())
-        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
-        assert rebuilt.ok, rebuilt
-        assert any(n.startswith("batches(loader): carried over the place the old loader had reached")
-                   for n in rebuilt.notes), rebuilt.notes
-        assert any(n.startswith("state['batches'] (the generator batches(), train.py:") and "while the loader it reads, "
-                   "batches(loader), goes on from where step 7 left it" in n for n in rebuilt.notes), rebuilt.notes
-        for k in range(8, 16):  # past the epoch's end, into the next epoch's order
-            live.send(StepOnce())
-            live.wait_for(is_event("step", step=k), timeout=30)
-        read = batches_read(live)
+    rebuilt, read = rebuilt_at(tmp_path, source, 7, 15)  # past the epoch's end, into the next epoch's order
+    assert any(n.startswith("state['batches'] (the generator batches(), train.py:") and "while the loader it reads, "
+               "batches(loader), goes on from where step 7 left it" in n for n in rebuilt.notes), rebuilt.notes
     assert sorted(read) == list(range(1, 16)) and len(read[8]) == 3
     assert read == {k: straight[k] for k in read}, "the batches after the rebuild are the ones of a run without it"
 
@@ -206,22 +212,9 @@ def test_a_rebuild_keeps_the_place_of_a_loader_made_at_import_that_a_new_generat
     if reading == "yield from":
         source = source.replace("        for batch in loader:\n            yield batch\n", "        yield from loader\n")
     straight = straight_run(tmp_path, source, 12)
-    root = make_project(tmp_path, {"train.py": source}, folder="rebuilt")
-    from workbench.protocol.events import Rebuild, StepOnce
-
-    with open_session(root / "train.py", max_steps=3, exit_at_max_steps=False) as live:
-        live.wait_for(is_event("paused", reason="max steps"), timeout=60)
-        live.send(Rebuild())
-        rebuilt = live.wait_for(is_event("rebuild"), timeout=60)
-        assert rebuilt.ok, rebuilt
-        assert any(n.startswith("batches(loader): carried over the place the old loader had reached")
-                   for n in rebuilt.notes), rebuilt.notes
-        said = [n for n in rebuilt.notes if "worker processes start from their seeds again inside the epoch" in n]
-        assert len(said) == (1 if workers else 0), rebuilt.notes
-        for k in range(4, 13):  # the rest of the epoch, then the next one's order
-            live.send(StepOnce())
-            live.wait_for(is_event("step", step=k), timeout=30)
-        read = batches_read(live)
+    rebuilt, read = rebuilt_at(tmp_path, source, 3, 12)  # the rest of the epoch, then the next one's order
+    said = [n for n in rebuilt.notes if "worker processes start from their seeds again inside the epoch" in n]
+    assert len(said) == (1 if workers else 0), rebuilt.notes
     assert read == {k: straight[k] for k in read}, "the batches after the rebuild are the ones of a run without it"
 
 

@@ -87,15 +87,19 @@ def test_snapshots_keep_the_last_k_and_latest_finds_the_newest(start_session):
     assert load_snapshot(kept[0])["format"] == "vram-bench-snapshot/1"
 
 
-def test_snapshot_of_another_model_loads_nothing_unless_partial(start_session):
-    other = TRAIN_PY.replace("torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)",
-                             "torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)")
-    first = start_session({"train.py": other})
+def _resumed_into_train_py(start_session, layers: str):
+    """A snapshot of TRAIN_PY with other `layers`, resumed into TRAIN_PY: the snapshot, the session and its event."""
+    first = start_session({"train.py": TRAIN_PY.replace(
+        "torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)", layers)})
     first.wait_running(2)
     snap = take_snapshot(first)
-
     live = start_session({"train.py": TRAIN_PY}, resume=Path(snap.path))
-    refused = live.wait_for(is_event("resume"), timeout=30)
+    return snap, live, live.wait_for(is_event("resume"), timeout=30)
+
+
+def test_snapshot_of_another_model_loads_nothing_unless_partial(start_session):
+    snap, live, refused = _resumed_into_train_py(start_session, "torch.nn.Linear(4, 16), torch.nn.ReLU(), "
+                                                 "torch.nn.Linear(16, 1)")
     assert not refused.ok and "nothing was loaded" in refused.error and "--resume-partial" in refused.error
     assert any("model.0.weight (16, 4) -> (8, 4)" in m for m in refused.mismatched)
     live.wait_for(is_event("paused", reason="resume failed"))
@@ -108,14 +112,8 @@ def test_snapshot_of_another_model_loads_nothing_unless_partial(start_session):
 
 def test_a_snapshot_of_a_model_with_another_layer_says_so_in_words(start_session):
     """pytorch-cifar's port: `optimizer opt: parameter groups [12] -> [10]` and `... matches.; the run ends`."""
-    deeper = TRAIN_PY.replace("torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)",
-                              "torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)")
-    first = start_session({"train.py": deeper})
-    first.wait_running(2)
-    snap = take_snapshot(first)
-
-    live = start_session({"train.py": TRAIN_PY}, resume=Path(snap.path))
-    refused = live.wait_for(is_event("resume"), timeout=30)
+    _, _, refused = _resumed_into_train_py(start_session, "torch.nn.Linear(4, 8), torch.nn.ReLU(), "
+                                           "torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)")
     assert not refused.ok and ".;" not in refused.error, refused.error
     assert "; --resume-partial loads what matches; paused on what setup() built" in refused.error, refused.error
     assert any(m == "optimizer opt: the snapshot's optimizer has 1 parameter group of 6 tensors, setup() made one with "
